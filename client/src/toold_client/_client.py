@@ -1,0 +1,209 @@
+"""The synchronous client: one DEALER connection, one session with the daemon.
+
+Replies are matched to requests by ``id``. Events of batches (``call_started``,
+``call_finished``, ...) that arrive while the client waits for something else are
+kept per batch and delivered when that batch is waited on, so nothing is lost
+whichever order the caller asks in.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+from toold_protocol import (
+    PROTOCOL_VERSION,
+    Ack,
+    BatchAccepted,
+    BatchFinished,
+    BatchStatus,
+    Cancel,
+    DaemonMessage,
+    DecodeFailure,
+    Error,
+    GetBatch,
+    Hello,
+    ListTools,
+    Ping,
+    Pong,
+    SubmitBatch,
+    ToolCall,
+    ToolDefinition,
+    ToolList,
+    ToolResult,
+    Welcome,
+    decode_daemon_message,
+    default_endpoint,
+    encode,
+    encode_value,
+)
+
+from ._errors import DaemonUnavailable, ProtocolError, RemoteError, RequestTimeout
+from ._transport import Transport, ZmqTransport
+
+EventHandler = Callable[[DaemonMessage], None]
+T = TypeVar("T")
+_BATCH_EVENT_TYPES = ("call_started", "output_chunk", "call_finished", "batch_finished", "confirmation_requested")
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One call to submit. ``arguments`` is a JSON-like mapping."""
+
+    name: str
+    arguments: Mapping[str, Any]
+    call_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    batch_id: str
+    state: str
+    results: list[ToolResult]
+    accepted: BatchAccepted
+
+
+class Client:
+    """A connection to a toold daemon. Use as a context manager; not thread-safe."""
+
+    def __init__(self, endpoint: str | None = None, *, client_name: str = "toold-client",
+                 timeout: float = 30.0, transport: Transport | None = None) -> None:
+        self.endpoint = endpoint or default_endpoint()
+        self.timeout = timeout
+        self.client_name = client_name
+        self._transport = transport if transport is not None else ZmqTransport(self.endpoint)
+        self._ids = itertools.count(1)
+        self._replies: dict[int, DaemonMessage] = {}
+        self._events: dict[str, collections.deque[DaemonMessage]] = collections.defaultdict(collections.deque)
+        self._welcome: Welcome | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._transport.close()
+
+    @property
+    def welcome(self) -> Welcome:
+        """The daemon's ``welcome`` (sends ``hello`` on first use)."""
+        if self._welcome is None:
+            self.hello()
+        assert self._welcome is not None
+        return self._welcome
+
+    def hello(self) -> Welcome:
+        reply = self._request(lambda i: Hello(id=i, protocol_version=PROTOCOL_VERSION, client_name=self.client_name))
+        self._welcome = _expect(reply, Welcome)
+        return self._welcome
+
+    # ------------------------------------------------------------------ requests
+
+    def ping(self, timeout: float | None = None) -> float:
+        """Round-trip time in seconds."""
+        started = time.perf_counter()
+        _expect(self._request(lambda i: Ping(id=i), timeout=timeout), Pong)
+        return time.perf_counter() - started
+
+    def tools(self, format: str = "toold") -> list[ToolDefinition] | list[dict[str, Any]]:
+        """Tool definitions; with ``format`` openai/anthropic/gemini, that provider's declarations."""
+        reply = _expect(self._request(lambda i: ListTools(id=i, format=format)), ToolList)  # type: ignore[arg-type]
+        return reply.tools if format == "toold" else reply.formatted
+
+    def call(self, name: str, arguments: Mapping[str, Any] | None = None, *, call_id: str = "",
+             timeout: float | None = None) -> ToolResult:
+        """Run one tool call and return its result (an error result is returned, not raised)."""
+        outcome = self.submit([CallSpec(name, arguments or {}, call_id)], events="results", timeout=timeout)
+        return outcome.results[0]
+
+    def submit(self, calls: Iterable[CallSpec | Mapping[str, Any]], *, batch_id: str | None = None,
+               on_event: EventHandler | None = None, events: str = "all",
+               timeout: float | None = None) -> BatchOutcome:
+        """Submit a batch and wait for it to finish; ``on_event`` sees every event as it arrives."""
+        wire_calls = [_to_wire(call, index) for index, call in enumerate(calls)]
+        request = lambda i: SubmitBatch(id=i, calls=wire_calls, batch_id=batch_id, events=events)  # noqa: E731
+        accepted = _expect(self._request(request, timeout=timeout), BatchAccepted)
+        finished = self.wait_batch(accepted.batch_id, on_event=on_event, timeout=timeout)
+        return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
+
+    def wait_batch(self, batch_id: str, *, on_event: EventHandler | None = None,
+                   timeout: float | None = None) -> BatchFinished:
+        """Deliver this batch's events until ``batch_finished``. ``timeout`` is per event (None: wait)."""
+        queue = self._events[batch_id]
+        while True:
+            while queue:
+                event = queue.popleft()
+                if on_event is not None:
+                    on_event(event)
+                if isinstance(event, BatchFinished):
+                    del self._events[batch_id]
+                    return event
+            self._receive_one(timeout if timeout is not None else None)
+
+    def cancel(self, batch_id: str) -> None:
+        _expect(self._request(lambda i: Cancel(id=i, batch_id=batch_id)), Ack)
+
+    def get_batch(self, batch_id: str) -> BatchStatus:
+        return _expect(self._request(lambda i: GetBatch(id=i, batch_id=batch_id)), BatchStatus)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _request(self, build: Callable[[int], msgspec.Struct], *, timeout: float | None = None) -> DaemonMessage:
+        request_id = next(self._ids)
+        self._transport.send(encode(build(request_id)))
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
+        while request_id not in self._replies:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestTimeout(f"no reply from the daemon at {self.endpoint} within "
+                                     f"{timeout if timeout is not None else self.timeout:g}s")
+            self._receive_one(remaining)
+        reply = self._replies.pop(request_id)
+        if isinstance(reply, Error):
+            raise RemoteError(reply.code, reply.message, reply.details)
+        return reply
+
+    def _receive_one(self, timeout: float | None) -> None:
+        frame = self._transport.recv(timeout)
+        if frame is None:
+            if timeout is None:
+                raise DaemonUnavailable("the daemon connection closed")
+            raise RequestTimeout(f"no message from the daemon at {self.endpoint} within {timeout:.3g}s")
+        try:
+            message = decode_daemon_message(frame)
+        except DecodeFailure as exc:
+            raise ProtocolError(f"undecodable frame from the daemon: {exc.message}") from None
+        tag = type(message).__struct_config__.tag
+        if tag in _BATCH_EVENT_TYPES:
+            self._events[message.batch_id].append(message)  # type: ignore[union-attr]
+        elif isinstance(message, Error) and message.id is None:
+            raise RemoteError(message.code, message.message, message.details)
+        else:
+            self._replies[message.id] = message  # type: ignore[union-attr,index]
+
+
+def _to_wire(call: CallSpec | Mapping[str, Any], index: int) -> ToolCall:
+    if not isinstance(call, CallSpec):
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments) if arguments else {}
+        call = CallSpec(str(call.get("name", "")), arguments, str(call.get("id") or call.get("call_id") or ""))
+    call_id = call.call_id or f"call_{index}_{os.urandom(4).hex()}"
+    return ToolCall(call_id=call_id, name=call.name, arguments=msgspec.Raw(encode_value(dict(call.arguments))))
+
+
+def _expect(message: DaemonMessage, kind: type[T]) -> T:
+    if not isinstance(message, kind):
+        raise ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
+    return message

@@ -1,0 +1,160 @@
+"""``toolctl``: talk to a running toold from a shell. The only module that prints.
+
+Exit codes: 0 success, 1 a tool result was an error, 2 usage or connection error.
+``TOOLD_ENDPOINT`` stands for ``--endpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import msgspec
+from toold_protocol import ToolResult, default_endpoint, sanitize_for_terminal
+
+from ._client import Client
+from ._errors import DaemonUnavailable, TooldError
+
+EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolctl", description="Command-line client of the toold daemon")
+    parser.add_argument("--endpoint", default=None, help="daemon endpoint (default: $TOOLD_ENDPOINT or the "
+                        "per-user socket)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a reply")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ping = sub.add_parser("ping", help="check that the daemon answers")
+    ping.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                      help="keep trying for up to SECONDS until the daemon answers")
+
+    call = sub.add_parser("call", help="run one tool call")
+    call.add_argument("name")
+    call.add_argument("--args", default="{}", help="arguments as a JSON object")
+    call.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+    batch = sub.add_parser("batch", help="run a batch: a JSON array of {id, name, arguments}")
+    batch.add_argument("file", nargs="?", default="-", help="file with the batch (default: stdin)")
+    batch.add_argument("--json", action="store_true", help="print the results as a JSON array")
+    batch.add_argument("--batch-id", default=None, help="choose the batch id")
+
+    tools = sub.add_parser("tools", help="list the daemon's tools")
+    tools.add_argument("--format", default="text", choices=["text", "json", "openai", "anthropic", "gemini"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    endpoint = args.endpoint or default_endpoint()
+    try:
+        if args.command == "ping":
+            return _ping(endpoint, args.wait, args.timeout)
+        with Client(endpoint, client_name="toolctl", timeout=args.timeout) as client:
+            if args.command == "call":
+                return _call(client, args.name, args.args, args.json)
+            if args.command == "batch":
+                return _batch(client, args.file, args.json, args.batch_id)
+            return _tools(client, args.format)
+    except _UsageError as exc:
+        print(f"toolctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TooldError as exc:
+        print(f"toolctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _ping(endpoint: str, wait: float, timeout: float) -> int:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with Client(endpoint, client_name="toolctl", timeout=min(timeout, max(wait, 1.0))) as client:
+                rtt = client.ping(timeout=min(1.0, timeout) if wait else timeout)
+            print(f"pong from {endpoint} in {rtt * 1000:.2f} ms")
+            return EXIT_OK
+        except DaemonUnavailable as exc:
+            if time.monotonic() >= deadline:
+                print(f"toolctl: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            time.sleep(0.05)
+
+
+def _parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _UsageError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _call(client: Client, name: str, raw_args: str, as_json: bool) -> int:
+    arguments = _parse_json(raw_args, "--args")
+    if not isinstance(arguments, dict):
+        raise _UsageError("--args must be a JSON object")
+    result = client.call(name, arguments)
+    if as_json:
+        print(json.dumps(result_json(result), ensure_ascii=False))
+    else:
+        _print_result(result)
+    return EXIT_OK if result.ok else EXIT_TOOL_ERROR
+
+
+def _batch(client: Client, source: str, as_json: bool, batch_id: str | None) -> int:
+    text = sys.stdin.read() if source == "-" else _read(source)
+    calls = _parse_json(text, "the batch")
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise _UsageError("the batch must be a JSON array of objects {id, name, arguments}")
+    outcome = client.submit(calls, batch_id=batch_id, events="results")
+    if as_json:
+        print(json.dumps([result_json(r) for r in outcome.results], ensure_ascii=False))
+    else:
+        for result in outcome.results:
+            print(f"=== {sanitize_for_terminal(result.call_id)} ({'ok' if result.ok else 'error'})")
+            _print_result(result)
+    return EXIT_OK if all(r.ok for r in outcome.results) else EXIT_TOOL_ERROR
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise _UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _tools(client: Client, fmt: str) -> int:
+    if fmt == "text":
+        for tool in client.tools():
+            assert not isinstance(tool, dict)
+            print(f"{tool.name:<18} {tool.risk:<6} {tool.description.splitlines()[0]}")
+        return EXIT_OK
+    listing = client.tools("toold" if fmt == "json" else fmt)
+    print(json.dumps(msgspec.to_builtins(listing), indent=2, ensure_ascii=False))
+    return EXIT_OK
+
+
+def result_json(result: ToolResult) -> dict[str, Any]:
+    """The ``--json`` shape: exactly these keys, ``error`` null on success."""
+    error = None if result.error is None else {
+        "type": result.error.type, "code": result.error.code,
+        "message": result.error.message, "details": result.error.details,
+    }
+    return {"call_id": result.call_id, "ok": result.ok, "content": result.content, "display": result.display,
+            "error": error, "truncated": result.truncated, "duration_ms": result.duration_ms}
+
+
+def _print_result(result: ToolResult) -> None:
+    """Content for pipes (exact bytes), sanitized when stdout is a terminal."""
+    text = result.content
+    if sys.stdout.isatty():
+        text = sanitize_for_terminal(text)
+    stream = sys.stdout if result.ok else sys.stderr
+    stream.write(text if text.endswith("\n") or not text else text + "\n")

@@ -1,0 +1,64 @@
+"""A batch in the daemon: its planned calls, its results so far, its state.
+
+The executor fills ``results`` in call order; ``results[i] is None`` means call ``i``
+has not finished. Exactly one result per call is the invariant every path keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from toold_protocol import BatchState, Identity, PlannedCall, ToolResult
+
+from .tools._base import Tool
+
+
+@dataclass(slots=True)
+class PreparedCall:
+    """A call after planning: the decoded arguments are the single source of truth."""
+
+    index: int
+    call_id: str
+    name: str
+    tool: Tool[Any] | None
+    args: Any
+    summary: str = ""
+    risk: str = "low"
+    locations: list[str] = field(default_factory=list)
+    result: ToolResult | None = None  # set when pre-resolved by the planner
+
+    @property
+    def disposition(self) -> str:
+        return "resolved" if self.result is not None else "run"
+
+    def planned(self) -> PlannedCall:
+        return PlannedCall(
+            index=self.index, call_id=self.call_id, name=self.name,
+            disposition="resolved" if self.result is not None else "run",
+            summary=self.summary, risk=self.risk,  # type: ignore[arg-type]
+            locations=self.locations, result=self.result,
+        )
+
+
+@dataclass(slots=True)
+class Batch:
+    batch_id: str
+    identity: Identity
+    session_id: str
+    calls: list[PreparedCall]
+    results: list[ToolResult | None]
+    state: BatchState = "planned"
+    cancel_reason: str | None = None
+    current_scope: trio.CancelScope | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+    def cancel(self, reason: str) -> None:
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        if self.current_scope is not None:
+            self.current_scope.cancel()
+
+    def finished_results(self) -> list[ToolResult]:
+        return [r for r in self.results if r is not None]

@@ -1,0 +1,152 @@
+"""Daemon configuration: one TOML file in seed 003 §6's layout, decoded into frozen Structs.
+
+Every setting has a default, so no file is needed. Unknown keys are errors (a typo
+should not silently do nothing), reported with the file and line. This module is
+pure: reading the file is the caller's business (:func:`load_file` is a thin helper).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+Seconds = Annotated[float, Meta(gt=0, le=86400)]
+
+DEFAULT_DENIED_PATTERNS = (
+    "**/.ssh/**",
+    "**/.gnupg/**",
+    "**/id_rsa*",
+    "**/id_dsa*",
+    "**/id_ecdsa*",
+    "**/id_ed25519*",
+    "**/*.pem",
+    "**/*.key",
+    "**/*.p12",
+    "**/*.pfx",
+    "**/.env",
+    "**/.env.*",
+    "**/.git-credentials",
+    "**/.netrc",
+    "**/.npmrc",
+    "**/.pypirc",
+    "**/.aws/credentials",
+    "**/.docker/config.json",
+    "**/.kube/config",
+    "**/etc/shadow",
+    "**/etc/gshadow",
+    "**/etc/sudoers",
+)
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class SandboxConfig(_Section):
+    allowed_roots: list[str] = []
+    denied_patterns: list[str] = []
+    allow_absolute: bool = False
+    include_default_denies: bool = True
+
+
+class TimeoutsConfig(_Section):
+    default_seconds: Seconds = 30.0
+    file_operations_seconds: Seconds = 30.0
+    shell_commands_seconds: Seconds = 300.0
+
+
+class OutputConfig(_Section):
+    max_bytes: PositiveInt = 102_400
+    max_lines: PositiveInt = 10_000
+
+
+class EnvironmentConfig(_Section):
+    allowlist: list[str] = []
+    denylist: list[str] = []
+
+
+class ApprovalConfig(_Section):
+    enabled: bool = True
+    mode: Literal["auto", "prompt", "deny"] = "prompt"
+    allowlist: list[str] = []
+    denylist: list[str] = []
+    prompt_side_effects: bool = True
+
+
+class ReadFileConfig(_Section):
+    max_file_read_bytes: PositiveInt = 204_800
+    max_scan_bytes: PositiveInt = 2_097_152
+
+
+class ApplyPatchConfig(_Section):
+    max_patch_bytes: PositiveInt = 524_288
+
+
+class ToolsConfig(_Section):
+    mode: Literal["disabled", "parse_only", "enabled"] = "enabled"
+    allow_parallel: bool = False
+    max_tool_calls_per_batch: PositiveInt = 8
+    max_tool_iterations_per_user_turn: PositiveInt = 4
+    max_tool_args_bytes: PositiveInt = 262_144
+    sandbox: SandboxConfig = SandboxConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    output: OutputConfig = OutputConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
+    approval: ApprovalConfig = ApprovalConfig()
+    read_file: ReadFileConfig = ReadFileConfig()
+    apply_patch: ApplyPatchConfig = ApplyPatchConfig()
+
+
+class DaemonConfig(_Section):
+    endpoint: str = ""
+    state_dir: str = ""
+    max_frame_bytes: PositiveInt = 8 * 1024 * 1024
+    max_batches_per_session: PositiveInt = 16
+    max_sessions: PositiveInt = 1024
+    finished_batches_kept: PositiveInt = 1000
+    shutdown_grace_seconds: Annotated[float, Meta(ge=0, le=600)] = 5.0
+
+
+class Config(_Section):
+    daemon: DaemonConfig = DaemonConfig()
+    tools: ToolsConfig = ToolsConfig()
+
+
+class ConfigError(Exception):
+    """A configuration file could not be used; the message names file and line."""
+
+
+def parse(text: str, source: str = "<config>") -> Config:
+    try:
+        return msgspec.toml.decode(text, type=Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_locate(text, source, str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+
+
+def load_file(path: Path) -> Config:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse(text, str(path))
+
+
+def _locate(text: str, source: str, message: str) -> str:
+    """Prefix a msgspec validation message with ``file:line`` of the offending key."""
+    unknown = re.search(r"unknown field `([^`]+)`", message)
+    at = re.search(r"at `\$\.([^`]+)`", message)
+    key = unknown.group(1) if unknown else (at.group(1).split(".")[-1] if at else None)
+    if key is not None:
+        key = re.sub(r"\[\d+\]$", "", key)
+        pattern = re.compile(rf"^\s*(\[+\s*)?([\w.\"-]*\.)?\"?{re.escape(key)}\"?\s*(=|\]|\.)")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if pattern.search(line):
+                return f"{source}:{number}: {message}"
+    return f"{source}: {message}"

@@ -1,0 +1,112 @@
+"""Running a planned batch: sequentially, in call order, one result per call, always.
+
+Each call runs inside its own trio cancel scope with the call's deadline; a
+batch cancel cancels the current scope and resolves the remaining calls as
+Cancelled. A ToolError becomes its error result; any other exception from a tool
+becomes ``Tool failed: ...`` (FR-EXE-04b). Events go to ``emit``, which never blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import trio
+from toold_protocol import BatchFinished, CallFinished, CallStarted, ToolErrorType, ToolResult
+
+from . import results
+from .batches import Batch, PreparedCall
+from .config import Config
+from .errors import ToolError
+from .runner import ToolRunner
+from .sandbox import Sandbox
+from .tools._base import Tool, ToolContext, _Cancelled
+
+Emit = Callable[[msgspec.Struct], None]
+
+
+class Executor:
+    def __init__(self, runner: ToolRunner, sandbox: Sandbox, config: Config) -> None:
+        self.runner = runner
+        self.sandbox = sandbox
+        self.config = config
+
+    async def run(self, batch: Batch, emit: Emit) -> None:
+        batch.state = "running"
+        try:
+            for call in batch.calls:
+                if batch.results[call.index] is not None:
+                    continue
+                result = await self._resolve(batch, call, emit)
+                batch.results[call.index] = result
+                emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
+        finally:
+            # Whatever stopped the loop (even the daemon's own cancellation), every call gets a result.
+            for call in batch.calls:
+                if batch.results[call.index] is None:
+                    batch.results[call.index] = _cancelled(call.call_id, batch.cancel_reason or "daemon stopped")
+            batch.state = "cancelled" if batch.cancel_reason else "finished"
+            emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
+            batch.done.set()
+
+    async def _resolve(self, batch: Batch, call: PreparedCall, emit: Emit) -> ToolResult:
+        if call.result is not None:
+            return call.result
+        if batch.cancel_reason is not None:
+            return _cancelled(call.call_id, batch.cancel_reason)
+        assert call.tool is not None
+        emit(CallStarted(batch_id=batch.batch_id, call_id=call.call_id, index=call.index, name=call.name))
+        return await self._run_call(batch, call, call.tool)
+
+    async def _run_call(self, batch: Batch, call: PreparedCall, tool: Tool[Any]) -> ToolResult:
+        ctx = ToolContext(call_id=call.call_id, sandbox=self.sandbox, config=self.config)
+        timeout = self.timeout_for(tool)
+        started = time.monotonic()
+        output = None
+        failure: ToolResult | None = None
+        with trio.move_on_after(timeout) as scope:
+            batch.current_scope = scope
+            try:
+                output = await self.runner.run(tool, call.args, ctx, batch.identity)
+            except ToolError as exc:
+                failure = results.failure(call.call_id, exc, duration_ms=_ms(started))
+            except _Cancelled:
+                pass
+            except Exception as exc:
+                failure = results.crashed(call.call_id, exc, duration_ms=_ms(started))
+            finally:
+                batch.current_scope = None
+        if failure is not None:
+            return failure
+        if output is None or scope.cancelled_caught:
+            ctx.cancelled.set()
+            if batch.cancel_reason is not None:
+                return _cancelled(call.call_id, batch.cancel_reason, duration_ms=_ms(started))
+            elapsed = time.monotonic() - started
+            return results.failure(call.call_id, ToolError(
+                ToolErrorType.TIMEOUT, "TIMEOUT", f"{tool.name} timed out after {elapsed:.1f}s (limit {timeout:g}s)",
+                tool=tool.name, elapsed_ms=round(elapsed * 1000), timeout_ms=round(timeout * 1000),
+            ), duration_ms=_ms(started))
+        limits = self.config.tools.output
+        return results.success(call.call_id, output.content, output.display, output.data,
+                               allow_truncation=output.allow_truncation, max_bytes=limits.max_bytes,
+                               max_lines=limits.max_lines, duration_ms=_ms(started))
+
+    def timeout_for(self, tool: Tool[Any]) -> float:
+        timeouts = self.config.tools.timeouts
+        if tool.timeout_kind == "file":
+            return timeouts.file_operations_seconds
+        if tool.timeout_kind == "shell":
+            return timeouts.shell_commands_seconds
+        return timeouts.default_seconds
+
+
+def _ms(started: float) -> float:
+    return (time.monotonic() - started) * 1000
+
+
+def _cancelled(call_id: str, reason: str, *, duration_ms: float = 0.0) -> ToolResult:
+    return results.failure(call_id, ToolError(ToolErrorType.CANCELLED, "CANCELLED", f"Cancelled: {reason}"),
+                           duration_ms=duration_ms)

@@ -1,0 +1,259 @@
+"""The only module that imports zmq: the daemon's ROUTER socket and its ZAP handler.
+
+Trio integration. ``ZMQ_FD`` is edge-triggered and any socket operation may consume
+the edge, so one *pump* task owns the ROUTER and does every recv and send: it
+drains outgoing messages, then receives until ``recv`` says ``Again``, and only then
+waits on the fd. Other tasks queue outgoing frames with :meth:`IpcServer.send` (never
+blocks) and wake the pump by cancelling its wait.
+
+Peer identity. libzmq runs ZAP only when ``ZAP_DOMAIN`` is set, and accepts every
+peer if no handler is bound at ``inproc://zeromq.zap.01``, so the handler is bound
+before the ROUTER. For ipc peers libzmq passes ``Address`` = ``localhost:UID:GID:PID``
+(from SO_PEERCRED); the handler answers with that as the ZAP user id, and every
+frame from the peer then carries it as ``User-Id``. A peer without such an address
+(tcp) is refused.
+
+One daemon per socket. ``bind`` on an ipc path silently unlinks an existing socket,
+so an exclusive ``flock`` on ``<socket>.lock`` is taken first.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import fcntl
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+import zmq
+from toold_protocol import Identity
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"toold"
+_PEER_ADDRESS = re.compile(r"^(?:localhost:)?(\d+):(\d+):(\d+)$")
+_RETRY_BLOCKED_SECONDS = 0.005
+
+
+class EndpointInUse(Exception):
+    """Another daemon holds the lock on this endpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    peer: bytes
+    identity: Identity
+    frame: bytes | None  # None: the peer is gone (a send to it found no route)
+    parts: int = 1
+
+
+FrameHandler = Callable[[Inbound], None]
+
+
+def parse_peer_address(address: str) -> Identity | None:
+    match = _PEER_ADDRESS.match(address)
+    if match is None:
+        return None
+    uid, gid, pid = (int(x) for x in match.groups())
+    return Identity(uid=uid, gid=gid, pid=pid)
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    return Path(endpoint.removeprefix("ipc://")) if endpoint.startswith("ipc://") else None
+
+
+class IpcServer:
+    def __init__(self, endpoint: str, *, hard_max_frame_bytes: int) -> None:
+        self.endpoint = endpoint
+        self._handler: FrameHandler | None = None
+        self._hard_max = hard_max_frame_bytes
+        self._ctx = zmq.Context()
+        self._router: zmq.Socket[bytes] | None = None
+        self._zap: zmq.Socket[bytes] | None = None
+        self._lock_fd: int | None = None
+        self._outbox: dict[bytes, collections.deque[bytes]] = {}
+        self._blocked: set[bytes] = set()
+        self._wake: trio.CancelScope | None = None
+        self._identities: dict[bytes, Identity] = {}
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def bind(self) -> None:
+        """Lock, bind the ZAP handler, then the ROUTER. Raises EndpointInUse."""
+        path = ipc_path(self.endpoint)
+        if path is not None:
+            self._take_lock(path)
+        zap = self._ctx.socket(zmq.REP)
+        zap.linger = 0
+        zap.bind(ZAP_ENDPOINT)
+        self._zap = zap
+        router = self._ctx.socket(zmq.ROUTER)
+        router.zap_domain = ZAP_DOMAIN
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.MAXMSGSIZE, self._hard_max)
+        router.setsockopt(zmq.SNDHWM, 10_000)
+        router.setsockopt(zmq.RCVHWM, 10_000)
+        router.linger = 1000
+        router.bind(self.endpoint)
+        if path is not None:
+            os.chmod(path, 0o600)
+        self._router = router
+
+    def _take_lock(self, path: Path) -> None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock_path = path.with_name(path.name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise EndpointInUse(f"another toold is serving {self.endpoint} (lock {lock_path})") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def forget(self, peer: bytes) -> None:
+        """Drop what is queued for a peer the handler no longer serves."""
+        self._outbox.pop(peer, None)
+        self._blocked.discard(peer)
+        self._identities.pop(peer, None)
+
+    def close(self) -> None:
+        """Close sockets (flushing for up to the linger time), remove the socket file, drop the lock."""
+        if self.closed:
+            return
+        self.closed = True
+        self._flush_outbox()
+        for sock in (self._router, self._zap):
+            if sock is not None:
+                sock.close()
+        self._ctx.term()
+        path = ipc_path(self.endpoint)
+        if path is not None and self._lock_fd is not None:
+            for leftover in (path, path.with_name(path.name + ".lock")):
+                try:
+                    leftover.unlink()
+                except FileNotFoundError:
+                    pass
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, peer: bytes, frame: bytes) -> None:
+        """Queue a frame for ``peer``. Never blocks; the pump sends it."""
+        if self.closed:
+            return
+        self._outbox.setdefault(peer, collections.deque()).append(frame)
+        if self._wake is not None:
+            self._wake.cancel()
+
+    def pending(self) -> int:
+        return sum(len(q) for q in self._outbox.values())
+
+    def _flush_outbox(self) -> None:
+        router = self._router
+        if router is None:
+            return
+        for peer in list(self._outbox):
+            queue = self._outbox[peer]
+            while queue:
+                try:
+                    router.send_multipart([peer, queue[0]], flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    self._blocked.add(peer)  # its pipe is full: try again shortly
+                    break
+                except zmq.ZMQError as exc:
+                    if exc.errno == zmq.EHOSTUNREACH:
+                        queue.clear()  # the peer is gone: tell the handler once
+                        identity = self._identities.pop(peer, None)
+                        if identity is not None:
+                            self._dispatch(Inbound(peer, identity, None))
+                        break
+                    raise
+                queue.popleft()
+                self._blocked.discard(peer)
+            if not queue:
+                del self._outbox[peer]
+                self._blocked.discard(peer)
+
+    # ------------------------------------------------------------------ pumps
+
+    async def serve(self, handler: FrameHandler, *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Pump frames to ``handler`` until cancelled. Call :meth:`bind` first."""
+        self._handler = handler
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._zap_loop)
+            task_status.started()
+            await self._pump()
+
+    async def _pump(self) -> None:
+        router = self._router
+        assert router is not None
+        fd = router.getsockopt(zmq.FD)
+        while True:
+            self._flush_outbox()
+            self._drain_inbound(router)
+            if self._outbox and not self._blocked:
+                continue  # handlers queued replies while we were receiving
+            with trio.CancelScope() as wake:
+                self._wake = wake
+                if self._blocked:
+                    wake.deadline = trio.current_time() + _RETRY_BLOCKED_SECONDS
+                await trio.lowlevel.wait_readable(fd)
+            self._wake = None
+
+    def _drain_inbound(self, router: zmq.Socket[bytes]) -> None:
+        while True:
+            try:
+                frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            peer = frames[0].bytes
+            identity = self._identities.get(peer)
+            if identity is None:
+                user_id = frames[1].get("User-Id") if len(frames) > 1 else None
+                identity = parse_peer_address(user_id or "")
+                if identity is None:
+                    continue  # cannot happen after ZAP accepted the peer; refuse silently
+                self._identities[peer] = identity
+            frame = frames[1].bytes if len(frames) > 1 else b""
+            self._dispatch(Inbound(peer, identity, frame, parts=len(frames) - 1))
+
+    def _dispatch(self, inbound: Inbound) -> None:
+        assert self._handler is not None
+        try:
+            self._handler(inbound)
+        except Exception:  # a handler bug must not stop the pump for everyone else
+            log.exception("handler failed on a frame from peer %r", inbound.peer)
+
+    async def _zap_loop(self) -> None:
+        zap = self._zap
+        assert zap is not None
+        fd = zap.getsockopt(zmq.FD)
+        while True:
+            while zap.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                request = zap.recv_multipart()
+                zap.send_multipart(_zap_reply(request))
+            await trio.lowlevel.wait_readable(fd)
+
+
+def _zap_reply(request: list[bytes]) -> list[bytes]:
+    """Accept ipc peers with kernel credentials; refuse everything else."""
+    version, request_id = request[0], request[1]
+    address = request[3].decode("ascii", "replace") if len(request) > 3 else ""
+    identity = parse_peer_address(address)
+    if version != b"1.0" or identity is None:
+        return [version, request_id, b"400", b"peer credentials unavailable (only ipc:// peers)", b"", b""]
+    user_id = f"{identity.uid}:{identity.gid}:{identity.pid}".encode()
+    return [version, request_id, b"200", b"OK", user_id, b""]

@@ -1,0 +1,89 @@
+"""Planning a batch: for each call, in order, decide whether it can run.
+
+Checks, in order: batch size limit, duplicate call id, tools mode, tool exists,
+argument size, arguments decode into the tool's type (the schema check), the tool's
+own validation, sandbox preflight of path arguments, and the policy. A failed check
+pre-resolves that call with an error result; the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import msgspec
+from toold_protocol import ToolCall, ToolErrorType
+
+from . import policy, results
+from .batches import PreparedCall
+from .config import Config
+from .errors import ToolError, bad_args, limits_exceeded, sandbox_violation
+from .registry import Registry
+from .sandbox import Sandbox
+
+SUMMARY_CHARS = 200
+_SECRET = re.compile(
+    r"(?i)((?:api[_-]?key|token|secret|password|passwd|authorization|bearer)\s*[=:]\s*|bearer\s+)([^\s'\",;&]+)"
+)
+
+
+def redact(text: str) -> str:
+    """Hide values that look like credentials, and keep summaries short (FR-APR-01)."""
+    text = _SECRET.sub(lambda m: m.group(1) + "***", text)
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def plan(calls: Sequence[ToolCall], registry: Registry, sandbox: Sandbox, config: Config) -> list[PreparedCall]:
+    seen: set[str] = set()
+    prepared: list[PreparedCall] = []
+    for index, call in enumerate(calls):
+        item = PreparedCall(index=index, call_id=call.call_id, name=call.name, tool=None, args=None)
+        try:
+            _check(item, call, seen, registry, sandbox, config)
+        except ToolError as exc:
+            item.result = results.failure(call.call_id, exc)
+        seen.add(call.call_id)
+        prepared.append(item)
+    return prepared
+
+
+def _check(item: PreparedCall, call: ToolCall, seen: set[str], registry: Registry, sandbox: Sandbox,
+           config: Config) -> None:
+    tools = config.tools
+    if item.index >= tools.max_tool_calls_per_batch:
+        raise limits_exceeded(
+            f"batch has more than {tools.max_tool_calls_per_batch} calls (max_tool_calls_per_batch); "
+            "this call was not run", limit=tools.max_tool_calls_per_batch,
+        )
+    if call.call_id in seen:
+        raise ToolError(ToolErrorType.DUPLICATE_TOOL_CALL_ID, "DUPLICATE_TOOL_CALL_ID",
+                        f"call id {call.call_id!r} is used twice in this batch", call_id=call.call_id)
+    if tools.mode == "disabled":
+        raise sandbox_violation("TOOLS_DISABLED", "tools are disabled on this daemon (tools.mode = 'disabled')")
+    tool = registry.get(call.name)
+    if tool is None:
+        raise ToolError(ToolErrorType.UNKNOWN_TOOL, "UNKNOWN_TOOL", f"Unknown tool: {call.name[:128]!r}",
+                        name=call.name[:128])
+    item.tool, item.name, item.risk = tool, tool.name, tool.risk
+    size = len(call.arguments)
+    if size > tools.max_tool_args_bytes:
+        raise limits_exceeded(f"arguments are {size} bytes, over max_tool_args_bytes={tools.max_tool_args_bytes}",
+                              limit=tools.max_tool_args_bytes, size=size)
+    try:
+        item.args = msgspec.msgpack.decode(call.arguments, type=tool.args_type)
+    except msgspec.ValidationError as exc:
+        raise bad_args(f"invalid arguments for {tool.name}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise bad_args(f"arguments of {tool.name} are not a MessagePack map: {exc}") from None
+    tool.validate(item.args)
+    item.summary = redact(tool.summary(item.args))
+    item.locations = tool.locations(item.args)
+    for raw in tool.paths(item.args):
+        sandbox.resolve(raw)
+    verdict = policy.decide(tool.name, tool.side_effecting, tools.approval)
+    if verdict.decision == "deny":
+        raise ToolError(ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}")
+    if verdict.decision == "ask":
+        raise ToolError(ToolErrorType.DENIED, "CONFIRMATION_UNAVAILABLE",
+                        f"{verdict.reason}; this daemon cannot ask yet. Add {tool.name!r} to "
+                        "[tools.approval] allowlist to run it without confirmation")

@@ -1,0 +1,133 @@
+"""The tool registry: names to tools, definitions with JSON Schemas, provider exports.
+
+Registering a taken name raises DuplicateTool unless ``replace=True`` (DESIGN.md).
+Listing is sorted by name. Schemas come from each tool's msgspec argument type, so
+the schema the model sees and the validation the daemon applies cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from toold_protocol import ToolDefinition, ToolErrorType
+
+from .errors import ToolError
+from .tools._base import Tool
+
+AnyTool = Tool[Any]
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._tools: dict[str, AnyTool] = {}
+        self._aliases: dict[str, str] = {}
+        self._definitions: list[ToolDefinition] | None = None
+
+    def register(self, tool: AnyTool, *, replace: bool = False) -> None:
+        if tool.name in self._tools and not replace:
+            raise ToolError(
+                ToolErrorType.DUPLICATE_TOOL, "DUPLICATE_TOOL",
+                f"A tool named {tool.name!r} is already registered", name=tool.name,
+            )
+        self.unregister(tool.name)
+        self._tools[tool.name] = tool
+        for alias in tool.aliases:
+            self._aliases[alias] = tool.name
+        self._definitions = None
+
+    def unregister(self, name: str) -> bool:
+        tool = self._tools.pop(name, None)
+        if tool is None:
+            return False
+        for alias in tool.aliases:
+            if self._aliases.get(alias) == name:
+                del self._aliases[alias]
+        self._definitions = None
+        return True
+
+    def get(self, name: str) -> AnyTool | None:
+        """Look up by name or by an accepted alias (``ls`` for ``list_directory``)."""
+        tool = self._tools.get(name)
+        if tool is None and name in self._aliases:
+            tool = self._tools.get(self._aliases[name])
+        return tool
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def list(self) -> list[AnyTool]:
+        return [self._tools[name] for name in sorted(self._tools)]
+
+    def definitions(self) -> list[ToolDefinition]:
+        """Cached until the registry changes (NFR-PERF-03)."""
+        if self._definitions is None:
+            self._definitions = [
+                ToolDefinition(
+                    name=tool.name,
+                    description=tool.description,
+                    parameters=parameters_schema(tool.args_type),
+                    risk=tool.risk,
+                    side_effecting=tool.side_effecting,
+                    aliases=list(tool.aliases),
+                )
+                for tool in self.list()
+            ]
+        return self._definitions
+
+    def export(self, fmt: str) -> list[dict[str, Any]]:
+        """The definitions as one provider expects its function declarations."""
+        out: list[dict[str, Any]] = []
+        for d in self.definitions():
+            if fmt == "openai":
+                out.append({"type": "function", "function": {
+                    "name": d.name, "description": d.description, "parameters": d.parameters}})
+            elif fmt == "anthropic":
+                out.append({"name": d.name, "description": d.description, "input_schema": d.parameters})
+            elif fmt == "gemini":
+                out.append({"name": d.name, "description": d.description, "parameters": gemini_schema(d.parameters)})
+            else:
+                out.append(msgspec.to_builtins(d))
+        return out
+
+
+def parameters_schema(args_type: type[Any]) -> dict[str, Any]:
+    """A self-contained JSON Schema object (``$ref``s inlined: several providers reject them)."""
+    schema = msgspec.json.schema(args_type)
+    defs = schema.pop("$defs", {})
+    inlined = _inline(schema, defs)
+    assert isinstance(inlined, dict)
+    inlined.pop("title", None)
+    return inlined
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            target = dict(defs[ref.removeprefix("#/$defs/")])
+            return _inline(target, defs)
+        return {key: _inline(value, defs) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    return node
+
+
+_GEMINI_DROP = {"title", "additionalProperties", "default", "$schema"}
+
+
+def gemini_schema(node: Any) -> Any:
+    """Gemini accepts an OpenAPI subset: drop the keywords it rejects (never a property's name)."""
+    if isinstance(node, list):
+        return [gemini_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _GEMINI_DROP:
+            continue
+        if key == "properties":
+            out[key] = {name: gemini_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = gemini_schema(value)
+    return out

@@ -1,0 +1,43 @@
+"""Where tool code runs. The executor only sees the ``ToolRunner`` seam.
+
+``ThreadRunner`` runs tools on worker threads of the daemon process. That is
+acceptable only for read-only tools and only for a client whose privileges are not
+lower than the daemon's (same uid, or root), so it refuses anything else with
+IsolationUnavailable. The isolated spawner replaces it for side-effecting tools.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import trio
+from toold_protocol import Identity, ToolErrorType
+
+from .errors import ToolError
+from .tools._base import Tool, ToolContext, ToolOutput
+
+
+class ToolRunner(Protocol):
+    async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput: ...
+
+
+class ThreadRunner:
+    def __init__(self, max_threads: int = 8) -> None:
+        self._limiter = trio.CapacityLimiter(max_threads)
+        self._euid = os.geteuid()
+
+    async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
+        if tool.side_effecting:
+            raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "ISOLATION_UNAVAILABLE",
+                            f"{tool.name} has side effects and needs an isolated child, which this daemon lacks")
+        if identity.uid not in (self._euid, 0):
+            raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "ISOLATION_UNAVAILABLE",
+                            f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid} "
+                            "without the isolated spawner")
+        try:
+            return await trio.to_thread.run_sync(tool.run, args, ctx, limiter=self._limiter,
+                                                 abandon_on_cancel=True)
+        except BaseException:
+            ctx.cancelled.set()  # an abandoned thread stops at its next check
+            raise

@@ -1,0 +1,124 @@
+"""The daemon's root: build the parts, serve until a signal, shut down cleanly.
+
+Order of start: configuration and sandbox (fail fast on bad roots), registry, the
+IPC socket (lock, ZAP, bind); ``ready`` is reported only once the socket accepts.
+On SIGTERM/SIGINT: stop accepting batches, give running calls the grace period,
+cancel what remains (each call still gets its result), flush replies, remove the
+socket and exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+from toold_protocol import SOCKET_NAME
+
+from .config import DEFAULT_DENIED_PATTERNS, Config
+from .executor import Executor
+from .ipc import IpcServer
+from .registry import Registry
+from .runner import ThreadRunner
+from .sandbox import Sandbox
+from .service import Service
+from .tools import builtin_tools
+
+log = logging.getLogger("toold")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    roots: list[Path] = field(default_factory=list)
+    endpoint: str = ""
+    state_dir: Path | None = None
+
+
+def default_runtime_dir() -> Path:
+    """platformdirs' runtime directory, or ``/tmp/toold-UID`` when its base does not exist.
+
+    Must agree with ``toold_protocol.default_runtime_dir`` (a test checks it).
+    """
+    import platformdirs
+
+    runtime = Path(platformdirs.user_runtime_dir("toold"))
+    if runtime.parent.is_dir():
+        return runtime
+    return Path(f"/tmp/toold-{os.getuid()}")
+
+
+def default_state_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("toold"))
+
+
+def prepare_runtime_dir(directory: Path) -> None:
+    """Create the socket's directory 0700 and refuse one that others could write or that is not ours."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = directory.lstat()
+    if st.st_uid != os.geteuid():
+        raise SystemExit(f"toold: {directory} belongs to uid {st.st_uid}, not to us; refusing to serve there")
+    if st.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+
+
+def build_sandbox(config: Config, roots: list[Path]) -> Sandbox:
+    sandbox_config = config.tools.sandbox
+    chosen = roots or [Path(r) for r in sandbox_config.allowed_roots] or [Path.cwd()]
+    denied = list(sandbox_config.denied_patterns)
+    if sandbox_config.include_default_denies:
+        denied = [*DEFAULT_DENIED_PATTERNS, *denied]
+    return Sandbox(chosen, denied_patterns=denied, allow_absolute=sandbox_config.allow_absolute)
+
+
+def resolve_endpoint(config: Config, options: ServeOptions) -> str:
+    endpoint = options.endpoint or config.daemon.endpoint
+    if endpoint:
+        return endpoint
+    directory = default_runtime_dir()
+    prepare_runtime_dir(directory)
+    return f"ipc://{directory / SOCKET_NAME}"
+
+
+async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str], None] | None = None) -> None:
+    sandbox = build_sandbox(config, options.roots)
+    registry = Registry()
+    for tool in builtin_tools():
+        registry.register(tool)
+    state_dir = options.state_dir or (Path(config.daemon.state_dir) if config.daemon.state_dir else None) \
+        or default_state_dir()
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    endpoint = resolve_endpoint(config, options)
+
+    executor = Executor(ThreadRunner(), sandbox, config)
+    ipc = IpcServer(endpoint, hard_max_frame_bytes=config.daemon.max_frame_bytes * 4)
+    service = Service(config, registry, sandbox, executor, ipc.send, ipc.forget)
+    try:
+        ipc.bind()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                service.bind_nursery(nursery)
+                await nursery.start(ipc.serve, service.handle)
+                log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
+                if ready is not None:
+                    ready(endpoint)
+                async for signum in signals:
+                    log.info("received %s; shutting down", signal.Signals(signum).name)
+                    break
+                await service.shutdown(config.daemon.shutdown_grace_seconds)
+                await _drain_replies(ipc)
+                nursery.cancel_scope.cancel()
+    finally:
+        ipc.close()
+
+
+async def _drain_replies(ipc: IpcServer, seconds: float = 1.0) -> None:
+    """Give the pump a moment to hand queued replies to libzmq before closing."""
+    with trio.move_on_after(seconds):
+        while ipc.pending():
+            await trio.sleep(0.005)

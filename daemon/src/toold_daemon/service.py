@@ -1,0 +1,284 @@
+"""Sessions and requests: what the daemon does with each decoded message.
+
+This module does not know ZeroMQ. It receives ``Inbound`` frames (peer, kernel
+identity, bytes), answers through ``send(peer, bytes)``, and starts batch tasks in the
+nursery it is given. Every malformed or unauthorized request gets an ``error``
+message with a ProtocolErrorCode; nothing a client sends can stop it from serving
+the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import trio
+from toold_protocol import (
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    Ack,
+    BatchAccepted,
+    BatchStatus,
+    Cancel,
+    CallFinished,
+    CallStarted,
+    ClientMessage,
+    Confirm,
+    DecodeFailure,
+    Error,
+    GetBatch,
+    Hello,
+    Identity,
+    IsolationLayer,
+    ListTools,
+    OutputChunk,
+    Ping,
+    Pong,
+    ProtocolErrorCode,
+    SubmitBatch,
+    Subscribe,
+    SupplyResult,
+    ToolList,
+    Welcome,
+    decode_client_message,
+    encode,
+)
+
+from . import __version__, planner
+from .batches import Batch
+from .config import Config
+from .executor import Executor
+from .ipc import Inbound
+from .registry import Registry
+from .sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[bytes, bytes], None]
+_PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    peer: bytes
+    identity: Identity
+    client_name: str = ""
+    protocol_version: int = PROTOCOL_VERSION
+    running: int = 0
+
+
+class Service:
+    def __init__(self, config: Config, registry: Registry, sandbox: Sandbox, executor: Executor, send: Send,
+                 forget: Callable[[bytes], None] | None = None,
+                 isolation: list[IsolationLayer] | None = None) -> None:
+        self.config = config
+        self.registry = registry
+        self.sandbox = sandbox
+        self.executor = executor
+        self._send = send
+        self._forget = forget or (lambda peer: None)
+        self.isolation = isolation or []
+        self.sessions: dict[bytes, Session] = {}  # least recently seen first
+        self.batches: collections.OrderedDict[str, Batch] = collections.OrderedDict()
+        self.accepting = True
+        self._nursery: trio.Nursery | None = None
+
+    def bind_nursery(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    # ------------------------------------------------------------------ entry point
+
+    def handle(self, inbound: Inbound) -> None:
+        if inbound.frame is None:
+            self._disconnected(inbound.peer)
+            return
+        daemon = self.config.daemon
+        if inbound.parts != 1:
+            self._error(inbound.peer, None, ProtocolErrorCode.MULTIPART_NOT_ALLOWED,
+                        f"expected one frame per message, got {inbound.parts}")
+            return
+        if len(inbound.frame) > daemon.max_frame_bytes:
+            self._error(inbound.peer, None, ProtocolErrorCode.FRAME_TOO_LARGE,
+                        f"frame of {len(inbound.frame)} bytes is over the {daemon.max_frame_bytes}-byte limit",
+                        limit=daemon.max_frame_bytes)
+            return
+        try:
+            message = decode_client_message(inbound.frame)
+        except DecodeFailure as exc:
+            self._error(inbound.peer, exc.request_id, exc.code, exc.message)
+            return
+        session = self._session(inbound)
+        if session is None:
+            return
+        try:
+            self._dispatch(session, message)
+        except Exception:
+            log.exception("request %s from %s failed", type(message).__name__, session.session_id)
+            self._error(session.peer, getattr(message, "id", None), ProtocolErrorCode.INTERNAL,
+                        "internal error while handling the request; the daemon keeps running")
+
+    def _session(self, inbound: Inbound) -> Session | None:
+        """The peer's session, created on its first message. ``sessions`` is kept in
+        least-recently-seen order: libzmq does not report disconnects, so when the table
+        is full the idle session seen longest ago makes room."""
+        session = self.sessions.pop(inbound.peer, None)
+        if session is None:
+            if len(self.sessions) >= self.config.daemon.max_sessions and not self._evict_idle_session():
+                self._error(inbound.peer, None, ProtocolErrorCode.TOO_MANY_SESSIONS,
+                            "too many sessions with running batches")
+                return None
+            session = Session(session_id=secrets.token_hex(8), peer=inbound.peer, identity=inbound.identity)
+        self.sessions[inbound.peer] = session
+        return session
+
+    def _evict_idle_session(self) -> bool:
+        for peer, session in self.sessions.items():
+            if session.running == 0:
+                del self.sessions[peer]
+                self._forget(peer)
+                return True
+        return False
+
+    def _disconnected(self, peer: bytes) -> None:
+        # Running batches go on; their results stay available through get_batch.
+        self.sessions.pop(peer, None)
+
+    def _dispatch(self, session: Session, message: ClientMessage) -> None:
+        match message:
+            case Ping():
+                self._reply(session, Pong(id=message.id))
+            case Hello():
+                self._hello(session, message)
+            case ListTools():
+                self._list_tools(session, message)
+            case SubmitBatch():
+                self._submit(session, message)
+            case Cancel():
+                self._cancel(session, message)
+            case GetBatch():
+                self._get_batch(session, message)
+            case Confirm() | Subscribe() | SupplyResult():
+                self._error(session.peer, message.id, ProtocolErrorCode.UNSUPPORTED,
+                            f"{type(message).__name__.lower()} is not supported by this daemon yet")
+
+    # ------------------------------------------------------------------ requests
+
+    def _hello(self, session: Session, message: Hello) -> None:
+        if message.protocol_version < MIN_PROTOCOL_VERSION:
+            self._error(session.peer, message.id, ProtocolErrorCode.PROTOCOL_VERSION_UNSUPPORTED,
+                        f"protocol version {message.protocol_version} is older than {MIN_PROTOCOL_VERSION}",
+                        supported=[MIN_PROTOCOL_VERSION, PROTOCOL_VERSION])
+            return
+        session.protocol_version = min(message.protocol_version, PROTOCOL_VERSION)
+        session.client_name = message.client_name
+        tools = self.config.tools
+        self._reply(session, Welcome(
+            id=message.id, protocol_version=session.protocol_version, daemon_version=__version__,
+            session_id=session.session_id, identity=session.identity, tools_mode=tools.mode,
+            roots=[str(r) for r in self.sandbox.roots], isolation=self.isolation,
+            limits={
+                "max_tool_calls_per_batch": tools.max_tool_calls_per_batch,
+                "max_tool_args_bytes": tools.max_tool_args_bytes,
+                "max_output_bytes": tools.output.max_bytes,
+                "max_frame_bytes": self.config.daemon.max_frame_bytes,
+                "max_batches_per_session": self.config.daemon.max_batches_per_session,
+            },
+        ))
+
+    def _list_tools(self, session: Session, message: ListTools) -> None:
+        advertised = self.config.tools.mode != "disabled"
+        definitions = self.registry.definitions() if advertised else []
+        formatted = self.registry.export(message.format) if advertised and message.format != "toold" else []
+        self._reply(session, ToolList(id=message.id, format=message.format, tools=definitions, formatted=formatted))
+
+    def _submit(self, session: Session, message: SubmitBatch) -> None:
+        if not self.accepting:
+            self._error(session.peer, message.id, ProtocolErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
+            return
+        if session.running >= self.config.daemon.max_batches_per_session:
+            self._error(session.peer, message.id, ProtocolErrorCode.TOO_MANY_BATCHES,
+                        f"this session already runs {session.running} batches")
+            return
+        batch_id = message.batch_id or secrets.token_hex(12)
+        if batch_id in self.batches:
+            self._error(session.peer, message.id, ProtocolErrorCode.DUPLICATE_BATCH_ID,
+                        f"batch id {batch_id!r} was already submitted", batch_id=batch_id)
+            return
+        calls = planner.plan(message.calls, self.registry, self.sandbox, self.config)
+        batch = Batch(batch_id=batch_id, identity=session.identity, session_id=session.session_id,
+                      calls=calls, results=[None] * len(calls))
+        self._remember(batch)
+        self._reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=[c.planned() for c in calls]))
+        assert self._nursery is not None
+        session.running += 1
+        self._nursery.start_soon(self._run_batch, session, batch, message.events == "all")
+
+    async def _run_batch(self, session: Session, batch: Batch, all_events: bool) -> None:
+        peer = session.peer
+
+        def emit(event: msgspec.Struct) -> None:
+            if all_events or not isinstance(event, _PER_CALL_EVENTS):
+                self._send(peer, encode(event))
+
+        try:
+            await self.executor.run(batch, emit)
+        finally:
+            session.running -= 1
+
+    def _cancel(self, session: Session, message: Cancel) -> None:
+        batch = self._owned_batch(session, message.id, message.batch_id)
+        if batch is None:
+            return
+        batch.cancel("cancelled by the client")
+        self._reply(session, Ack(id=message.id))
+
+    def _get_batch(self, session: Session, message: GetBatch) -> None:
+        batch = self._owned_batch(session, message.id, message.batch_id)
+        if batch is None:
+            return
+        self._reply(session, BatchStatus(id=message.id, batch_id=batch.batch_id, state=batch.state,
+                                         calls=[c.planned() for c in batch.calls], results=batch.finished_results()))
+
+    def _owned_batch(self, session: Session, request_id: int, batch_id: str) -> Batch | None:
+        """The batch, if this session's uid owns it (root may see all). Another uid's batch looks unknown."""
+        batch = self.batches.get(batch_id)
+        if batch is None or (batch.identity.uid != session.identity.uid and session.identity.uid != 0):
+            self._error(session.peer, request_id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {batch_id!r}")
+            return None
+        return batch
+
+    def _remember(self, batch: Batch) -> None:
+        """Keep finished batches for get_batch, oldest dropped first beyond the configured count."""
+        self.batches[batch.batch_id] = batch
+        keep = self.config.daemon.finished_batches_kept
+        if len(self.batches) > keep:
+            for batch_id in [b for b, x in self.batches.items() if x.done.is_set()][: len(self.batches) - keep]:
+                del self.batches[batch_id]
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def shutdown(self, grace_seconds: float) -> None:
+        """Stop accepting; let running batches finish for ``grace_seconds``, then cancel them."""
+        self.accepting = False
+        running = [b for b in self.batches.values() if not b.done.is_set()]
+        with trio.move_on_after(grace_seconds):
+            for batch in running:
+                await batch.done.wait()
+        for batch in running:
+            batch.cancel("the daemon is shutting down")
+        for batch in running:
+            await batch.done.wait()
+
+    # ------------------------------------------------------------------ replies
+
+    def _reply(self, session: Session, message: msgspec.Struct) -> None:
+        self._send(session.peer, encode(message))
+
+    def _error(self, peer: bytes, request_id: int | None, code: ProtocolErrorCode, message: str,
+               **details: object) -> None:
+        self._send(peer, encode(Error(id=request_id, code=str(code), message=message, details=details)))

@@ -1,0 +1,19 @@
+"""Built-in tools, one module each. ``builtin_tools`` lists what a daemon registers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from .glob import Glob
+from .grep import Grep
+from .list_directory import ListDirectory
+from .read_file import ReadFile
+from .read_many_files import ReadManyFiles
+
+
+def builtin_tools() -> list[Tool[Any]]:
+    return [Glob(), Grep(), ListDirectory(), ReadFile(), ReadManyFiles()]
+
+
+__all__ = ["Tool", "ToolArgs", "ToolContext", "ToolOutput", "builtin_tools"]

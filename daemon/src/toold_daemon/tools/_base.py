@@ -1,0 +1,84 @@
+"""What a tool is: one small module with an argument struct, a risk, a summary and ``run``.
+
+``run`` is synchronous and is called by a runner (a worker thread today, an isolated
+child once the spawner lands): it must not touch trio. It checks
+``ctx.cancelled`` in long loops so that cancellation and timeouts end it promptly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+import msgspec
+
+from ..config import Config
+from ..errors import ToolError
+from ..sandbox import Sandbox
+
+RiskLevel = Literal["low", "medium", "high"]
+TimeoutKind = Literal["default", "file", "shell"]
+A = TypeVar("A", bound=msgspec.Struct)
+
+
+class ToolArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of argument structs: unknown arguments are errors (a misspelt name should not be ignored)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    content: str
+    display: str | None = None
+    data: dict[str, Any] | None = None
+    allow_truncation: bool = True
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """Fresh per call (FR-REG-04a)."""
+
+    call_id: str
+    sandbox: Sandbox
+    config: Config
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    emit: Callable[[str, str], None] | None = None
+
+    def check_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise _Cancelled
+
+
+class _Cancelled(Exception):
+    """Raised inside a tool when its call was cancelled; the executor already knows why."""
+
+
+class Tool(Generic[A]):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    args_type: type[A]
+    aliases: ClassVar[tuple[str, ...]] = ()
+    side_effecting: ClassVar[bool] = False
+    risk: ClassVar[RiskLevel] = "low"
+    timeout_kind: ClassVar[TimeoutKind] = "file"
+
+    def validate(self, args: A) -> None:
+        """Checks the schema cannot express (``start_line <= end_line``). Pure; raise ToolError."""
+
+    def paths(self, args: A) -> list[str]:
+        """Path arguments to validate against the sandbox while planning."""
+        return []
+
+    def summary(self, args: A) -> str:
+        """One line for people (≤ 200 chars), derived from the parsed arguments. No I/O."""
+        return self.name
+
+    def locations(self, args: A) -> list[str]:
+        return self.paths(args)
+
+    def run(self, args: A, ctx: ToolContext) -> ToolOutput:
+        raise NotImplementedError
+
+
+__all__ = ["A", "RiskLevel", "Tool", "ToolArgs", "ToolContext", "ToolError", "ToolOutput"]

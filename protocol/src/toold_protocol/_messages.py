@@ -1,0 +1,320 @@
+"""Every message of the toold wire protocol.
+
+Each frame is one MessagePack map with a ``type`` tag (``tag_field="type"``).
+Tags are written out explicitly so that renaming a class never changes the wire.
+Unknown fields are ignored when decoding (msgspec's default), so that a newer peer
+can add fields with defaults without breaking an older one.
+
+Requests from a client carry an integer ``id``; the daemon's direct reply echoes
+it. Events about a batch (``call_started``, ``output_chunk``, ...) carry the
+``batch_id`` instead. ``docs/protocol.md`` describes the conversations.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from ._version import PROTOCOL_VERSION
+
+RequestId = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+CallId = Annotated[str, Meta(min_length=1, max_length=256)]
+BatchId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+ToolName = Annotated[str, Meta(min_length=1, max_length=128)]
+
+RiskLevel = Literal["low", "medium", "high"]
+ToolFormat = Literal["toold", "openai", "anthropic", "gemini"]
+EventMode = Literal["all", "results"]
+Disposition = Literal["run", "confirm", "pending", "resolved"]
+BatchState = Literal["planned", "awaiting_confirmation", "running", "finished", "cancelled", "interrupted"]
+Stream = Literal["stdout", "stderr"]
+ToolsMode = Literal["disabled", "parse_only", "enabled"]
+
+
+class _Message(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
+    """Base of every protocol message."""
+
+
+# --------------------------------------------------------------------------- shared data
+
+
+class Identity(msgspec.Struct, frozen=True, kw_only=True):
+    """Who a session is, as the kernel told the daemon (SO_PEERCRED), never as claimed."""
+
+    uid: int
+    gid: int
+    pid: int
+
+
+class ToolErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a tool call failed. ``type`` is a ToolErrorType, ``code`` a stable SCREAMING_SNAKE name."""
+
+    type: str
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The one result every tool call gets, whatever happened.
+
+    ``content`` is for the model (exact text: a file read round-trips), ``display`` is
+    for people (sanitized of terminal control sequences), ``data`` is the structured
+    form where a tool has one.
+    """
+
+    call_id: str
+    ok: bool
+    content: str = ""
+    display: str = ""
+    data: dict[str, Any] | None = None
+    error: ToolErrorInfo | None = None
+    truncated: bool = False
+    duration_ms: float = 0.0
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One call in a batch. ``arguments`` stays encoded (a MessagePack map) until the
+    tool's own argument type decodes it."""
+
+    call_id: CallId
+    name: ToolName
+    arguments: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"\x80"))
+
+
+class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool as the daemon advertises it. ``parameters`` is a JSON Schema object."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    risk: RiskLevel = "low"
+    side_effecting: bool = False
+    aliases: list[str] = []
+
+
+class PlannedCall(msgspec.Struct, frozen=True, kw_only=True):
+    """What the planner decided for one call.
+
+    ``run``: will execute; ``confirm``: waits for a person; ``pending``: parse-only
+    mode, waits for ``supply_result``; ``resolved``: already has its (error) result.
+    """
+
+    index: int
+    call_id: str
+    name: str
+    disposition: Disposition
+    summary: str = ""
+    risk: RiskLevel = "low"
+    locations: list[str] = []
+    result: ToolResult | None = None
+
+
+class ConfirmationItem(msgspec.Struct, frozen=True, kw_only=True):
+    call_id: str
+    name: str
+    summary: str
+    risk: RiskLevel
+    locations: list[str] = []
+    diff: str | None = None
+    arguments: dict[str, Any] = {}
+
+
+class IsolationLayer(msgspec.Struct, frozen=True, kw_only=True):
+    """One isolation layer and whether this daemon can use it (``toold doctor``)."""
+
+    name: str
+    available: bool
+    detail: str = ""
+
+
+# --------------------------------------------------------------------------- client -> daemon
+
+
+class Hello(_Message, tag="hello"):
+    id: RequestId
+    protocol_version: int = PROTOCOL_VERSION
+    client_name: Annotated[str, Meta(max_length=128)] = ""
+    client_version: Annotated[str, Meta(max_length=64)] = ""
+
+
+class ListTools(_Message, tag="list_tools"):
+    id: RequestId
+    format: ToolFormat = "toold"
+
+
+class SubmitBatch(_Message, tag="submit_batch"):
+    """Run ``calls`` in order. ``batch_id`` may be chosen by the client (else the daemon
+    makes one). ``events="results"`` asks only for ``batch_accepted`` and
+    ``batch_finished`` (plus confirmations), which is cheaper for simple callers."""
+
+    id: RequestId
+    calls: list[ToolCall]
+    batch_id: BatchId | None = None
+    turn_id: Annotated[str, Meta(max_length=128)] | None = None
+    events: EventMode = "all"
+
+
+class Confirm(_Message, tag="confirm"):
+    """Answer to a ``confirmation_requested``.
+
+    ``decision``: ``approve_all``, ``approve_selected`` (only ``approved_call_ids``),
+    or ``deny_all``. ``modified_arguments`` maps call ids to replacement arguments.
+    """
+
+    id: RequestId
+    correlation_id: str
+    decision: Literal["approve_all", "approve_selected", "deny_all"]
+    approved_call_ids: list[str] = []
+    modified_arguments: dict[str, msgspec.Raw] = {}
+    remember_for_session: bool = False
+    reason: str = ""
+
+
+class Cancel(_Message, tag="cancel"):
+    id: RequestId
+    batch_id: BatchId
+
+
+class Subscribe(_Message, tag="subscribe"):
+    """An approver UI asks to see confirmation requests of its uid (or its approver group)."""
+
+    id: RequestId
+
+
+class SupplyResult(_Message, tag="supply_result"):
+    """Parse-only mode: a person supplies the result of a pending call."""
+
+    id: RequestId
+    batch_id: BatchId
+    call_id: CallId
+    ok: bool
+    content: str = ""
+
+
+class GetBatch(_Message, tag="get_batch"):
+    id: RequestId
+    batch_id: BatchId
+
+
+class Ping(_Message, tag="ping"):
+    id: RequestId
+
+
+ClientMessage = Hello | ListTools | SubmitBatch | Confirm | Cancel | Subscribe | SupplyResult | GetBatch | Ping
+
+
+# --------------------------------------------------------------------------- daemon -> client
+
+
+class Welcome(_Message, tag="welcome"):
+    id: RequestId
+    protocol_version: int
+    daemon_version: str
+    session_id: str
+    identity: Identity
+    tools_mode: ToolsMode
+    roots: list[str]
+    isolation: list[IsolationLayer] = []
+    limits: dict[str, int] = {}
+
+
+class ToolList(_Message, tag="tool_list"):
+    """``tools`` is always filled; ``formatted`` holds the same tools in the requested
+    provider format (OpenAI, Anthropic or Gemini function declarations)."""
+
+    id: RequestId
+    format: ToolFormat
+    tools: list[ToolDefinition]
+    formatted: list[dict[str, Any]] = []
+
+
+class BatchAccepted(_Message, tag="batch_accepted"):
+    id: RequestId
+    batch_id: str
+    calls: list[PlannedCall]
+
+
+class ConfirmationRequested(_Message, tag="confirmation_requested"):
+    batch_id: str
+    correlation_id: str
+    calls: list[ConfirmationItem]
+    expires_in_ms: int
+
+
+class CallStarted(_Message, tag="call_started"):
+    batch_id: str
+    call_id: str
+    index: int
+    name: str
+
+
+class OutputChunk(_Message, tag="output_chunk"):
+    """Streamed output of a running call. ``seq`` counts chunks of the call from 0;
+    ``coalesced`` says how many producer chunks were merged into this one."""
+
+    batch_id: str
+    call_id: str
+    stream: Stream
+    data: str
+    seq: int
+    coalesced: int = 1
+
+
+class CallFinished(_Message, tag="call_finished"):
+    batch_id: str
+    index: int
+    result: ToolResult
+
+
+class BatchFinished(_Message, tag="batch_finished"):
+    batch_id: str
+    state: BatchState
+    results: list[ToolResult]
+
+
+class BatchStatus(_Message, tag="batch_status"):
+    """Reply to ``get_batch``: the plan and every result so far, in call order."""
+
+    id: RequestId
+    batch_id: str
+    state: BatchState
+    calls: list[PlannedCall]
+    results: list[ToolResult]
+
+
+class Ack(_Message, tag="ack"):
+    """Reply to a request that has nothing else to say (``cancel``, ``confirm``, ...)."""
+
+    id: RequestId
+
+
+class Error(_Message, tag="error"):
+    """A request failed. ``id`` is the request's id when it could be read, else null."""
+
+    id: RequestId | None
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+class Pong(_Message, tag="pong"):
+    id: RequestId
+
+
+DaemonMessage = (
+    Welcome
+    | ToolList
+    | BatchAccepted
+    | ConfirmationRequested
+    | CallStarted
+    | OutputChunk
+    | CallFinished
+    | BatchFinished
+    | BatchStatus
+    | Ack
+    | Error
+    | Pong
+)

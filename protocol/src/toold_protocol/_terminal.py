@@ -1,0 +1,37 @@
+"""Making text safe to show in a terminal. Standard library only: clients use it too.
+
+Escape sequences (CSI, OSC, DCS, SOS, PM, APC and two-character escapes, in their
+7-bit and 8-bit forms) are removed; other C0 controls except tab, newline and
+carriage return, DEL, C1 controls, and the bidi overrides and isolates that make
+text read differently from what it is (CVE-2021-42574) become U+FFFD.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ESC-introduced sequences: CSI (ESC [ ... final), OSC/DCS/SOS/PM/APC (ESC ] ... BEL or ST),
+# and two-character escapes (ESC followed by one byte). Also their 8-bit C1 forms.
+_ESCAPES = re.compile(
+    r"""
+    \x1b\[[0-?]*[ -/]*[@-~]?            # CSI
+    | \x9b[0-?]*[ -/]*[@-~]?            # 8-bit CSI
+    | (?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f]).*?(?:\x07|\x1b\\|\x9c|$)   # OSC DCS SOS PM APC
+    | \x1b[@-Z\\-~]?                    # other two-character escapes (or a lone ESC)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+# C0 controls except \t \n \r, DEL, C1 controls, and the bidi overrides/isolates
+# that can make text read differently from what it is (CVE-2021-42574).
+_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+
+
+def sanitize_for_terminal(text: str) -> str:
+    """Remove escape sequences and replace other control characters with U+FFFD."""
+    if text.isprintable() or not _needs_work(text):
+        return text
+    return _CONTROLS.sub("\ufffd", _ESCAPES.sub("", text))
+
+
+def _needs_work(text: str) -> bool:
+    return _CONTROLS.search(text) is not None or "\x1b" in text
