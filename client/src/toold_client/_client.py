@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
+
 from toold_protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -28,6 +29,7 @@ from toold_protocol import (
     DaemonMessage,
     DecodeFailure,
     Error,
+    EventMode,
     GetBatch,
     Hello,
     ListTools,
@@ -73,8 +75,14 @@ class BatchOutcome:
 class Client:
     """A connection to a toold daemon. Use as a context manager; not thread-safe."""
 
-    def __init__(self, endpoint: str | None = None, *, client_name: str = "toold-client",
-                 timeout: float = 30.0, transport: Transport | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        client_name: str = "toold-client",
+        timeout: float = 30.0,
+        transport: Transport | None = None,
+    ) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout = timeout
         self.client_name = client_name
@@ -121,15 +129,22 @@ class Client:
         reply = _expect(self._request(lambda i: ListTools(id=i, format=format)), ToolList)  # type: ignore[arg-type]
         return reply.tools if format == "toold" else reply.formatted
 
-    def call(self, name: str, arguments: Mapping[str, Any] | None = None, *, call_id: str = "",
-             timeout: float | None = None) -> ToolResult:
+    def call(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, call_id: str = "", timeout: float | None = None
+    ) -> ToolResult:
         """Run one tool call and return its result (an error result is returned, not raised)."""
         outcome = self.submit([CallSpec(name, arguments or {}, call_id)], events="results", timeout=timeout)
         return outcome.results[0]
 
-    def submit(self, calls: Iterable[CallSpec | Mapping[str, Any]], *, batch_id: str | None = None,
-               on_event: EventHandler | None = None, events: str = "all",
-               timeout: float | None = None) -> BatchOutcome:
+    def submit(
+        self,
+        calls: Iterable[CallSpec | Mapping[str, Any]],
+        *,
+        batch_id: str | None = None,
+        on_event: EventHandler | None = None,
+        events: EventMode = "all",
+        timeout: float | None = None,
+    ) -> BatchOutcome:
         """Submit a batch and wait for it to finish; ``on_event`` sees every event as it arrives."""
         wire_calls = [_to_wire(call, index) for index, call in enumerate(calls)]
         request = lambda i: SubmitBatch(id=i, calls=wire_calls, batch_id=batch_id, events=events)  # noqa: E731
@@ -137,8 +152,9 @@ class Client:
         finished = self.wait_batch(accepted.batch_id, on_event=on_event, timeout=timeout)
         return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
 
-    def wait_batch(self, batch_id: str, *, on_event: EventHandler | None = None,
-                   timeout: float | None = None) -> BatchFinished:
+    def wait_batch(
+        self, batch_id: str, *, on_event: EventHandler | None = None, timeout: float | None = None
+    ) -> BatchFinished:
         """Deliver this batch's events until ``batch_finished``. ``timeout`` is per event (None: wait)."""
         queue = self._events[batch_id]
         while True:
@@ -166,8 +182,10 @@ class Client:
         while request_id not in self._replies:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RequestTimeout(f"no reply from the daemon at {self.endpoint} within "
-                                     f"{timeout if timeout is not None else self.timeout:g}s")
+                raise RequestTimeout(
+                    f"no reply from the daemon at {self.endpoint} within "
+                    f"{timeout if timeout is not None else self.timeout:g}s"
+                )
             self._receive_one(remaining)
         reply = self._replies.pop(request_id)
         if isinstance(reply, Error):

@@ -45,7 +45,7 @@ class ZmqTransport:
 
     def send(self, frame: bytes) -> None:
         try:
-            self._sock.send(frame, copy=len(frame) < 65536)
+            self._sock.send(frame)
         except zmq.ZMQError as exc:
             raise DaemonUnavailable(f"cannot send to the daemon: {exc}") from None
 

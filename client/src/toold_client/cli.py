@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import msgspec
+
 from toold_protocol import ToolResult, default_endpoint, sanitize_for_terminal
 
 from ._client import Client
@@ -23,14 +24,20 @@ EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolctl", description="Command-line client of the toold daemon")
-    parser.add_argument("--endpoint", default=None, help="daemon endpoint (default: $TOOLD_ENDPOINT or the "
-                        "per-user socket)")
+    parser.add_argument(
+        "--endpoint", default=None, help="daemon endpoint (default: $TOOLD_ENDPOINT or the per-user socket)"
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a reply")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ping = sub.add_parser("ping", help="check that the daemon answers")
-    ping.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                      help="keep trying for up to SECONDS until the daemon answers")
+    ping.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep trying for up to SECONDS until the daemon answers",
+    )
 
     call = sub.add_parser("call", help="run one tool call")
     call.add_argument("name")
@@ -66,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     except TooldError as exc:
         print(f"toolctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return EXIT_OK
 
 
 class _UsageError(Exception):
@@ -143,12 +149,25 @@ def _tools(client: Client, fmt: str) -> int:
 
 def result_json(result: ToolResult) -> dict[str, Any]:
     """The ``--json`` shape: exactly these keys, ``error`` null on success."""
-    error = None if result.error is None else {
-        "type": result.error.type, "code": result.error.code,
-        "message": result.error.message, "details": result.error.details,
+    error = (
+        None
+        if result.error is None
+        else {
+            "type": result.error.type,
+            "code": result.error.code,
+            "message": result.error.message,
+            "details": result.error.details,
+        }
+    )
+    return {
+        "call_id": result.call_id,
+        "ok": result.ok,
+        "content": result.content,
+        "display": result.display,
+        "error": error,
+        "truncated": result.truncated,
+        "duration_ms": result.duration_ms,
     }
-    return {"call_id": result.call_id, "ok": result.ok, "content": result.content, "display": result.display,
-            "error": error, "truncated": result.truncated, "duration_ms": result.duration_ms}
 
 
 def _print_result(result: ToolResult) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+
 from toold_protocol import BatchState, Identity, PlannedCall, ToolResult
 
 from .tools._base import Tool
@@ -35,10 +36,14 @@ class PreparedCall:
 
     def planned(self) -> PlannedCall:
         return PlannedCall(
-            index=self.index, call_id=self.call_id, name=self.name,
+            index=self.index,
+            call_id=self.call_id,
+            name=self.name,
             disposition="resolved" if self.result is not None else "run",
-            summary=self.summary, risk=self.risk,  # type: ignore[arg-type]
-            locations=self.locations, result=self.result,
+            summary=self.summary,
+            risk=self.risk,  # type: ignore[arg-type]
+            locations=self.locations,
+            result=self.result,
         )
 
 

@@ -20,8 +20,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"toold {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_cmd = sub.add_parser("serve", help="run the daemon in the foreground")
-    serve_cmd.add_argument("--root", action="append", default=[], type=Path, metavar="DIR",
-                           help="sandbox root (repeatable; default: the current directory)")
+    serve_cmd.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="sandbox root (repeatable; default: the current directory)",
+    )
     serve_cmd.add_argument("--endpoint", default="", help="ZeroMQ endpoint, e.g. ipc:///run/toold.sock")
     serve_cmd.add_argument("--state-dir", type=Path, default=None, help="where the daemon keeps its state")
     serve_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")

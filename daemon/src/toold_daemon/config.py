@@ -47,30 +47,30 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     pass
 
 
-class SandboxConfig(_Section):
+class SandboxConfig(_Section, frozen=True):
     allowed_roots: list[str] = []
     denied_patterns: list[str] = []
     allow_absolute: bool = False
     include_default_denies: bool = True
 
 
-class TimeoutsConfig(_Section):
+class TimeoutsConfig(_Section, frozen=True):
     default_seconds: Seconds = 30.0
     file_operations_seconds: Seconds = 30.0
     shell_commands_seconds: Seconds = 300.0
 
 
-class OutputConfig(_Section):
+class OutputConfig(_Section, frozen=True):
     max_bytes: PositiveInt = 102_400
     max_lines: PositiveInt = 10_000
 
 
-class EnvironmentConfig(_Section):
+class EnvironmentConfig(_Section, frozen=True):
     allowlist: list[str] = []
     denylist: list[str] = []
 
 
-class ApprovalConfig(_Section):
+class ApprovalConfig(_Section, frozen=True):
     enabled: bool = True
     mode: Literal["auto", "prompt", "deny"] = "prompt"
     allowlist: list[str] = []
@@ -78,16 +78,16 @@ class ApprovalConfig(_Section):
     prompt_side_effects: bool = True
 
 
-class ReadFileConfig(_Section):
+class ReadFileConfig(_Section, frozen=True):
     max_file_read_bytes: PositiveInt = 204_800
     max_scan_bytes: PositiveInt = 2_097_152
 
 
-class ApplyPatchConfig(_Section):
+class ApplyPatchConfig(_Section, frozen=True):
     max_patch_bytes: PositiveInt = 524_288
 
 
-class ToolsConfig(_Section):
+class ToolsConfig(_Section, frozen=True):
     mode: Literal["disabled", "parse_only", "enabled"] = "enabled"
     allow_parallel: bool = False
     max_tool_calls_per_batch: PositiveInt = 8
@@ -102,7 +102,7 @@ class ToolsConfig(_Section):
     apply_patch: ApplyPatchConfig = ApplyPatchConfig()
 
 
-class DaemonConfig(_Section):
+class DaemonConfig(_Section, frozen=True):
     endpoint: str = ""
     state_dir: str = ""
     max_frame_bytes: PositiveInt = 8 * 1024 * 1024
@@ -112,7 +112,7 @@ class DaemonConfig(_Section):
     shutdown_grace_seconds: Annotated[float, Meta(ge=0, le=600)] = 5.0
 
 
-class Config(_Section):
+class Config(_Section, frozen=True):
     daemon: DaemonConfig = DaemonConfig()
     tools: ToolsConfig = ToolsConfig()
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 import trio
+
 from toold_protocol import BatchFinished, CallFinished, CallStarted, ToolErrorType, ToolResult
 
 from . import results
@@ -85,14 +86,29 @@ class Executor:
             if batch.cancel_reason is not None:
                 return _cancelled(call.call_id, batch.cancel_reason, duration_ms=_ms(started))
             elapsed = time.monotonic() - started
-            return results.failure(call.call_id, ToolError(
-                ToolErrorType.TIMEOUT, "TIMEOUT", f"{tool.name} timed out after {elapsed:.1f}s (limit {timeout:g}s)",
-                tool=tool.name, elapsed_ms=round(elapsed * 1000), timeout_ms=round(timeout * 1000),
-            ), duration_ms=_ms(started))
+            return results.failure(
+                call.call_id,
+                ToolError(
+                    ToolErrorType.TIMEOUT,
+                    "TIMEOUT",
+                    f"{tool.name} timed out after {elapsed:.1f}s (limit {timeout:g}s)",
+                    tool=tool.name,
+                    elapsed_ms=round(elapsed * 1000),
+                    timeout_ms=round(timeout * 1000),
+                ),
+                duration_ms=_ms(started),
+            )
         limits = self.config.tools.output
-        return results.success(call.call_id, output.content, output.display, output.data,
-                               allow_truncation=output.allow_truncation, max_bytes=limits.max_bytes,
-                               max_lines=limits.max_lines, duration_ms=_ms(started))
+        return results.success(
+            call.call_id,
+            output.content,
+            output.display,
+            output.data,
+            allow_truncation=output.allow_truncation,
+            max_bytes=limits.max_bytes,
+            max_lines=limits.max_lines,
+            duration_ms=_ms(started),
+        )
 
     def timeout_for(self, tool: Tool[Any]) -> float:
         timeouts = self.config.tools.timeouts
@@ -108,5 +124,6 @@ def _ms(started: float) -> float:
 
 
 def _cancelled(call_id: str, reason: str, *, duration_ms: float = 0.0) -> ToolResult:
-    return results.failure(call_id, ToolError(ToolErrorType.CANCELLED, "CANCELLED", f"Cancelled: {reason}"),
-                           duration_ms=duration_ms)
+    return results.failure(
+        call_id, ToolError(ToolErrorType.CANCELLED, "CANCELLED", f"Cancelled: {reason}"), duration_ms=duration_ms
+    )

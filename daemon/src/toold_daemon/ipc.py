@@ -31,6 +31,7 @@ from pathlib import Path
 
 import trio
 import zmq
+
 from toold_protocol import Identity
 
 log = logging.getLogger(__name__)
@@ -188,8 +189,9 @@ class IpcServer:
 
     # ------------------------------------------------------------------ pumps
 
-    async def serve(self, handler: FrameHandler, *,
-                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, handler: FrameHandler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Pump frames to ``handler`` until cancelled. Call :meth:`bind` first."""
         self._handler = handler
         async with trio.open_nursery() as nursery:
@@ -200,7 +202,7 @@ class IpcServer:
     async def _pump(self) -> None:
         router = self._router
         assert router is not None
-        fd = router.getsockopt(zmq.FD)
+        fd = int(router.getsockopt(zmq.FD))
         while True:
             self._flush_outbox()
             self._drain_inbound(router)
@@ -223,7 +225,7 @@ class IpcServer:
             identity = self._identities.get(peer)
             if identity is None:
                 user_id = frames[1].get("User-Id") if len(frames) > 1 else None
-                identity = parse_peer_address(user_id or "")
+                identity = parse_peer_address(user_id if isinstance(user_id, str) else "")
                 if identity is None:
                     continue  # cannot happen after ZAP accepted the peer; refuse silently
                 self._identities[peer] = identity
@@ -240,9 +242,9 @@ class IpcServer:
     async def _zap_loop(self) -> None:
         zap = self._zap
         assert zap is not None
-        fd = zap.getsockopt(zmq.FD)
+        fd = int(zap.getsockopt(zmq.FD))
         while True:
-            while zap.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            while int(zap.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 request = zap.recv_multipart()
                 zap.send_multipart(_zap_reply(request))
             await trio.lowlevel.wait_readable(fd)

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 
 import msgspec
+
 from toold_protocol import ToolCall, ToolErrorType
 
 from . import policy, results
@@ -23,7 +24,8 @@ from .sandbox import Sandbox
 
 SUMMARY_CHARS = 200
 _SECRET = re.compile(
-    r"(?i)((?:api[_-]?key|token|secret|password|passwd|authorization|bearer)\s*[=:]\s*|bearer\s+)([^\s'\",;&]+)"
+    r"(?i)((?:api[_-]?key|token|secret|password|passwd|authorization)\s*[=:]\s*(?:(?:bearer|basic|token)\s+)?"
+    r"|bearer\s+)([^\s'\",;&]+)"
 )
 
 
@@ -39,7 +41,7 @@ def plan(calls: Sequence[ToolCall], registry: Registry, sandbox: Sandbox, config
     for index, call in enumerate(calls):
         item = PreparedCall(index=index, call_id=call.call_id, name=call.name, tool=None, args=None)
         try:
-            _check(item, call, seen, registry, sandbox, config)
+            _check(item, call, seen=seen, registry=registry, sandbox=sandbox, config=config)
         except ToolError as exc:
             item.result = results.failure(call.call_id, exc)
         seen.add(call.call_id)
@@ -47,28 +49,38 @@ def plan(calls: Sequence[ToolCall], registry: Registry, sandbox: Sandbox, config
     return prepared
 
 
-def _check(item: PreparedCall, call: ToolCall, seen: set[str], registry: Registry, sandbox: Sandbox,
-           config: Config) -> None:
+def _check(
+    item: PreparedCall, call: ToolCall, *, seen: set[str], registry: Registry, sandbox: Sandbox, config: Config
+) -> None:
     tools = config.tools
     if item.index >= tools.max_tool_calls_per_batch:
         raise limits_exceeded(
             f"batch has more than {tools.max_tool_calls_per_batch} calls (max_tool_calls_per_batch); "
-            "this call was not run", limit=tools.max_tool_calls_per_batch,
+            "this call was not run",
+            limit=tools.max_tool_calls_per_batch,
         )
     if call.call_id in seen:
-        raise ToolError(ToolErrorType.DUPLICATE_TOOL_CALL_ID, "DUPLICATE_TOOL_CALL_ID",
-                        f"call id {call.call_id!r} is used twice in this batch", call_id=call.call_id)
+        raise ToolError(
+            ToolErrorType.DUPLICATE_TOOL_CALL_ID,
+            "DUPLICATE_TOOL_CALL_ID",
+            f"call id {call.call_id!r} is used twice in this batch",
+            call_id=call.call_id,
+        )
     if tools.mode == "disabled":
         raise sandbox_violation("TOOLS_DISABLED", "tools are disabled on this daemon (tools.mode = 'disabled')")
     tool = registry.get(call.name)
     if tool is None:
-        raise ToolError(ToolErrorType.UNKNOWN_TOOL, "UNKNOWN_TOOL", f"Unknown tool: {call.name[:128]!r}",
-                        name=call.name[:128])
+        raise ToolError(
+            ToolErrorType.UNKNOWN_TOOL, "UNKNOWN_TOOL", f"Unknown tool: {call.name[:128]!r}", name=call.name[:128]
+        )
     item.tool, item.name, item.risk = tool, tool.name, tool.risk
     size = len(call.arguments)
     if size > tools.max_tool_args_bytes:
-        raise limits_exceeded(f"arguments are {size} bytes, over max_tool_args_bytes={tools.max_tool_args_bytes}",
-                              limit=tools.max_tool_args_bytes, size=size)
+        raise limits_exceeded(
+            f"arguments are {size} bytes, over max_tool_args_bytes={tools.max_tool_args_bytes}",
+            limit=tools.max_tool_args_bytes,
+            size=size,
+        )
     try:
         item.args = msgspec.msgpack.decode(call.arguments, type=tool.args_type)
     except msgspec.ValidationError as exc:
@@ -84,6 +96,9 @@ def _check(item: PreparedCall, call: ToolCall, seen: set[str], registry: Registr
     if verdict.decision == "deny":
         raise ToolError(ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}")
     if verdict.decision == "ask":
-        raise ToolError(ToolErrorType.DENIED, "CONFIRMATION_UNAVAILABLE",
-                        f"{verdict.reason}; this daemon cannot ask yet. Add {tool.name!r} to "
-                        "[tools.approval] allowlist to run it without confirmation")
+        raise ToolError(
+            ToolErrorType.DENIED,
+            "CONFIRMATION_UNAVAILABLE",
+            f"{verdict.reason}; this daemon cannot ask yet. Add {tool.name!r} to "
+            "[tools.approval] allowlist to run it without confirmation",
+        )

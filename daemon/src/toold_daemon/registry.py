@@ -7,9 +7,11 @@ the schema the model sees and the validation the daemon applies cannot drift.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import msgspec
+
 from toold_protocol import ToolDefinition, ToolErrorType
 
 from .errors import ToolError
@@ -27,8 +29,10 @@ class Registry:
     def register(self, tool: AnyTool, *, replace: bool = False) -> None:
         if tool.name in self._tools and not replace:
             raise ToolError(
-                ToolErrorType.DUPLICATE_TOOL, "DUPLICATE_TOOL",
-                f"A tool named {tool.name!r} is already registered", name=tool.name,
+                ToolErrorType.DUPLICATE_TOOL,
+                "DUPLICATE_TOOL",
+                f"A tool named {tool.name!r} is already registered",
+                name=tool.name,
             )
         self.unregister(tool.name)
         self._tools[tool.name] = tool
@@ -56,10 +60,10 @@ class Registry:
     def __contains__(self, name: str) -> bool:
         return self.get(name) is not None
 
-    def list(self) -> list[AnyTool]:
+    def list(self) -> builtins.list[AnyTool]:
         return [self._tools[name] for name in sorted(self._tools)]
 
-    def definitions(self) -> list[ToolDefinition]:
+    def definitions(self) -> builtins.list[ToolDefinition]:
         """Cached until the registry changes (NFR-PERF-03)."""
         if self._definitions is None:
             self._definitions = [
@@ -75,13 +79,17 @@ class Registry:
             ]
         return self._definitions
 
-    def export(self, fmt: str) -> list[dict[str, Any]]:
+    def export(self, fmt: str) -> builtins.list[dict[str, Any]]:
         """The definitions as one provider expects its function declarations."""
-        out: list[dict[str, Any]] = []
+        out: builtins.list[dict[str, Any]] = []
         for d in self.definitions():
             if fmt == "openai":
-                out.append({"type": "function", "function": {
-                    "name": d.name, "description": d.description, "parameters": d.parameters}})
+                out.append(
+                    {
+                        "type": "function",
+                        "function": {"name": d.name, "description": d.description, "parameters": d.parameters},
+                    }
+                )
             elif fmt == "anthropic":
                 out.append({"name": d.name, "description": d.description, "input_schema": d.parameters})
             elif fmt == "gemini":

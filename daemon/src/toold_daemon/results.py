@@ -12,8 +12,17 @@ from .output import sanitize_for_terminal, truncate
 _MAX_ERROR_CHARS = 2000
 
 
-def success(call_id: str, content: str, display: str | None, data: dict[str, Any] | None, *,
-            allow_truncation: bool, max_bytes: int, max_lines: int, duration_ms: float) -> ToolResult:
+def success(
+    call_id: str,
+    content: str,
+    display: str | None,
+    data: dict[str, Any] | None,
+    *,
+    allow_truncation: bool,
+    max_bytes: int,
+    max_lines: int,
+    duration_ms: float,
+) -> ToolResult:
     truncated = False
     if allow_truncation:
         cut = truncate(content, max_bytes=max_bytes, max_lines=max_lines)
@@ -21,8 +30,13 @@ def success(call_id: str, content: str, display: str | None, data: dict[str, Any
     shown = content if display is None else display
     shown_cut = truncate(shown, max_bytes=max_bytes, max_lines=max_lines)
     return ToolResult(
-        call_id=call_id, ok=True, content=content, display=sanitize_for_terminal(shown_cut.text),
-        data=data, truncated=truncated or shown_cut.truncated, duration_ms=round(duration_ms, 3),
+        call_id=call_id,
+        ok=True,
+        content=content,
+        display=sanitize_for_terminal(shown_cut.text),
+        data=data,
+        truncated=truncated or shown_cut.truncated,
+        duration_ms=round(duration_ms, 3),
     )
 
 
@@ -31,13 +45,18 @@ def failure(call_id: str, error: ToolError | ToolErrorInfo, *, duration_ms: floa
     message = truncate(info.message, max_chars=_MAX_ERROR_CHARS).text
     info = ToolErrorInfo(type=info.type, code=info.code, message=message, details=info.details)
     text = f"Error ({info.type}): {message}"
-    return ToolResult(call_id=call_id, ok=False, content=text, display=sanitize_for_terminal(text),
-                      error=info, duration_ms=round(duration_ms, 3))
+    return ToolResult(
+        call_id=call_id,
+        ok=False,
+        content=text,
+        display=sanitize_for_terminal(text),
+        error=info,
+        duration_ms=round(duration_ms, 3),
+    )
 
 
 def crashed(call_id: str, exc: BaseException, *, duration_ms: float) -> ToolResult:
     """An unexpected exception inside a tool (FR-EXE-04b): type and a sanitized, short message."""
     detail = sanitize_for_terminal(str(exc))[:300]
     message = f"Tool failed: {type(exc).__name__}" + (f": {detail}" if detail else "")
-    return failure(call_id, ToolError(ToolErrorType.EXECUTION_FAILED, "TOOL_FAILED", message),
-                   duration_ms=duration_ms)
+    return failure(call_id, ToolError(ToolErrorType.EXECUTION_FAILED, "TOOL_FAILED", message), duration_ms=duration_ms)

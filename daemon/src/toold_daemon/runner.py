@@ -12,6 +12,7 @@ import os
 from typing import Any, Protocol
 
 import trio
+
 from toold_protocol import Identity, ToolErrorType
 
 from .errors import ToolError
@@ -29,15 +30,20 @@ class ThreadRunner:
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
         if tool.side_effecting:
-            raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "ISOLATION_UNAVAILABLE",
-                            f"{tool.name} has side effects and needs an isolated child, which this daemon lacks")
+            raise ToolError(
+                ToolErrorType.ISOLATION_UNAVAILABLE,
+                "ISOLATION_UNAVAILABLE",
+                f"{tool.name} has side effects and needs an isolated child, which this daemon lacks",
+            )
         if identity.uid not in (self._euid, 0):
-            raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "ISOLATION_UNAVAILABLE",
-                            f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid} "
-                            "without the isolated spawner")
+            raise ToolError(
+                ToolErrorType.ISOLATION_UNAVAILABLE,
+                "ISOLATION_UNAVAILABLE",
+                f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid} "
+                "without the isolated spawner",
+            )
         try:
-            return await trio.to_thread.run_sync(tool.run, args, ctx, limiter=self._limiter,
-                                                 abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(tool.run, args, ctx, limiter=self._limiter, abandon_on_cancel=True)
         except BaseException:
             ctx.cancelled.set()  # an abandoned thread stops at its next check
             raise

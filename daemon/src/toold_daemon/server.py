@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+
 from toold_protocol import SOCKET_NAME
 
 from .config import DEFAULT_DENIED_PATTERNS, Config
@@ -90,14 +91,17 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     registry = Registry()
     for tool in builtin_tools():
         registry.register(tool)
-    state_dir = options.state_dir or (Path(config.daemon.state_dir) if config.daemon.state_dir else None) \
-        or default_state_dir()
+    state_dir = (
+        options.state_dir or (Path(config.daemon.state_dir) if config.daemon.state_dir else None) or default_state_dir()
+    )
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     endpoint = resolve_endpoint(config, options)
 
     executor = Executor(ThreadRunner(), sandbox, config)
     ipc = IpcServer(endpoint, hard_max_frame_bytes=config.daemon.max_frame_bytes * 4)
-    service = Service(config, registry, sandbox, executor, ipc.send, ipc.forget)
+    service = Service(
+        config=config, registry=registry, sandbox=sandbox, executor=executor, send=ipc.send, forget=ipc.forget
+    )
     try:
         ipc.bind()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

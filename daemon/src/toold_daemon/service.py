@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 import msgspec
 import trio
+
 from toold_protocol import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     Ack,
     BatchAccepted,
     BatchStatus,
-    Cancel,
     CallFinished,
     CallStarted,
+    Cancel,
     ClientMessage,
     Confirm,
     DecodeFailure,
@@ -73,9 +74,17 @@ class Session:
 
 
 class Service:
-    def __init__(self, config: Config, registry: Registry, sandbox: Sandbox, executor: Executor, send: Send,
-                 forget: Callable[[bytes], None] | None = None,
-                 isolation: list[IsolationLayer] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        registry: Registry,
+        sandbox: Sandbox,
+        executor: Executor,
+        send: Send,
+        forget: Callable[[bytes], None] | None = None,
+        isolation: list[IsolationLayer] | None = None,
+    ) -> None:
         self.config = config
         self.registry = registry
         self.sandbox = sandbox
@@ -99,13 +108,21 @@ class Service:
             return
         daemon = self.config.daemon
         if inbound.parts != 1:
-            self._error(inbound.peer, None, ProtocolErrorCode.MULTIPART_NOT_ALLOWED,
-                        f"expected one frame per message, got {inbound.parts}")
+            self._error(
+                inbound.peer,
+                None,
+                ProtocolErrorCode.MULTIPART_NOT_ALLOWED,
+                f"expected one frame per message, got {inbound.parts}",
+            )
             return
         if len(inbound.frame) > daemon.max_frame_bytes:
-            self._error(inbound.peer, None, ProtocolErrorCode.FRAME_TOO_LARGE,
-                        f"frame of {len(inbound.frame)} bytes is over the {daemon.max_frame_bytes}-byte limit",
-                        limit=daemon.max_frame_bytes)
+            self._error(
+                inbound.peer,
+                None,
+                ProtocolErrorCode.FRAME_TOO_LARGE,
+                f"frame of {len(inbound.frame)} bytes is over the {daemon.max_frame_bytes}-byte limit",
+                limit=daemon.max_frame_bytes,
+            )
             return
         try:
             message = decode_client_message(inbound.frame)
@@ -119,8 +136,12 @@ class Service:
             self._dispatch(session, message)
         except Exception:
             log.exception("request %s from %s failed", type(message).__name__, session.session_id)
-            self._error(session.peer, getattr(message, "id", None), ProtocolErrorCode.INTERNAL,
-                        "internal error while handling the request; the daemon keeps running")
+            self._error(
+                session.peer,
+                getattr(message, "id", None),
+                ProtocolErrorCode.INTERNAL,
+                "internal error while handling the request; the daemon keeps running",
+            )
 
     def _session(self, inbound: Inbound) -> Session | None:
         """The peer's session, created on its first message. ``sessions`` is kept in
@@ -129,8 +150,9 @@ class Service:
         session = self.sessions.pop(inbound.peer, None)
         if session is None:
             if len(self.sessions) >= self.config.daemon.max_sessions and not self._evict_idle_session():
-                self._error(inbound.peer, None, ProtocolErrorCode.TOO_MANY_SESSIONS,
-                            "too many sessions with running batches")
+                self._error(
+                    inbound.peer, None, ProtocolErrorCode.TOO_MANY_SESSIONS, "too many sessions with running batches"
+                )
                 return None
             session = Session(session_id=secrets.token_hex(8), peer=inbound.peer, identity=inbound.identity)
         self.sessions[inbound.peer] = session
@@ -163,32 +185,48 @@ class Service:
             case GetBatch():
                 self._get_batch(session, message)
             case Confirm() | Subscribe() | SupplyResult():
-                self._error(session.peer, message.id, ProtocolErrorCode.UNSUPPORTED,
-                            f"{type(message).__name__.lower()} is not supported by this daemon yet")
+                self._error(
+                    session.peer,
+                    message.id,
+                    ProtocolErrorCode.UNSUPPORTED,
+                    f"{type(message).__name__.lower()} is not supported by this daemon yet",
+                )
 
     # ------------------------------------------------------------------ requests
 
     def _hello(self, session: Session, message: Hello) -> None:
         if message.protocol_version < MIN_PROTOCOL_VERSION:
-            self._error(session.peer, message.id, ProtocolErrorCode.PROTOCOL_VERSION_UNSUPPORTED,
-                        f"protocol version {message.protocol_version} is older than {MIN_PROTOCOL_VERSION}",
-                        supported=[MIN_PROTOCOL_VERSION, PROTOCOL_VERSION])
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.PROTOCOL_VERSION_UNSUPPORTED,
+                f"protocol version {message.protocol_version} is older than {MIN_PROTOCOL_VERSION}",
+                supported=[MIN_PROTOCOL_VERSION, PROTOCOL_VERSION],
+            )
             return
         session.protocol_version = min(message.protocol_version, PROTOCOL_VERSION)
         session.client_name = message.client_name
         tools = self.config.tools
-        self._reply(session, Welcome(
-            id=message.id, protocol_version=session.protocol_version, daemon_version=__version__,
-            session_id=session.session_id, identity=session.identity, tools_mode=tools.mode,
-            roots=[str(r) for r in self.sandbox.roots], isolation=self.isolation,
-            limits={
-                "max_tool_calls_per_batch": tools.max_tool_calls_per_batch,
-                "max_tool_args_bytes": tools.max_tool_args_bytes,
-                "max_output_bytes": tools.output.max_bytes,
-                "max_frame_bytes": self.config.daemon.max_frame_bytes,
-                "max_batches_per_session": self.config.daemon.max_batches_per_session,
-            },
-        ))
+        self._reply(
+            session,
+            Welcome(
+                id=message.id,
+                protocol_version=session.protocol_version,
+                daemon_version=__version__,
+                session_id=session.session_id,
+                identity=session.identity,
+                tools_mode=tools.mode,
+                roots=[str(r) for r in self.sandbox.roots],
+                isolation=self.isolation,
+                limits={
+                    "max_tool_calls_per_batch": tools.max_tool_calls_per_batch,
+                    "max_tool_args_bytes": tools.max_tool_args_bytes,
+                    "max_output_bytes": tools.output.max_bytes,
+                    "max_frame_bytes": self.config.daemon.max_frame_bytes,
+                    "max_batches_per_session": self.config.daemon.max_batches_per_session,
+                },
+            ),
+        )
 
     def _list_tools(self, session: Session, message: ListTools) -> None:
         advertised = self.config.tools.mode != "disabled"
@@ -201,17 +239,31 @@ class Service:
             self._error(session.peer, message.id, ProtocolErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
             return
         if session.running >= self.config.daemon.max_batches_per_session:
-            self._error(session.peer, message.id, ProtocolErrorCode.TOO_MANY_BATCHES,
-                        f"this session already runs {session.running} batches")
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.TOO_MANY_BATCHES,
+                f"this session already runs {session.running} batches",
+            )
             return
         batch_id = message.batch_id or secrets.token_hex(12)
         if batch_id in self.batches:
-            self._error(session.peer, message.id, ProtocolErrorCode.DUPLICATE_BATCH_ID,
-                        f"batch id {batch_id!r} was already submitted", batch_id=batch_id)
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.DUPLICATE_BATCH_ID,
+                f"batch id {batch_id!r} was already submitted",
+                batch_id=batch_id,
+            )
             return
         calls = planner.plan(message.calls, self.registry, self.sandbox, self.config)
-        batch = Batch(batch_id=batch_id, identity=session.identity, session_id=session.session_id,
-                      calls=calls, results=[None] * len(calls))
+        batch = Batch(
+            batch_id=batch_id,
+            identity=session.identity,
+            session_id=session.session_id,
+            calls=calls,
+            results=[None] * len(calls),
+        )
         self._remember(batch)
         self._reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=[c.planned() for c in calls]))
         assert self._nursery is not None
@@ -241,13 +293,21 @@ class Service:
         batch = self._owned_batch(session, message.id, message.batch_id)
         if batch is None:
             return
-        self._reply(session, BatchStatus(id=message.id, batch_id=batch.batch_id, state=batch.state,
-                                         calls=[c.planned() for c in batch.calls], results=batch.finished_results()))
+        self._reply(
+            session,
+            BatchStatus(
+                id=message.id,
+                batch_id=batch.batch_id,
+                state=batch.state,
+                calls=[c.planned() for c in batch.calls],
+                results=batch.finished_results(),
+            ),
+        )
 
     def _owned_batch(self, session: Session, request_id: int, batch_id: str) -> Batch | None:
         """The batch, if this session's uid owns it (root may see all). Another uid's batch looks unknown."""
         batch = self.batches.get(batch_id)
-        if batch is None or (batch.identity.uid != session.identity.uid and session.identity.uid != 0):
+        if batch is None or (session.identity.uid not in (batch.identity.uid, 0)):
             self._error(session.peer, request_id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {batch_id!r}")
             return None
         return batch
@@ -279,6 +339,7 @@ class Service:
     def _reply(self, session: Session, message: msgspec.Struct) -> None:
         self._send(session.peer, encode(message))
 
-    def _error(self, peer: bytes, request_id: int | None, code: ProtocolErrorCode, message: str,
-               **details: object) -> None:
+    def _error(
+        self, peer: bytes, request_id: int | None, code: ProtocolErrorCode, message: str, **details: object
+    ) -> None:
         self._send(peer, encode(Error(id=request_id, code=str(code), message=message, details=details)))

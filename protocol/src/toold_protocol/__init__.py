@@ -11,16 +11,10 @@ from ._endpoint import default_endpoint as default_endpoint
 from ._endpoint import default_runtime_dir as default_runtime_dir
 from ._errors import ProtocolErrorCode as ProtocolErrorCode
 from ._errors import ToolErrorType as ToolErrorType
-from ._messages import BatchState as BatchState
-from ._messages import Disposition as Disposition
-from ._messages import EventMode as EventMode
-from ._messages import RiskLevel as RiskLevel
-from ._messages import Stream as Stream
-from ._messages import ToolFormat as ToolFormat
-from ._messages import ToolsMode as ToolsMode
 from ._messages import Ack as Ack
 from ._messages import BatchAccepted as BatchAccepted
 from ._messages import BatchFinished as BatchFinished
+from ._messages import BatchState as BatchState
 from ._messages import BatchStatus as BatchStatus
 from ._messages import CallFinished as CallFinished
 from ._messages import CallStarted as CallStarted
@@ -30,7 +24,9 @@ from ._messages import Confirm as Confirm
 from ._messages import ConfirmationItem as ConfirmationItem
 from ._messages import ConfirmationRequested as ConfirmationRequested
 from ._messages import DaemonMessage as DaemonMessage
+from ._messages import Disposition as Disposition
 from ._messages import Error as Error
+from ._messages import EventMode as EventMode
 from ._messages import GetBatch as GetBatch
 from ._messages import Hello as Hello
 from ._messages import Identity as Identity
@@ -40,34 +36,32 @@ from ._messages import OutputChunk as OutputChunk
 from ._messages import Ping as Ping
 from ._messages import PlannedCall as PlannedCall
 from ._messages import Pong as Pong
+from ._messages import RiskLevel as RiskLevel
+from ._messages import Stream as Stream
 from ._messages import SubmitBatch as SubmitBatch
 from ._messages import Subscribe as Subscribe
 from ._messages import SupplyResult as SupplyResult
 from ._messages import ToolCall as ToolCall
 from ._messages import ToolDefinition as ToolDefinition
 from ._messages import ToolErrorInfo as ToolErrorInfo
+from ._messages import ToolFormat as ToolFormat
 from ._messages import ToolList as ToolList
 from ._messages import ToolResult as ToolResult
+from ._messages import ToolsMode as ToolsMode
 from ._messages import Welcome as Welcome
 from ._terminal import sanitize_for_terminal as sanitize_for_terminal
 from ._version import MIN_PROTOCOL_VERSION as MIN_PROTOCOL_VERSION
 from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
 
 __all__ = [
+    "ENDPOINT_ENV",
     "MIN_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
-    "ENDPOINT_ENV",
     "SOCKET_NAME",
     "Ack",
-    "BatchState",
-    "Disposition",
-    "EventMode",
-    "RiskLevel",
-    "Stream",
-    "ToolFormat",
-    "ToolsMode",
     "BatchAccepted",
     "BatchFinished",
+    "BatchState",
     "BatchStatus",
     "CallFinished",
     "CallStarted",
@@ -78,7 +72,9 @@ __all__ = [
     "ConfirmationRequested",
     "DaemonMessage",
     "DecodeFailure",
+    "Disposition",
     "Error",
+    "EventMode",
     "GetBatch",
     "Hello",
     "Identity",
@@ -89,6 +85,8 @@ __all__ = [
     "PlannedCall",
     "Pong",
     "ProtocolErrorCode",
+    "RiskLevel",
+    "Stream",
     "SubmitBatch",
     "Subscribe",
     "SupplyResult",
@@ -96,8 +94,10 @@ __all__ = [
     "ToolDefinition",
     "ToolErrorInfo",
     "ToolErrorType",
+    "ToolFormat",
     "ToolList",
     "ToolResult",
+    "ToolsMode",
     "Welcome",
     "decode_client_message",
     "decode_daemon_message",

@@ -75,4 +75,6 @@ def _explain(frame: bytes, exc: msgspec.DecodeError) -> DecodeFailure:
         return DecodeFailure(
             ProtocolErrorCode.UNKNOWN_MESSAGE_TYPE, f"unknown message type {envelope.type[:64]!r}", request_id
         )
-    return DecodeFailure(ProtocolErrorCode.INVALID_MESSAGE, f"invalid {envelope.type[:64]!r} message: {exc}", request_id)
+    return DecodeFailure(
+        ProtocolErrorCode.INVALID_MESSAGE, f"invalid {envelope.type[:64]!r} message: {exc}", request_id
+    )

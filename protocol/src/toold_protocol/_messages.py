@@ -133,19 +133,19 @@ class IsolationLayer(msgspec.Struct, frozen=True, kw_only=True):
 # --------------------------------------------------------------------------- client -> daemon
 
 
-class Hello(_Message, tag="hello"):
+class Hello(_Message, tag="hello", frozen=True):
     id: RequestId
     protocol_version: int = PROTOCOL_VERSION
     client_name: Annotated[str, Meta(max_length=128)] = ""
     client_version: Annotated[str, Meta(max_length=64)] = ""
 
 
-class ListTools(_Message, tag="list_tools"):
+class ListTools(_Message, tag="list_tools", frozen=True):
     id: RequestId
     format: ToolFormat = "toold"
 
 
-class SubmitBatch(_Message, tag="submit_batch"):
+class SubmitBatch(_Message, tag="submit_batch", frozen=True):
     """Run ``calls`` in order. ``batch_id`` may be chosen by the client (else the daemon
     makes one). ``events="results"`` asks only for ``batch_accepted`` and
     ``batch_finished`` (plus confirmations), which is cheaper for simple callers."""
@@ -157,7 +157,7 @@ class SubmitBatch(_Message, tag="submit_batch"):
     events: EventMode = "all"
 
 
-class Confirm(_Message, tag="confirm"):
+class Confirm(_Message, tag="confirm", frozen=True):
     """Answer to a ``confirmation_requested``.
 
     ``decision``: ``approve_all``, ``approve_selected`` (only ``approved_call_ids``),
@@ -173,18 +173,18 @@ class Confirm(_Message, tag="confirm"):
     reason: str = ""
 
 
-class Cancel(_Message, tag="cancel"):
+class Cancel(_Message, tag="cancel", frozen=True):
     id: RequestId
     batch_id: BatchId
 
 
-class Subscribe(_Message, tag="subscribe"):
+class Subscribe(_Message, tag="subscribe", frozen=True):
     """An approver UI asks to see confirmation requests of its uid (or its approver group)."""
 
     id: RequestId
 
 
-class SupplyResult(_Message, tag="supply_result"):
+class SupplyResult(_Message, tag="supply_result", frozen=True):
     """Parse-only mode: a person supplies the result of a pending call."""
 
     id: RequestId
@@ -194,12 +194,12 @@ class SupplyResult(_Message, tag="supply_result"):
     content: str = ""
 
 
-class GetBatch(_Message, tag="get_batch"):
+class GetBatch(_Message, tag="get_batch", frozen=True):
     id: RequestId
     batch_id: BatchId
 
 
-class Ping(_Message, tag="ping"):
+class Ping(_Message, tag="ping", frozen=True):
     id: RequestId
 
 
@@ -209,7 +209,7 @@ ClientMessage = Hello | ListTools | SubmitBatch | Confirm | Cancel | Subscribe |
 # --------------------------------------------------------------------------- daemon -> client
 
 
-class Welcome(_Message, tag="welcome"):
+class Welcome(_Message, tag="welcome", frozen=True):
     id: RequestId
     protocol_version: int
     daemon_version: str
@@ -221,7 +221,7 @@ class Welcome(_Message, tag="welcome"):
     limits: dict[str, int] = {}
 
 
-class ToolList(_Message, tag="tool_list"):
+class ToolList(_Message, tag="tool_list", frozen=True):
     """``tools`` is always filled; ``formatted`` holds the same tools in the requested
     provider format (OpenAI, Anthropic or Gemini function declarations)."""
 
@@ -231,27 +231,27 @@ class ToolList(_Message, tag="tool_list"):
     formatted: list[dict[str, Any]] = []
 
 
-class BatchAccepted(_Message, tag="batch_accepted"):
+class BatchAccepted(_Message, tag="batch_accepted", frozen=True):
     id: RequestId
     batch_id: str
     calls: list[PlannedCall]
 
 
-class ConfirmationRequested(_Message, tag="confirmation_requested"):
+class ConfirmationRequested(_Message, tag="confirmation_requested", frozen=True):
     batch_id: str
     correlation_id: str
     calls: list[ConfirmationItem]
     expires_in_ms: int
 
 
-class CallStarted(_Message, tag="call_started"):
+class CallStarted(_Message, tag="call_started", frozen=True):
     batch_id: str
     call_id: str
     index: int
     name: str
 
 
-class OutputChunk(_Message, tag="output_chunk"):
+class OutputChunk(_Message, tag="output_chunk", frozen=True):
     """Streamed output of a running call. ``seq`` counts chunks of the call from 0;
     ``coalesced`` says how many producer chunks were merged into this one."""
 
@@ -263,19 +263,19 @@ class OutputChunk(_Message, tag="output_chunk"):
     coalesced: int = 1
 
 
-class CallFinished(_Message, tag="call_finished"):
+class CallFinished(_Message, tag="call_finished", frozen=True):
     batch_id: str
     index: int
     result: ToolResult
 
 
-class BatchFinished(_Message, tag="batch_finished"):
+class BatchFinished(_Message, tag="batch_finished", frozen=True):
     batch_id: str
     state: BatchState
     results: list[ToolResult]
 
 
-class BatchStatus(_Message, tag="batch_status"):
+class BatchStatus(_Message, tag="batch_status", frozen=True):
     """Reply to ``get_batch``: the plan and every result so far, in call order."""
 
     id: RequestId
@@ -285,13 +285,13 @@ class BatchStatus(_Message, tag="batch_status"):
     results: list[ToolResult]
 
 
-class Ack(_Message, tag="ack"):
+class Ack(_Message, tag="ack", frozen=True):
     """Reply to a request that has nothing else to say (``cancel``, ``confirm``, ...)."""
 
     id: RequestId
 
 
-class Error(_Message, tag="error"):
+class Error(_Message, tag="error", frozen=True):
     """A request failed. ``id`` is the request's id when it could be read, else null."""
 
     id: RequestId | None
@@ -300,7 +300,7 @@ class Error(_Message, tag="error"):
     details: dict[str, Any] = {}
 
 
-class Pong(_Message, tag="pong"):
+class Pong(_Message, tag="pong", frozen=True):
     id: RequestId
 
 

@@ -47,7 +47,8 @@ class Sandbox:
         # One alternation answers the common question "is anything denied?" in one pass.
         self._denied_any = (
             re.compile("|".join(f"(?:{regex.pattern})" for _, regex in self._denied), re.DOTALL)
-            if self._denied else None
+            if self._denied
+            else None
         )
 
     # ------------------------------------------------------------------ validation
@@ -61,22 +62,31 @@ class Sandbox:
         pure = PurePosixPath(raw)
         if pure.is_absolute() and not self.allow_absolute:
             raise sandbox_violation(
-                "ABSOLUTE_PATH", f"Absolute paths are not allowed: {raw} (use a path relative to the root)",
+                "ABSOLUTE_PATH",
+                f"Absolute paths are not allowed: {raw} (use a path relative to the root)",
                 attempted=raw,
             )
         if ".." in pure.parts:
             raise sandbox_violation("PATH_TRAVERSAL", f"Path must not contain '..': {raw}", attempted=raw)
         candidate = os.path.normpath(os.path.join(base or self.working_dir, raw))
-        resolved = Path(os.path.realpath(candidate))
+        try:
+            resolved = Path(os.path.realpath(candidate))
+        except OSError as exc:  # the path changed while it was being resolved (a racing rename)
+            raise from_os_error(exc, raw) from None
         if self.root_of(resolved) is None:
             raise sandbox_violation(
-                "PATH_OUTSIDE_SANDBOX", f"Path is outside the sandbox roots: {raw}",
-                attempted=raw, resolved=str(resolved),
+                "PATH_OUTSIDE_SANDBOX",
+                f"Path is outside the sandbox roots: {raw}",
+                attempted=raw,
+                resolved=str(resolved),
             )
         pattern = self.denied_pattern(resolved)
         if pattern is not None:
             raise sandbox_violation(
-                "DENIED_PATTERN", f"Access to {raw} is denied by pattern {pattern}", attempted=raw, pattern=pattern,
+                "DENIED_PATTERN",
+                f"Access to {raw} is denied by pattern {pattern}",
+                attempted=raw,
+                pattern=pattern,
             )
         return resolved
 
@@ -135,4 +145,3 @@ class Sandbox:
 
     def open_dir(self, path: Path, *, display: str | None = None) -> int:
         return self.open(path, os.O_RDONLY | os.O_DIRECTORY, display=display)
-

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pathspec
 
+from ..errors import ToolError
 from ..sandbox import Sandbox
 from ._base import ToolContext
 
@@ -49,7 +50,7 @@ class _IgnoreFile:
     relative to that ancestor (put in front of paths).
     """
 
-    spec: pathspec.PathSpec
+    spec: pathspec.GitIgnoreSpec
     base: str = ""
     prefix: str = ""
 
@@ -137,7 +138,7 @@ class Walker:
             directory = root.joinpath(*rel_parts[:depth])
             try:
                 fd = self.sandbox.open_dir(directory)
-            except Exception:
+            except ToolError:  # an unreadable ancestor contributes no rules
                 continue
             try:
                 spec = _read_gitignore(fd)
@@ -161,7 +162,7 @@ def _ignored(ignores: list[_IgnoreFile], rel: str, is_dir: bool) -> bool:
     return False
 
 
-def _read_gitignore(dir_fd: int) -> pathspec.PathSpec | None:
+def _read_gitignore(dir_fd: int) -> pathspec.GitIgnoreSpec | None:
     try:
         fd = os.open(".gitignore", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
@@ -184,4 +185,3 @@ def _kind(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "symlink"
     return "other"
-

@@ -6,18 +6,21 @@ from typing import Annotated
 
 from msgspec import Meta
 
+from toold_protocol import ToolErrorType
+
 from ..errors import ToolError, bad_args
 from ..globmatch import compile_glob, literal_prefix
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._walk import Walker
-from toold_protocol import ToolErrorType
 
 
-class GlobArgs(ToolArgs):
+class GlobArgs(ToolArgs, frozen=True):
     """Find files by glob pattern."""
 
-    pattern: Annotated[str, Meta(min_length=1, max_length=1024,
-                                 description="Glob such as **/*.py or src/*.{ts,tsx}; ** spans directories")]
+    pattern: Annotated[
+        str,
+        Meta(min_length=1, max_length=1024, description="Glob such as **/*.py or src/*.{ts,tsx}; ** spans directories"),
+    ]
     path: Annotated[str, Meta(description="Directory to search, relative to the workspace root")] = "."
     max_results: Annotated[int, Meta(ge=1, le=10_000, description="Return at most this many paths")] = 500
     include_hidden: Annotated[bool, Meta(description="Include files and directories starting with '.'")] = False
@@ -59,8 +62,9 @@ class Glob(Tool[GlobArgs]):
                 return _result([], False, args)
         regex = compile_glob(args.pattern, case_sensitive=args.case_sensitive)
         depth = None if "**" in args.pattern else args.pattern.count("/") + 1 - (prefix.count("/") + 1 if prefix else 0)
-        walker = Walker(sandbox, ctx, include_hidden=args.include_hidden,
-                        respect_gitignore=args.respect_gitignore, max_depth=depth)
+        walker = Walker(
+            sandbox, ctx, include_hidden=args.include_hidden, respect_gitignore=args.respect_gitignore, max_depth=depth
+        )
         offset = len(prefix) + 1 if prefix and start != base else 0
         matches: list[str] = []
         truncated = False

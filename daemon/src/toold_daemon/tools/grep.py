@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Annotated
 
 from msgspec import UNSET, Meta, UnsetType
+
 from ..errors import ToolError, bad_args
 from ..globmatch import compile_glob
 from ..sandbox import Sandbox
@@ -34,13 +35,15 @@ MAX_LINE_CHARS = 500
 _SNIFF = 8192
 
 
-class GrepArgs(ToolArgs):
+class GrepArgs(ToolArgs, frozen=True):
     """Search file contents with a regular expression."""
 
     pattern: Annotated[str, Meta(min_length=1, max_length=4096, description="Regular expression to search for")]
     path: Annotated[str, Meta(description="File or directory to search, relative to the workspace root")] = "."
-    file_pattern: Annotated[str, Meta(max_length=1024,
-                                      description="Only search files matching this glob (e.g. *.py)")] | UnsetType = UNSET
+    file_pattern: (
+        Annotated[str, Meta(max_length=1024, description="Only search files matching this glob (e.g. *.py)")]
+        | UnsetType
+    ) = UNSET
     case_sensitive: Annotated[bool, Meta(description="false: match regardless of case")] = True
     max_results: Annotated[int, Meta(ge=1, le=10_000, description="Stop after this many matching lines")] = 200
     context_lines: Annotated[int, Meta(ge=0, le=20, description="Lines of context before and after each match")] = 0
@@ -134,9 +137,22 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
     sandbox = ctx.sandbox
     root = sandbox.root_of(target) or sandbox.working_dir
     rel = target.relative_to(root).as_posix() or "."
-    cmd = [rg, "--no-config", "--no-heading", "--with-filename", "--line-number", "--null", "--color=never",
-           "--sort=path", "--no-require-git", "--no-ignore-dot", "--no-ignore-exclude", "--no-ignore-global",
-           "--no-messages", "--case-sensitive" if args.case_sensitive else "--ignore-case"]
+    cmd = [
+        rg,
+        "--no-config",
+        "--no-heading",
+        "--with-filename",
+        "--line-number",
+        "--null",
+        "--color=never",
+        "--sort=path",
+        "--no-require-git",
+        "--no-ignore-dot",
+        "--no-ignore-exclude",
+        "--no-ignore-global",
+        "--no-messages",
+        "--case-sensitive" if args.case_sensitive else "--ignore-case",
+    ]
     if args.context_lines:
         cmd.append(f"--context={args.context_lines}")
     if args.include_hidden:
@@ -146,9 +162,15 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
     for pattern in sandbox.denied_patterns:
         cmd += ["--glob", "!" + pattern]
     cmd += ["--regexp", args.pattern, "--", rel]
-    proc = subprocess.Popen(cmd, cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+        start_new_session=True,
+    )
     hits: list[Hit] = []
     matches = 0
     assert proc.stdout is not None and proc.stderr is not None
@@ -190,7 +212,7 @@ def _parse_rg_line(raw: bytes, rel: str) -> Hit | None:
     match = re.match(rb"(\d+)([:-])", rest)
     if match is None:
         return None
-    text = rest[match.end():].decode("utf-8", "replace")
+    text = rest[match.end() :].decode("utf-8", "replace")
     return Hit(path_bytes.decode("utf-8", "replace"), int(match.group(1)), _clip(text), match.group(2) == b":")
 
 

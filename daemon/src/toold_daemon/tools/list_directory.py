@@ -16,12 +16,15 @@ from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._walk import Walker
 
 
-class ListDirectoryArgs(ToolArgs):
+class ListDirectoryArgs(ToolArgs, frozen=True):
     """List a directory inside the workspace."""
 
     path: Annotated[str, Meta(description="Directory relative to the workspace root")] = "."
     recursive: Annotated[bool, Meta(description="Include the contents of subdirectories")] = False
-    max_depth: Annotated[int, Meta(ge=1, le=64, description="With recursive: how many levels (1 = direct children)")] | UnsetType = UNSET
+    max_depth: (
+        Annotated[int, Meta(ge=1, le=64, description="With recursive: how many levels (1 = direct children)")]
+        | UnsetType
+    ) = UNSET
     include_hidden: Annotated[bool, Meta(description="Include entries whose names start with '.'")] = False
     max_entries: Annotated[int, Meta(ge=1, le=10_000, description="Stop after this many entries")] = 1000
     respect_gitignore: Annotated[bool, Meta(description="Skip what .gitignore files exclude")] = True
@@ -46,11 +49,13 @@ class ListDirectory(Tool[ListDirectoryArgs]):
         sandbox = ctx.sandbox
         start = sandbox.resolve(args.path)
         if not start.is_dir():
-            raise ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_A_DIRECTORY",
-                            f"{args.path} is not a directory", path=args.path)
+            raise ToolError(
+                ToolErrorType.EXECUTION_FAILED, "NOT_A_DIRECTORY", f"{args.path} is not a directory", path=args.path
+            )
         depth = (args.max_depth if isinstance(args.max_depth, int) else None) if args.recursive else 1
-        walker = Walker(sandbox, ctx, include_hidden=args.include_hidden,
-                        respect_gitignore=args.respect_gitignore, max_depth=depth)
+        walker = Walker(
+            sandbox, ctx, include_hidden=args.include_hidden, respect_gitignore=args.respect_gitignore, max_depth=depth
+        )
         entries: list[dict[str, Any]] = []
         truncated = False
         for entry in walker.walk(start):
@@ -72,10 +77,12 @@ class ListDirectory(Tool[ListDirectoryArgs]):
             entries.append(item)
         shown = sandbox.display(start)
         data = {"path": shown, "entries": entries, "truncated": truncated}
-        lines = [f"{e['path']}{'/' if e['type'] == 'dir' else ''}"
-                 + (f" -> {e['target']}" if e["type"] == "symlink" else "")
-                 + (f"  ({e['size']} bytes)" if e["type"] == "file" else "") for e in entries]
+        lines = [
+            f"{e['path']}{'/' if e['type'] == 'dir' else ''}"
+            + (f" -> {e['target']}" if e["type"] == "symlink" else "")
+            + (f"  ({e['size']} bytes)" if e["type"] == "file" else "")
+            for e in entries
+        ]
         if truncated:
             lines.append(f"[stopped at max_entries={args.max_entries}]")
         return ToolOutput(json.dumps(data, ensure_ascii=False), "\n".join(lines), data)
-

@@ -21,7 +21,7 @@ from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 SNIFF_BYTES = 8192
 
 
-class ReadFileArgs(ToolArgs):
+class ReadFileArgs(ToolArgs, frozen=True):
     """Read a file inside the workspace. Returns its exact text, or a line range of it."""
 
     path: Annotated[str, Meta(description="File path relative to the workspace root")]
@@ -79,24 +79,25 @@ class ReadFile(Tool[ReadFileArgs]):
         shown = sandbox.display(path)
         limits = ctx.config.tools.read_file
         fd = sandbox.open(path, os.O_RDONLY | os.O_NONBLOCK, display=args.path)
+        try:
+            st = _regular_file_stat(fd, args.path)
+        except ToolError:
+            os.close(fd)
+            raise
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if stat.S_ISDIR(st.st_mode):
-                raise ToolError(ToolErrorType.EXECUTION_FAILED, "IS_A_DIRECTORY",
-                                f"{args.path} is a directory; use list_directory", path=args.path)
-            if not stat.S_ISREG(st.st_mode):
-                raise ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_A_REGULAR_FILE",
-                                f"{args.path} is not a regular file", path=args.path)
             ranged = args.start_line is not UNSET or args.end_line is not UNSET
             if ranged:
                 raw, first, last = _read_range(f, args, limits.max_scan_bytes, ctx)
             else:
                 if st.st_size > limits.max_file_read_bytes:
                     raise ToolError(
-                        ToolErrorType.FILE_TOO_LARGE, "FILE_TOO_LARGE",
+                        ToolErrorType.FILE_TOO_LARGE,
+                        "FILE_TOO_LARGE",
                         f"{args.path} is {st.st_size} bytes, over the {limits.max_file_read_bytes}-byte limit "
                         "for whole-file reads; read it in parts with start_line/end_line",
-                        path=args.path, size=st.st_size, limit=limits.max_file_read_bytes,
+                        path=args.path,
+                        size=st.st_size,
+                        limit=limits.max_file_read_bytes,
                     )
                 raw = f.read(limits.max_file_read_bytes + 1)
                 first, last = 1, 0
@@ -109,8 +110,12 @@ class ReadFile(Tool[ReadFileArgs]):
             data["sha256"] = hashlib.sha256(raw).hexdigest()
         if args.encoding == "base64":
             data["encoding"] = "base64"
-            return ToolOutput(base64.b64encode(raw).decode("ascii"), f"{shown}: {len(raw)} bytes (base64)",
-                              data, allow_truncation=False)
+            return ToolOutput(
+                base64.b64encode(raw).decode("ascii"),
+                f"{shown}: {len(raw)} bytes (base64)",
+                data,
+                allow_truncation=False,
+            )
         if is_binary(raw[:SNIFF_BYTES]) or not _decodes(raw):
             return _binary_output(raw, shown, data, ctx.config.tools.output.max_bytes, args.path)
         text = raw.decode("utf-8")
@@ -119,6 +124,19 @@ class ReadFile(Tool[ReadFileArgs]):
         data.update(encoding="utf-8", start_line=first, end_line=last)
         content = number_lines(text, first) if args.line_numbers else text
         return ToolOutput(content, content, data)
+
+
+def _regular_file_stat(fd: int, given: str) -> os.stat_result:
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise ToolError(
+            ToolErrorType.EXECUTION_FAILED, "IS_A_DIRECTORY", f"{given} is a directory; use list_directory", path=given
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise ToolError(
+            ToolErrorType.EXECUTION_FAILED, "NOT_A_REGULAR_FILE", f"{given} is not a regular file", path=given
+        )
+    return st
 
 
 def _decodes(raw: bytes) -> bool:
@@ -159,10 +177,12 @@ def _binary_output(raw: bytes, shown: str, data: dict[str, object], max_output: 
     header = f"[binary file {shown}: {len(raw)} bytes, base64-encoded below]\n"
     if len(header) + len(encoded) > max_output:
         raise ToolError(
-            ToolErrorType.FILE_TOO_LARGE, "FILE_TOO_LARGE",
+            ToolErrorType.FILE_TOO_LARGE,
+            "FILE_TOO_LARGE",
             f"{given} is a binary file of {len(raw)} bytes; its base64 form does not fit the "
             f"{max_output}-byte output limit",
-            path=given, size=len(raw),
+            path=given,
+            size=len(raw),
         )
     data.update(encoding="base64", binary=True)
     return ToolOutput(header + encoded, f"[binary file {shown}: {len(raw)} bytes]", data, allow_truncation=False)

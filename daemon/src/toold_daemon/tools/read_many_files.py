@@ -14,11 +14,13 @@ from .read_file import ReadFile, ReadFileArgs
 _GLOB_CHARS = frozenset("*?[{")
 
 
-class ReadManyFilesArgs(ToolArgs):
+class ReadManyFilesArgs(ToolArgs, frozen=True):
     """Read several files at once."""
 
-    paths: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(
-        min_length=1, max_length=100, description="File paths or glob patterns, relative to the workspace root")]
+    paths: Annotated[
+        list[Annotated[str, Meta(min_length=1)]],
+        Meta(min_length=1, max_length=100, description="File paths or glob patterns, relative to the workspace root"),
+    ]
     max_files: Annotated[int, Meta(ge=1, le=500, description="Read at most this many files")] = 50
 
 

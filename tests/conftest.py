@@ -1,0 +1,93 @@
+"""Shared fixtures: temp sandbox roots, a real daemon process on a temp socket."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "toold", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+settings.load_profile("toold")
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class DaemonProcess:
+    endpoint: str
+    root: Path
+    socket: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def client(self, **kwargs: object):  # type: ignore[no-untyped-def]
+        from toold_client import Client
+
+        return Client(self.endpoint, **kwargs)  # type: ignore[arg-type]
+
+
+def start_daemon(tmp: Path, root: Path, *extra: str, config: str | None = None) -> DaemonProcess:
+    sock = tmp / "run" / "toold.sock"
+    endpoint = f"ipc://{sock}"
+    args = [str(BIN / "toold"), "serve", "--root", str(root), "--endpoint", endpoint,
+            "--state-dir", str(tmp / "state"), "--log-level", "WARNING", *extra]
+    if config is not None:
+        cfg = tmp / "toold.toml"
+        cfg.write_text(config)
+        args += ["--config", str(cfg)]
+    log = tmp / "daemon.log"
+    env = {k: v for k, v in os.environ.items() if k != "TOOLD_ENDPOINT"}
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env)
+    daemon = DaemonProcess(endpoint, root, sock, proc, log)
+    wait_ready(daemon)
+    return daemon
+
+
+def wait_ready(daemon: DaemonProcess, timeout: float = 10.0) -> None:
+    from toold_client import Client, DaemonUnavailable
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if daemon.proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {daemon.proc.returncode}: {daemon.log.read_text()}")
+        if daemon.socket.exists():
+            try:
+                with Client(daemon.endpoint, timeout=1.0) as c:
+                    c.ping(timeout=1.0)
+                return
+            except DaemonUnavailable:
+                pass
+        time.sleep(0.01)
+    raise RuntimeError("daemon did not become ready")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "root"
+    r.mkdir()
+    return r
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, root: Path) -> Iterator[DaemonProcess]:
+    d = start_daemon(tmp_path, root)
+    try:
+        yield d
+    finally:
+        if d.proc.poll() is None:
+            d.stop()

@@ -1,0 +1,176 @@
+"""Planner checks and executor guarantees: order, one result per call, timeouts, cancel, crashes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+from toold_daemon import planner
+from toold_daemon.batches import Batch
+from toold_daemon.config import Config, ToolsConfig
+from toold_daemon.executor import Executor
+from toold_daemon.registry import Registry
+from toold_daemon.runner import ThreadRunner
+from toold_daemon.sandbox import Sandbox
+from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput, builtin_tools
+from toold_protocol import BatchFinished, CallFinished, CallStarted, Identity, ToolCall, encode_value
+
+import os
+
+ME = Identity(uid=os.geteuid(), gid=os.getegid(), pid=os.getpid())
+
+
+class SleepArgs(ToolArgs, frozen=True):
+    seconds: float
+
+
+class Sleep(Tool[SleepArgs]):
+    """Waits cooperatively, like a long scan that checks for cancellation."""
+
+    name: ClassVar[str] = "sleep"
+    description: ClassVar[str] = "sleep"
+    args_type = SleepArgs
+    finished: ClassVar[list[str]] = []
+
+    def run(self, args: SleepArgs, ctx: ToolContext) -> ToolOutput:
+        ctx.cancelled.wait(args.seconds)
+        ctx.check_cancelled()
+        return ToolOutput(f"slept {args.seconds}")
+
+
+class Boom(Tool[SleepArgs]):
+    name: ClassVar[str] = "boom"
+    description: ClassVar[str] = "raises"
+    args_type = SleepArgs
+
+    def run(self, args: SleepArgs, ctx: ToolContext) -> ToolOutput:
+        raise RuntimeError("kaput \x1b[31m in red")
+
+
+def setup(root: Path, config: Config | None = None) -> tuple[Registry, Sandbox, Config]:
+    registry = Registry()
+    for tool in [*builtin_tools(), Sleep(), Boom()]:
+        registry.register(tool)
+    return registry, Sandbox([root]), config or Config()
+
+
+def call(call_id: str, name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(call_id=call_id, name=name, arguments=msgspec.Raw(encode_value(arguments)))
+
+
+def make_batch(calls: list[ToolCall], root: Path, config: Config | None = None) -> tuple[Batch, Executor]:
+    registry, sandbox, cfg = setup(root, config)
+    prepared = planner.plan(calls, registry, sandbox, cfg)
+    batch = Batch(batch_id="b", identity=ME, session_id="s", calls=prepared, results=[None] * len(prepared))
+    return batch, Executor(ThreadRunner(), sandbox, cfg)
+
+
+def test_planner_preresolves_each_kind_of_bad_call(root: Path) -> None:
+    (root / "f.txt").write_text("x")
+    config = Config(tools=ToolsConfig(max_tool_calls_per_batch=6, max_tool_args_bytes=100))
+    calls = [
+        call("1", "read_file", path="f.txt"),
+        call("1", "read_file", path="f.txt"),
+        call("2", "no_such_tool"),
+        call("3", "read_file", path="f.txt", start_line="one"),
+        call("4", "read_file", path="../etc/passwd"),
+        call("5", "read_file", path="x" * 200),
+        call("6", "read_file", path="f.txt"),
+    ]
+    registry, sandbox, _ = setup(root)
+    codes = [p.result.error.code if p.result and p.result.error else None
+             for p in planner.plan(calls, registry, sandbox, config)]
+    assert codes == [None, "DUPLICATE_TOOL_CALL_ID", "UNKNOWN_TOOL", "BAD_ARGS", "PATH_TRAVERSAL",
+                     "LIMITS_EXCEEDED", "LIMITS_EXCEEDED"]
+
+
+def test_planner_property_44_any_wrong_type_is_a_validation_error(root: Path) -> None:
+    registry, sandbox, config = setup(root)
+
+    @given(st.one_of(st.integers(-(2**63), 2**63), st.lists(st.integers(0, 9)), st.booleans(), st.none(), st.floats(allow_nan=False)))
+    def check(bad: Any) -> None:
+        [prepared] = planner.plan([call("x", "read_file", path=bad)], registry, sandbox, config)
+        assert prepared.result is not None and prepared.result.error is not None
+        assert prepared.result.error.type == "BadArgs" and "$.path" in prepared.result.error.message
+
+    check()
+
+
+def test_summary_redacts_secrets() -> None:
+    assert planner.redact("curl -H 'Authorization: Bearer abc123' api_key=XYZ") == \
+        "curl -H 'Authorization: Bearer ***' api_key=***"
+    assert len(planner.redact("x" * 500)) == 200
+
+
+async def run_batch(batch: Batch, executor: Executor) -> list[msgspec.Struct]:
+    events: list[msgspec.Struct] = []
+    await executor.run(batch, events.append)
+    return events
+
+
+async def test_calls_run_in_order_with_exactly_one_result_each(root: Path) -> None:
+    (root / "a.txt").write_text("A")
+    batch, executor = make_batch([call("1", "read_file", path="a.txt"), call("2", "nope"),
+                                  call("3", "boom", seconds=0), call("4", "read_file", path="a.txt")], root)
+    events = await run_batch(batch, executor)
+    finished = [e for e in events if isinstance(e, CallFinished)]
+    assert [e.result.call_id for e in finished] == ["1", "2", "3", "4"]
+    assert [e.result.ok for e in finished] == [True, False, False, True]
+    assert [e.call_id for e in events if isinstance(e, CallStarted)] == ["1", "3", "4"]
+    crash = finished[2].result.error
+    assert crash is not None and crash.message.startswith("Tool failed: RuntimeError: kaput")
+    assert "\x1b" not in crash.message
+    assert isinstance(events[-1], BatchFinished) and len(events[-1].results) == 4
+
+
+async def test_timeout_yields_timeout_error_and_batch_goes_on(root: Path, autojump_clock: trio.abc.Clock) -> None:
+    (root / "a.txt").write_text("A")
+    batch, executor = make_batch([call("1", "sleep", seconds=3600), call("2", "read_file", path="a.txt")], root)
+    events = await run_batch(batch, executor)
+    results = [e.result for e in events if isinstance(e, CallFinished)]
+    assert results[0].error is not None and results[0].error.type == "Timeout"
+    assert results[0].error.details["timeout_ms"] == 30_000
+    assert results[1].ok
+
+
+async def test_cancel_stops_current_call_and_resolves_the_rest(root: Path) -> None:
+    batch, executor = make_batch([call(str(i), "sleep", seconds=30) for i in range(4)], root)
+    events: list[msgspec.Struct] = []
+    started = time.monotonic()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(executor.run, batch, events.append)
+        await trio.sleep(0.05)
+        batch.cancel("cancelled by the client")
+    assert time.monotonic() - started < 5
+    results = [e.result for e in events if isinstance(e, CallFinished)]
+    assert [r.call_id for r in results] == ["0", "1", "2", "3"]
+    assert all(r.error is not None and r.error.type == "Cancelled" for r in results)
+    assert batch.state == "cancelled"
+    assert threading.active_count() < 20
+
+
+async def test_outer_cancellation_still_gives_every_call_a_result(root: Path) -> None:
+    batch, executor = make_batch([call(str(i), "sleep", seconds=30) for i in range(3)], root)
+    events: list[msgspec.Struct] = []
+    with trio.move_on_after(0.05):
+        await executor.run(batch, events.append)
+    assert all(r is not None for r in batch.results)
+    assert isinstance(events[-1], BatchFinished) and len(events[-1].results) == 3
+
+
+async def test_output_is_truncated_within_the_limit(root: Path) -> None:
+    from toold_daemon.config import OutputConfig
+
+    (root / "big.txt").write_text("0123456789\n" * 5000)
+    config = Config(tools=ToolsConfig(output=OutputConfig(max_bytes=1000)))
+    batch, executor = make_batch([call("1", "read_file", path="big.txt")], root, config)
+    await run_batch(batch, executor)
+    result = batch.results[0]
+    assert result is not None and result.truncated
+    assert len(result.content.encode()) <= 1000 and "lines omitted]" in result.content

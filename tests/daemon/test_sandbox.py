@@ -1,0 +1,155 @@
+"""Path validation (seed 003 §3.5) and symlink safety, on a real filesystem."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from toold_daemon.config import DEFAULT_DENIED_PATTERNS
+from toold_daemon.errors import ToolError
+from toold_daemon.sandbox import Sandbox
+
+
+@pytest.fixture
+def sandbox(root: Path) -> Sandbox:
+    (root / "dir").mkdir()
+    (root / "dir" / "f.txt").write_text("in")
+    return Sandbox([root], denied_patterns=DEFAULT_DENIED_PATTERNS)
+
+
+def code_of(sandbox: Sandbox, raw: str) -> str:
+    with pytest.raises(ToolError) as info:
+        sandbox.resolve(raw)
+    return info.value.code
+
+
+def test_relative_path_resolves_inside(sandbox: Sandbox, root: Path) -> None:
+    assert sandbox.resolve("dir/f.txt") == root.resolve() / "dir" / "f.txt"
+    assert sandbox.resolve("dir/./new/file") == root.resolve() / "dir" / "new" / "file"
+
+
+@pytest.mark.parametrize("raw", ["../x", "dir/../../x", "a/b/../../.."])
+def test_dotdot_is_rejected(sandbox: Sandbox, raw: str) -> None:
+    assert code_of(sandbox, raw) == "PATH_TRAVERSAL"
+
+
+def test_absolute_is_rejected_unless_allowed(sandbox: Sandbox, root: Path) -> None:
+    assert code_of(sandbox, "/etc/passwd") == "ABSOLUTE_PATH"
+    allowing = Sandbox([root], allow_absolute=True)
+    assert allowing.resolve(str(root / "dir" / "f.txt")) == root.resolve() / "dir" / "f.txt"
+    with pytest.raises(ToolError) as info:
+        allowing.resolve("/etc/passwd")
+    assert info.value.code == "PATH_OUTSIDE_SANDBOX"
+
+
+def test_sibling_with_common_prefix_is_outside(tmp_path: Path) -> None:
+    inner = tmp_path / "root"
+    evil = tmp_path / "root-evil"
+    inner.mkdir()
+    evil.mkdir()
+    (inner / "link").symlink_to(evil)
+    sandbox = Sandbox([inner], allow_absolute=True)
+    assert code_of(sandbox, str(evil / "x")) == "PATH_OUTSIDE_SANDBOX"
+    assert code_of(sandbox, "link/x") == "PATH_OUTSIDE_SANDBOX"
+
+
+def test_symlink_out_of_root_is_rejected(sandbox: Sandbox, root: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    (root / "escape").symlink_to(outside)
+    (root / "escape_dir").symlink_to(tmp_path)
+    assert code_of(sandbox, "escape") == "PATH_OUTSIDE_SANDBOX"
+    assert code_of(sandbox, "escape_dir/outside.txt") == "PATH_OUTSIDE_SANDBOX"
+
+
+def test_symlink_inside_root_is_followed_to_its_target(sandbox: Sandbox, root: Path) -> None:
+    (root / "alias").symlink_to(root / "dir")
+    assert sandbox.resolve("alias/f.txt") == root.resolve() / "dir" / "f.txt"
+
+
+@pytest.mark.parametrize("raw", [".ssh/id_rsa", "a/.ssh/config", "id_rsa.pub", "server.pem", "x/tls.key",
+                                 ".env", ".env.local", ".git-credentials", ".netrc"])
+def test_default_denies(sandbox: Sandbox, raw: str) -> None:
+    assert code_of(sandbox, raw) == "DENIED_PATTERN"
+
+
+def test_denied_pattern_applies_to_symlink_target(sandbox: Sandbox, root: Path) -> None:
+    (root / ".ssh").mkdir()
+    (root / ".ssh" / "id_rsa").write_text("key")
+    (root / "notes.txt").symlink_to(root / ".ssh" / "id_rsa")
+    assert code_of(sandbox, "notes.txt") == "DENIED_PATTERN"
+
+
+def test_empty_and_nul_are_bad_args(sandbox: Sandbox) -> None:
+    assert code_of(sandbox, "") == "BAD_ARGS"
+    assert code_of(sandbox, "a\x00b") == "BAD_ARGS"
+
+
+@given(st.lists(st.sampled_from(["a", "b", "..", ".", "dir", "f.txt", "link", ""]), min_size=1, max_size=6))
+def test_resolved_paths_are_always_inside_the_root(sandbox: Sandbox, parts: list[str]) -> None:
+    raw = "/".join(parts)
+    try:
+        resolved = sandbox.resolve(raw)
+    except ToolError:
+        return
+    assert sandbox.root_of(resolved) is not None
+
+
+def test_open_refuses_a_symlink_swapped_in_after_validation(sandbox: Sandbox, root: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET")
+    target = sandbox.resolve("dir/f.txt")
+    (root / "dir" / "f.txt").unlink()
+    (root / "dir" / "f.txt").symlink_to(secret)
+    with pytest.raises(ToolError) as info:
+        sandbox.open(target)
+    assert info.value.code == "SYMLINK_REFUSED"
+    # The same for a directory component swapped for a symlink.
+    (root / "dir" / "f.txt").unlink()
+    os.rename(root / "dir", root / "dir.old")
+    (root / "dir").symlink_to(tmp_path)
+    with pytest.raises(ToolError):
+        sandbox.open(target)
+
+
+def test_racing_symlink_swaps_never_leak_outside_content(sandbox: Sandbox, root: Path, tmp_path: Path) -> None:
+    """A thread swaps a file and a symlink to an outside file as fast as it can while we read."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET")
+    victim = root / "dir" / "race.txt"
+    victim.write_text("safe")
+    stop = threading.Event()
+
+    def swapper() -> None:
+        link = root / "dir" / "race.link"
+        plain = root / "dir" / "race.plain"
+        while not stop.is_set():
+            try:
+                link.symlink_to(secret)
+                os.replace(link, victim)
+                plain.write_text("safe")
+                os.replace(plain, victim)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=swapper)
+    thread.start()
+    seen: set[str] = set()
+    try:
+        for _ in range(3000):
+            try:
+                path = sandbox.resolve("dir/race.txt")
+                fd = sandbox.open(path)
+            except ToolError:
+                continue
+            with os.fdopen(fd) as f:
+                seen.add(f.read())
+    finally:
+        stop.set()
+        thread.join()
+    assert "SECRET" not in seen
+    assert "safe" in seen
