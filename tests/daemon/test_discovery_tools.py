@@ -198,3 +198,15 @@ def test_max_entries_truncates(ctx: ToolContext, root: Path) -> None:
         (root / f"f{i:02}").write_text("")
     out = run(ListDirectory(), ctx, max_entries=5)
     assert out.data is not None and len(out.data["entries"]) == 5 and out.data["truncated"]
+
+
+def test_python_engine_refuses_catastrophic_patterns(ctx: ToolContext, root: Path) -> None:
+    from toold_daemon.errors import ToolError
+
+    (root / "a.txt").write_text("a" * 40 + "b\n")
+    for pattern in ["(a+)+$(?<=x)", "(?=a)(\\w*a)*c", "(?!z)(x+y?)+z"]:
+        with pytest.raises(ToolError) as info:
+            grep_with("python", ctx, pattern=pattern)
+        assert info.value.code == "BAD_ARGS" and "exponential" in info.value.message
+    ok = grep_with("python", ctx, pattern="(ab)+|a{3}")
+    assert ok is not None and ok.content.startswith("a.txt:1:")

@@ -1,0 +1,75 @@
+"""Each package's public surface is a small sorted ``__all__``, and dependency directions hold."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+STDLIB = set(sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize("module", ["toold_protocol", "toold_client", "toold_daemon"])
+def test_all_is_sorted_and_importable(module: str) -> None:
+    mod = __import__(module)
+    names = list(mod.__all__)
+    assert names == sorted(names, key=lambda n: (not n.isupper(), n)) or names == sorted(names)
+    for name in names:
+        assert hasattr(mod, name), name
+
+
+def imported_top_levels(package_dir: Path) -> set[str]:
+    found: set[str] = set()
+    for path in package_dir.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_protocol_depends_on_msgspec_only() -> None:
+    foreign = imported_top_levels(REPO / "protocol/src/toold_protocol") - STDLIB - {"msgspec", "toold_protocol"}
+    assert foreign == set()
+
+
+def test_client_never_imports_trio_or_the_daemon() -> None:
+    allowed = {"msgspec", "zmq", "toold_protocol", "toold_client"}
+    foreign = imported_top_levels(REPO / "client/src/toold_client") - STDLIB - allowed
+    assert foreign == set()
+    code = "import sys, toold_client, toold_client.cli; print(sorted(m for m in sys.modules " \
+           "if m.split('.')[0] in ('trio', 'toold_daemon', 'psutil', 'httpx')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_only_ipc_imports_zmq_in_the_daemon() -> None:
+    users = [p.name for p in (REPO / "daemon/src/toold_daemon").rglob("*.py") if "zmq" in imported_top_levels_file(p)]
+    assert users == ["ipc.py"]
+
+
+def imported_top_levels_file(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_default_endpoint_agrees_with_the_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from toold_daemon.server import default_runtime_dir as daemon_dir
+    from toold_protocol import default_runtime_dir as client_dir
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert client_dir() == daemon_dir() == tmp_path / "toold"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
+    assert client_dir() == daemon_dir()
