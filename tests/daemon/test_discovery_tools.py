@@ -81,6 +81,9 @@ def test_property_24_gitignore_in_glob_list_and_grep(ctx: ToolContext, root: Pat
     for engine in ("python", "ripgrep"):
         out = grep_with(engine, ctx, pattern="match")
         assert out is None or [line.split(":")[0] for line in out.content.splitlines()] == expected
+        # A file filter narrows the search; it must not re-include what .gitignore excludes.
+        logs = grep_with(engine, ctx, pattern="match", file_pattern="*.log")
+        assert logs is None or logs.content == "src/keep.log:1: match"
 
 
 def test_gitignore_of_ancestors_applies_when_searching_a_subdirectory(ctx: ToolContext, root: Path) -> None:

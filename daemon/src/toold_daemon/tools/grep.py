@@ -162,8 +162,10 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
         cmd.append(f"--context={args.context_lines}")
     if args.include_hidden:
         cmd.append("--hidden")
-    if isinstance(args.file_pattern, str):
-        cmd += ["--glob", args.file_pattern]
+    keep = _file_filter(args.file_pattern)
+    if isinstance(args.file_pattern, str) and "/" not in args.file_pattern.strip("/") and ":" not in args.file_pattern:
+        # A file type, not --glob: rg's --glob whitelists and so overrides hidden and .gitignore rules.
+        cmd += ["--type-add", f"toold:{args.file_pattern.strip('/')}", "--type", "toold"]
     for pattern in sandbox.denied_patterns:
         cmd += ["--glob", "!" + pattern]
     cmd += ["--regexp", args.pattern, "--", rel]
@@ -184,7 +186,7 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
             if ctx.cancelled.is_set():
                 break
             hit = _parse_rg_line(raw, rel)
-            if hit is None:
+            if hit is None or (keep is not None and not keep(_below(hit.path, rel))):
                 continue
             hits.append(hit)
             if hit.is_match:
@@ -205,6 +207,12 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
     if code == 2 and not hits and b"regex" in stderr.lower():
         return None
     return [_relative_to_workspace(h, sandbox, root) for h in hits]
+
+
+def _below(path: str, rel: str) -> str:
+    """``path`` (relative to the root) relative to the searched directory ``rel``."""
+    path = path.removeprefix("./")
+    return path if rel == "." else path.removeprefix(rel + "/")
 
 
 def _parse_rg_line(raw: bytes, rel: str) -> Hit | None:
