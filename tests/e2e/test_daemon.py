@@ -1,0 +1,198 @@
+"""The daemon process: hostile input, identity, lifecycle, cancellation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import toold_protocol as p
+import zmq
+from toold_client import Client, RemoteError, RequestTimeout
+
+from tests.conftest import BIN, DaemonProcess, start_daemon
+
+
+def raw_exchange(endpoint: str, frames: list[bytes], *, expect: int = 1, timeout_ms: int = 3000) -> list[bytes]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(frames)
+        replies = []
+        for _ in range(expect):
+            if not sock.poll(timeout_ms):
+                break
+            replies.append(sock.recv())
+        return replies
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def error_code(frame: bytes) -> tuple[str, int | None]:
+    message = p.decode_daemon_message(frame)
+    assert isinstance(message, p.Error)
+    return message.code, message.id
+
+
+@pytest.mark.parametrize(("frames", "code", "request_id"), [
+    ([b"\xc1\xc1garbage"], "MALFORMED_FRAME", None),
+    ([p.encode_value({"type": "format_disk", "id": 9})], "UNKNOWN_MESSAGE_TYPE", 9),
+    ([p.encode_value({"type": "submit_batch", "id": 10, "calls": "nope"})], "INVALID_MESSAGE", 10),
+    ([p.encode(p.Ping(id=1)), b"second part"], "MULTIPART_NOT_ALLOWED", None),
+    ([b"x" * (9 * 1024 * 1024)], "FRAME_TOO_LARGE", None),
+    ([p.encode_value({"type": "confirm", "id": 11, "correlation_id": "c", "decision": "approve_all"})],
+     "UNSUPPORTED", 11),
+])
+def test_hostile_frames_get_typed_errors_while_another_client_works(
+        daemon: DaemonProcess, frames: list[bytes], code: str, request_id: int | None) -> None:
+    (daemon.root / "a.txt").write_text("fine")
+    with daemon.client() as bystander:
+        assert bystander.call("read_file", {"path": "a.txt"}).content == "fine"
+        replies = raw_exchange(daemon.endpoint, frames)
+        assert replies and error_code(replies[0]) == (code, request_id)
+        assert bystander.call("read_file", {"path": "a.txt"}).content == "fine"
+    assert daemon.proc.poll() is None
+
+
+def test_many_hostile_frames_do_not_disturb_a_running_batch(daemon: DaemonProcess) -> None:
+    (daemon.root / "a.txt").write_text("fine")
+    ctx = zmq.Context()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(20)]
+    for s in socks:
+        s.linger = 0
+        s.connect(daemon.endpoint)
+        s.send(os.urandom(64))
+    with daemon.client() as client:
+        for _ in range(20):
+            assert client.call("read_file", {"path": "a.txt"}).ok
+    for s in socks:
+        assert s.poll(3000)
+        assert error_code(s.recv())[0] == "MALFORMED_FRAME"
+        s.close()
+    ctx.term()
+
+
+def test_welcome_carries_the_kernel_identity_not_a_claim(daemon: DaemonProcess) -> None:
+    with daemon.client(client_name="pretending-to-be-root") as client:
+        welcome = client.hello()
+    assert welcome.identity == p.Identity(uid=os.getuid(), gid=os.getgid(), pid=os.getpid())
+    assert welcome.protocol_version == p.PROTOCOL_VERSION
+    assert welcome.roots == [str(daemon.root.resolve())]
+
+
+def test_old_protocol_version_is_refused(daemon: DaemonProcess) -> None:
+    [reply] = raw_exchange(daemon.endpoint, [p.encode(p.Hello(id=5, protocol_version=0))])
+    assert error_code(reply) == ("PROTOCOL_VERSION_UNSUPPORTED", 5)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_peer_without_kernel_credentials_is_refused_by_zap(tmp_path: Path, root: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([str(BIN / "toold"), "serve", "--root", str(root), "--endpoint",
+                             f"tcp://127.0.0.1:{port}", "--state-dir", str(tmp_path / "s")],
+                            stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None
+        with Client(f"tcp://127.0.0.1:{port}", timeout=1.0) as client, pytest.raises(RequestTimeout):
+            client.ping()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def test_second_daemon_on_the_same_endpoint_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
+    second = subprocess.run([str(BIN / "toold"), "serve", "--root", str(daemon.root), "--endpoint",
+                             daemon.endpoint, "--state-dir", str(tmp_path / "s2")],
+                            capture_output=True, text=True, timeout=10)
+    assert second.returncode == 1 and "another toold" in second.stderr
+    with daemon.client() as client:
+        assert client.ping() < 1.0
+
+
+def test_sigterm_exits_zero_and_removes_the_socket(daemon: DaemonProcess) -> None:
+    assert daemon.socket.exists()
+    assert daemon.stop(signal.SIGTERM) == 0
+    assert not daemon.socket.exists()
+    assert not daemon.socket.with_name("toold.sock.lock").exists()
+
+
+def test_sigint_also_exits_zero(daemon: DaemonProcess) -> None:
+    assert daemon.stop(signal.SIGINT) == 0
+
+
+def test_ready_quickly_after_exec(tmp_path: Path, root: Path) -> None:
+    started = time.monotonic()
+    daemon = start_daemon(tmp_path, root)
+    elapsed = time.monotonic() - started
+    daemon.stop()
+    assert elapsed < 1.5, f"daemon took {elapsed:.3f}s to answer its first ping"
+
+
+def big_tree(root: Path, files: int = 4000) -> None:
+    for i in range(files):
+        d = root / f"d{i % 40}"
+        d.mkdir(exist_ok=True)
+        (d / f"f{i}.txt").write_text("some text with a needle in it\n" * 20)
+
+
+def test_cancel_resolves_every_call(daemon: DaemonProcess) -> None:
+    big_tree(daemon.root)
+    calls = [{"id": f"c{i}", "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}}
+             for i in range(8)]
+    with daemon.client() as client:
+        accepted_batch = client._request(lambda i: p.SubmitBatch(  # noqa: SLF001
+            id=i, calls=[p.ToolCall(call_id=c["id"], name=c["name"],
+                                    arguments=msgspec.Raw(p.encode_value(c["arguments"]))) for c in calls]))
+        assert isinstance(accepted_batch, p.BatchAccepted)
+        client.cancel(accepted_batch.batch_id)
+        finished = client.wait_batch(accepted_batch.batch_id, timeout=30)
+        assert [r.call_id for r in finished.results] == [c["id"] for c in calls]
+        assert finished.state == "cancelled"
+        assert finished.results[-1].error is not None and finished.results[-1].error.type == "Cancelled"
+        status = client.get_batch(accepted_batch.batch_id)
+        assert status.state == "cancelled" and len(status.results) == 8
+
+
+def test_unknown_batch_and_duplicate_batch_id(daemon: DaemonProcess) -> None:
+    (daemon.root / "a.txt").write_text("A")
+    with daemon.client() as client:
+        with pytest.raises(RemoteError) as info:
+            client.get_batch("no-such-batch")
+        assert info.value.code == "UNKNOWN_BATCH"
+        client.submit([{"name": "read_file", "arguments": {"path": "a.txt"}}], batch_id="mine-1")
+        with pytest.raises(RemoteError) as dup:
+            client.submit([{"name": "read_file", "arguments": {"path": "a.txt"}}], batch_id="mine-1")
+        assert dup.value.code == "DUPLICATE_BATCH_ID"
+
+
+def test_sigterm_during_a_batch_answers_the_client(tmp_path: Path, root: Path) -> None:
+    big_tree(root, 3000)
+    daemon = start_daemon(tmp_path, root, config="[daemon]\nshutdown_grace_seconds = 0\n")
+    calls = [{"id": f"c{i}", "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}}
+             for i in range(8)]
+    with daemon.client() as client:
+        accepted = client._request(lambda i: p.SubmitBatch(id=i, calls=[  # noqa: SLF001
+            p.ToolCall(call_id=c["id"], name=c["name"], arguments=msgspec.Raw(p.encode_value(c["arguments"])))
+            for c in calls]))
+        assert isinstance(accepted, p.BatchAccepted)
+        daemon.proc.send_signal(signal.SIGTERM)
+        finished = client.wait_batch(accepted.batch_id, timeout=20)
+    assert len(finished.results) == 8
+    assert daemon.proc.wait(timeout=10) == 0
+    errors = [r.error.message for r in finished.results if r.error is not None]
+    assert any("shutting down" in m for m in errors), json.dumps(errors)
