@@ -44,8 +44,19 @@ class DaemonProcess:
 def start_daemon(tmp: Path, root: Path, *extra: str, config: str | None = None) -> DaemonProcess:
     sock = tmp / "run" / "toold.sock"
     endpoint = f"ipc://{sock}"
-    args = [str(BIN / "toold"), "serve", "--root", str(root), "--endpoint", endpoint,
-            "--state-dir", str(tmp / "state"), "--log-level", "WARNING", *extra]
+    args = [
+        str(BIN / "toold"),
+        "serve",
+        "--root",
+        str(root),
+        "--endpoint",
+        endpoint,
+        "--state-dir",
+        str(tmp / "state"),
+        "--log-level",
+        "WARNING",
+        *extra,
+    ]
     if config is not None:
         cfg = tmp / "toold.toml"
         cfg.write_text(config)

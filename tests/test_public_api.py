@@ -43,8 +43,10 @@ def test_client_never_imports_trio_or_the_daemon() -> None:
     allowed = {"msgspec", "zmq", "toold_protocol", "toold_client"}
     foreign = imported_top_levels(REPO / "client/src/toold_client") - STDLIB - allowed
     assert foreign == set()
-    code = "import sys, toold_client, toold_client.cli; print(sorted(m for m in sys.modules " \
-           "if m.split('.')[0] in ('trio', 'toold_daemon', 'psutil', 'httpx')))"
+    code = (
+        "import sys, toold_client, toold_client.cli; print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('trio', 'toold_daemon', 'psutil', 'httpx')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

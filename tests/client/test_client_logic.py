@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import msgspec
 import pytest
+
 import toold_protocol as p
 from toold_client import Client, ProtocolError, RemoteError, RequestTimeout
 
@@ -41,14 +42,18 @@ def test_events_of_another_batch_are_kept_until_asked_for() -> None:
         assert isinstance(message, p.SubmitBatch)
         c = message.calls[0].call_id
         other = p.BatchFinished(batch_id="other", state="finished", results=[ok("o", "other")])
-        return [other, p.BatchAccepted(id=message.id, batch_id="mine", calls=[]),
-                p.CallStarted(batch_id="mine", call_id=c, index=0, name="read_file"),
-                p.BatchFinished(batch_id="mine", state="finished", results=[ok(c, "hello")])]
+        return [
+            other,
+            p.BatchAccepted(id=message.id, batch_id="mine", calls=[]),
+            p.CallStarted(batch_id="mine", call_id=c, index=0, name="read_file"),
+            p.BatchFinished(batch_id="mine", state="finished", results=[ok(c, "hello")]),
+        ]
 
     with Client("ipc:///nowhere", transport=ScriptedTransport(respond)) as client:
         seen: list[str] = []
-        outcome = client.submit([{"name": "read_file", "arguments": {"path": "a"}}],
-                                on_event=lambda e: seen.append(type(e).__name__))
+        outcome = client.submit(
+            [{"name": "read_file", "arguments": {"path": "a"}}], on_event=lambda e: seen.append(type(e).__name__)
+        )
         assert outcome.results[0].content == "hello" and seen == ["CallStarted", "BatchFinished"]
         assert client.wait_batch("other").results[0].content == "other"
 

@@ -5,6 +5,7 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from toold_daemon.config import DEFAULT_DENIED_PATTERNS, Config
 from toold_daemon.sandbox import Sandbox
 from toold_daemon.tools import Tool, ToolContext, ToolOutput
@@ -16,8 +17,9 @@ def ctx(root: Path) -> ToolContext:
 
 
 def make_ctx(root: Path, config: Config | None = None) -> ToolContext:
-    return ToolContext(call_id="t", sandbox=Sandbox([root], denied_patterns=DEFAULT_DENIED_PATTERNS),
-                       config=config or Config())
+    return ToolContext(
+        call_id="t", sandbox=Sandbox([root], denied_patterns=DEFAULT_DENIED_PATTERNS), config=config or Config()
+    )
 
 
 def run(tool: Tool[Any], ctx: ToolContext, **arguments: Any) -> ToolOutput:

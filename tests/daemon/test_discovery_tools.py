@@ -10,6 +10,7 @@ from unittest import mock
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toold_daemon.globmatch import matches
 from toold_daemon.tools import ToolContext
 from toold_daemon.tools import grep as grep_module
@@ -42,14 +43,17 @@ def visible(rel: str) -> bool:
     return not any(part.startswith(".") for part in rel.split("/"))
 
 
-@given(tree=trees, pattern=st.sampled_from(["**/*.py", "*.py", "**/*", "sub/**", "*/*", "**/d.txt", "?"]),
-       hidden=st.booleans())
-def test_properties_16_18_glob_matches_all_and_only(ctx: ToolContext, root: Path, tree: list[list[str]],
-                                                      pattern: str, hidden: bool) -> None:
+@given(
+    tree=trees,
+    pattern=st.sampled_from(["**/*.py", "*.py", "**/*", "sub/**", "*/*", "**/d.txt", "?"]),
+    hidden=st.booleans(),
+)
+def test_properties_16_18_glob_matches_all_and_only(
+    ctx: ToolContext, root: Path, tree: list[list[str]], pattern: str, hidden: bool
+) -> None:
     files = make_tree(root, tree)
     out = run(Glob(), ctx, pattern=pattern, include_hidden=hidden, max_results=10_000)
-    expected = sorted((f for f in files if matches(pattern, f) and (hidden or visible(f))),
-                      key=lambda p: p.split("/"))
+    expected = sorted((f for f in files if matches(pattern, f) and (hidden or visible(f))), key=lambda p: p.split("/"))
     assert out.data is not None and out.data["matches"] == expected
 
 
@@ -62,8 +66,17 @@ def test_property_17_max_results(ctx: ToolContext, root: Path, tree: list[list[s
 
 
 def gitignore_tree(root: Path) -> None:
-    for rel in ["keep.py", "debug.log", "build/out.py", "src/a.py", "src/b.log", "src/keep.log",
-                "src/gen/x.py", "docs/readme.md", ".git/config"]:
+    for rel in [
+        "keep.py",
+        "debug.log",
+        "build/out.py",
+        "src/a.py",
+        "src/b.log",
+        "src/keep.log",
+        "src/gen/x.py",
+        "docs/readme.md",
+        ".git/config",
+    ]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("match\n")
     (root / ".gitignore").write_text("*.log\nbuild/\n")
@@ -103,10 +116,22 @@ def grep_with(engine: str, ctx: ToolContext, **args: object):  # type: ignore[no
         return run(Grep(), ctx, **args)
 
 
-@given(tree=trees, pattern=st.sampled_from(["match", "MATCH", "content of .*py", "^Not", "e"]),
-       case=st.booleans(), context=st.integers(0, 2), file_pattern=st.sampled_from([None, "*.py", "sub/*"]))
-def test_properties_19_21_grep_engines_agree(ctx: ToolContext, root: Path, tree: list[list[str]], pattern: str,
-                                             case: bool, context: int, file_pattern: str | None) -> None:
+@given(
+    tree=trees,
+    pattern=st.sampled_from(["match", "MATCH", "content of .*py", "^Not", "e"]),
+    case=st.booleans(),
+    context=st.integers(0, 2),
+    file_pattern=st.sampled_from([None, "*.py", "sub/*"]),
+)
+def test_properties_19_21_grep_engines_agree(
+    ctx: ToolContext,
+    root: Path,
+    tree: list[list[str]],
+    pattern: str,
+    case: bool,
+    context: int,
+    file_pattern: str | None,
+) -> None:
     make_tree(root, tree)
     args: dict[str, object] = {"pattern": pattern, "case_sensitive": case, "context_lines": context}
     if file_pattern:
@@ -190,8 +215,9 @@ def test_symlinks_are_reported_not_followed(ctx: ToolContext, root: Path, tmp_pa
     (root / "link").symlink_to(outside)
     out = run(ListDirectory(), ctx, recursive=True)
     assert out.data is not None
-    assert out.data["entries"] == [{**out.data["entries"][0], "name": "link", "type": "symlink",
-                                    "target": str(outside)}]
+    assert out.data["entries"] == [
+        {**out.data["entries"][0], "name": "link", "type": "symlink", "target": str(outside)}
+    ]
     globbed = run(Glob(), ctx, pattern="**/*.txt")
     assert globbed.data is not None and globbed.data["matches"] == []
 

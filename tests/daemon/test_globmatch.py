@@ -6,6 +6,7 @@ import fnmatch
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toold_daemon.globmatch import literal_prefix, matches
 
 

@@ -6,6 +6,7 @@ import re
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toold_daemon.output import count_lines, sanitize_for_terminal, truncate
 
 texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=3000)
@@ -37,8 +38,9 @@ def test_line_limit_and_omitted_count(lines: list[str], max_lines: int) -> None:
         assert match is not None
         kept = cut.text[: match.start()].rstrip("\n")
         assert text.startswith(kept)
-        assert int(match.group(1)) == len(text.encode()) - len(cut.text[: match.start()].encode().rstrip(b"\n")) or \
-            int(match.group(1)) == len(text.encode()) - len(cut.text[: match.start()].encode())
+        assert int(match.group(1)) == len(text.encode()) - len(cut.text[: match.start()].encode().rstrip(b"\n")) or int(
+            match.group(1)
+        ) == len(text.encode()) - len(cut.text[: match.start()].encode())
 
 
 @given(texts, st.integers(min_value=60, max_value=4000))
@@ -52,7 +54,9 @@ def test_truncated_text_keeps_a_prefix_and_counts_what_was_omitted(text: str, li
     if body.endswith("\n") and not text.startswith(body):
         body = body[:-1]
     assert text.startswith(body)
-    assert int(marker.group(1)) == len(text.encode("utf-8", "surrogatepass")) - len(body.encode("utf-8", "surrogatepass"))
+    assert int(marker.group(1)) == len(text.encode("utf-8", "surrogatepass")) - len(
+        body.encode("utf-8", "surrogatepass")
+    )
 
 
 def test_multibyte_characters_are_not_split() -> None:

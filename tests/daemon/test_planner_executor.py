@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import msgspec
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toold_daemon import planner
 from toold_daemon.batches import Batch
 from toold_daemon.config import Config, ToolsConfig
@@ -20,8 +22,6 @@ from toold_daemon.runner import ThreadRunner
 from toold_daemon.sandbox import Sandbox
 from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput, builtin_tools
 from toold_protocol import BatchFinished, CallFinished, CallStarted, Identity, ToolCall, encode_value
-
-import os
 
 ME = Identity(uid=os.geteuid(), gid=os.getegid(), pid=os.getpid())
 
@@ -84,16 +84,33 @@ def test_planner_preresolves_each_kind_of_bad_call(root: Path) -> None:
         call("6", "read_file", path="f.txt"),
     ]
     registry, sandbox, _ = setup(root)
-    codes = [p.result.error.code if p.result and p.result.error else None
-             for p in planner.plan(calls, registry, sandbox, config)]
-    assert codes == [None, "DUPLICATE_TOOL_CALL_ID", "UNKNOWN_TOOL", "BAD_ARGS", "PATH_TRAVERSAL",
-                     "LIMITS_EXCEEDED", "LIMITS_EXCEEDED"]
+    codes = [
+        p.result.error.code if p.result and p.result.error else None
+        for p in planner.plan(calls, registry, sandbox, config)
+    ]
+    assert codes == [
+        None,
+        "DUPLICATE_TOOL_CALL_ID",
+        "UNKNOWN_TOOL",
+        "BAD_ARGS",
+        "PATH_TRAVERSAL",
+        "LIMITS_EXCEEDED",
+        "LIMITS_EXCEEDED",
+    ]
 
 
 def test_planner_property_44_any_wrong_type_is_a_validation_error(root: Path) -> None:
     registry, sandbox, config = setup(root)
 
-    @given(st.one_of(st.integers(-(2**63), 2**63), st.lists(st.integers(0, 9)), st.booleans(), st.none(), st.floats(allow_nan=False)))
+    @given(
+        st.one_of(
+            st.integers(-(2**63), 2**63),
+            st.lists(st.integers(0, 9)),
+            st.booleans(),
+            st.none(),
+            st.floats(allow_nan=False),
+        )
+    )
     def check(bad: Any) -> None:
         [prepared] = planner.plan([call("x", "read_file", path=bad)], registry, sandbox, config)
         assert prepared.result is not None and prepared.result.error is not None
@@ -103,8 +120,10 @@ def test_planner_property_44_any_wrong_type_is_a_validation_error(root: Path) ->
 
 
 def test_summary_redacts_secrets() -> None:
-    assert planner.redact("curl -H 'Authorization: Bearer abc123' api_key=XYZ") == \
-        "curl -H 'Authorization: Bearer ***' api_key=***"
+    assert (
+        planner.redact("curl -H 'Authorization: Bearer abc123' api_key=XYZ")
+        == "curl -H 'Authorization: Bearer ***' api_key=***"
+    )
     assert len(planner.redact("x" * 500)) == 200
 
 
@@ -116,8 +135,15 @@ async def run_batch(batch: Batch, executor: Executor) -> list[msgspec.Struct]:
 
 async def test_calls_run_in_order_with_exactly_one_result_each(root: Path) -> None:
     (root / "a.txt").write_text("A")
-    batch, executor = make_batch([call("1", "read_file", path="a.txt"), call("2", "nope"),
-                                  call("3", "boom", seconds=0), call("4", "read_file", path="a.txt")], root)
+    batch, executor = make_batch(
+        [
+            call("1", "read_file", path="a.txt"),
+            call("2", "nope"),
+            call("3", "boom", seconds=0),
+            call("4", "read_file", path="a.txt"),
+        ],
+        root,
+    )
     events = await run_batch(batch, executor)
     finished = [e for e in events if isinstance(e, CallFinished)]
     assert [e.result.call_id for e in finished] == ["1", "2", "3", "4"]
@@ -135,8 +161,7 @@ async def test_timeout_yields_timeout_error_and_batch_goes_on(root: Path) -> Non
 
     (root / "a.txt").write_text("A")
     config = Config(tools=ToolsConfig(timeouts=TimeoutsConfig(file_operations_seconds=0.2)))
-    batch, executor = make_batch([call("1", "sleep", seconds=3600), call("2", "read_file", path="a.txt")], root,
-                                 config)
+    batch, executor = make_batch([call("1", "sleep", seconds=3600), call("2", "read_file", path="a.txt")], root, config)
     started = time.monotonic()
     events = await run_batch(batch, executor)
     assert time.monotonic() - started < 3

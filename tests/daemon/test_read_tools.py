@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toold_daemon.config import Config, ReadFileConfig, ToolsConfig
 from toold_daemon.errors import ToolError
 from toold_daemon.tools import ToolContext
@@ -40,10 +41,15 @@ def test_round_trip_bytes_with_base64(ctx: ToolContext, root: Path, data: bytes)
     assert base64.b64decode(out.content) == data
 
 
-@given(lines=st.lists(st.text(alphabet="abc é\t", max_size=10), min_size=1, max_size=40),
-       start=st.integers(1, 45), length=st.integers(0, 45), final_newline=st.booleans())
-def test_property_7_line_ranges(ctx: ToolContext, root: Path, lines: list[str], start: int, length: int,
-                                final_newline: bool) -> None:
+@given(
+    lines=st.lists(st.text(alphabet="abc é\t", max_size=10), min_size=1, max_size=40),
+    start=st.integers(1, 45),
+    length=st.integers(0, 45),
+    final_newline=st.booleans(),
+)
+def test_property_7_line_ranges(
+    ctx: ToolContext, root: Path, lines: list[str], start: int, length: int, final_newline: bool
+) -> None:
     text = "\n".join(lines) + ("\n" if final_newline else "")
     (root / "l.txt").write_text(text, newline="")
     end = start + length
@@ -118,8 +124,14 @@ def test_directory_and_fifo_are_refused(ctx: ToolContext, root: Path) -> None:
     assert fifo.value.code == "NOT_A_REGULAR_FILE"
 
 
-@given(files=st.dictionaries(st.text(alphabet="abcdef", min_size=1, max_size=6),
-                             st.text(alphabet="xyz \n", max_size=30), min_size=1, max_size=6))
+@given(
+    files=st.dictionaries(
+        st.text(alphabet="abcdef", min_size=1, max_size=6),
+        st.text(alphabet="xyz \n", max_size=30),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_property_9_many_files_have_headers(ctx: ToolContext, root: Path, files: dict[str, str]) -> None:
     for name, content in files.items():
         (root / f"{name}.md").write_text(content)

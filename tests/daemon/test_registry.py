@@ -8,6 +8,7 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toold_daemon.errors import ToolError
 from toold_daemon.registry import Registry
 from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput, builtin_tools
@@ -106,7 +107,10 @@ def test_builtin_schemas_are_self_contained_and_match_validation() -> None:
     assert "additionalProperties" not in gemini
     read_file = next(d for d in registry.definitions() if d.name == "read_file")
     assert read_file.parameters["properties"]["start_line"] == {
-        "type": "integer", "minimum": 1, "description": "First line to return (1-based, inclusive)"}
+        "type": "integer",
+        "minimum": 1,
+        "description": "First line to return (1-based, inclusive)",
+    }
 
 
 def test_alias_resolves_but_is_not_advertised() -> None:

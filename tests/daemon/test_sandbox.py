@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toold_daemon.config import DEFAULT_DENIED_PATTERNS
 from toold_daemon.errors import ToolError
 from toold_daemon.sandbox import Sandbox
@@ -71,8 +72,20 @@ def test_symlink_inside_root_is_followed_to_its_target(sandbox: Sandbox, root: P
     assert sandbox.resolve("alias/f.txt") == root.resolve() / "dir" / "f.txt"
 
 
-@pytest.mark.parametrize("raw", [".ssh/id_rsa", "a/.ssh/config", "id_rsa.pub", "server.pem", "x/tls.key",
-                                 ".env", ".env.local", ".git-credentials", ".netrc"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        ".ssh/id_rsa",
+        "a/.ssh/config",
+        "id_rsa.pub",
+        "server.pem",
+        "x/tls.key",
+        ".env",
+        ".env.local",
+        ".git-credentials",
+        ".netrc",
+    ],
+)
 def test_default_denies(sandbox: Sandbox, raw: str) -> None:
     assert code_of(sandbox, raw) == "DENIED_PATTERN"
 
@@ -153,3 +166,17 @@ def test_racing_symlink_swaps_never_leak_outside_content(sandbox: Sandbox, root:
         thread.join()
     assert "SECRET" not in seen
     assert "safe" in seen
+
+
+def test_a_root_inside_a_denied_location_is_refused(tmp_path: Path) -> None:
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    with pytest.raises(ValueError, match="denied by pattern"):
+        Sandbox([ssh], denied_patterns=DEFAULT_DENIED_PATTERNS)
+
+
+def test_absolute_denied_patterns_match_the_absolute_path(root: Path) -> None:
+    (root / "private").mkdir()
+    sandbox = Sandbox([root], denied_patterns=[f"{root.resolve()}/private/**"])
+    assert code_of(sandbox, "private/x") == "DENIED_PATTERN"
+    assert sandbox.resolve("public") == root.resolve() / "public"

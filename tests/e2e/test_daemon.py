@@ -12,11 +12,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-import toold_protocol as p
 import zmq
-from toold_client import Client, RemoteError, RequestTimeout
 
+import toold_protocol as p
 from tests.conftest import BIN, DaemonProcess, start_daemon
+from toold_client import Client, RemoteError, RequestTimeout
 
 
 def raw_exchange(endpoint: str, frames: list[bytes], *, expect: int = 1, timeout_ms: int = 3000) -> list[bytes]:
@@ -43,17 +43,24 @@ def error_code(frame: bytes) -> tuple[str, int | None]:
     return message.code, message.id
 
 
-@pytest.mark.parametrize(("frames", "code", "request_id"), [
-    ([b"\xc1\xc1garbage"], "MALFORMED_FRAME", None),
-    ([p.encode_value({"type": "format_disk", "id": 9})], "UNKNOWN_MESSAGE_TYPE", 9),
-    ([p.encode_value({"type": "submit_batch", "id": 10, "calls": "nope"})], "INVALID_MESSAGE", 10),
-    ([p.encode(p.Ping(id=1)), b"second part"], "MULTIPART_NOT_ALLOWED", None),
-    ([b"x" * (9 * 1024 * 1024)], "FRAME_TOO_LARGE", None),
-    ([p.encode_value({"type": "confirm", "id": 11, "correlation_id": "c", "decision": "approve_all"})],
-     "UNSUPPORTED", 11),
-])
+@pytest.mark.parametrize(
+    ("frames", "code", "request_id"),
+    [
+        ([b"\xc1\xc1garbage"], "MALFORMED_FRAME", None),
+        ([p.encode_value({"type": "format_disk", "id": 9})], "UNKNOWN_MESSAGE_TYPE", 9),
+        ([p.encode_value({"type": "submit_batch", "id": 10, "calls": "nope"})], "INVALID_MESSAGE", 10),
+        ([p.encode(p.Ping(id=1)), b"second part"], "MULTIPART_NOT_ALLOWED", None),
+        ([b"x" * (9 * 1024 * 1024)], "FRAME_TOO_LARGE", None),
+        (
+            [p.encode_value({"type": "confirm", "id": 11, "correlation_id": "c", "decision": "approve_all"})],
+            "UNSUPPORTED",
+            11,
+        ),
+    ],
+)
 def test_hostile_frames_get_typed_errors_while_another_client_works(
-        daemon: DaemonProcess, frames: list[bytes], code: str, request_id: int | None) -> None:
+    daemon: DaemonProcess, frames: list[bytes], code: str, request_id: int | None
+) -> None:
     (daemon.root / "a.txt").write_text("fine")
     with daemon.client() as bystander:
         assert bystander.call("read_file", {"path": "a.txt"}).content == "fine"
@@ -102,9 +109,19 @@ def free_port() -> int:
 
 def test_peer_without_kernel_credentials_is_refused_by_zap(tmp_path: Path, root: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen([str(BIN / "toold"), "serve", "--root", str(root), "--endpoint",
-                             f"tcp://127.0.0.1:{port}", "--state-dir", str(tmp_path / "s")],
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            str(BIN / "toold"),
+            "serve",
+            "--root",
+            str(root),
+            "--endpoint",
+            f"tcp://127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path / "s"),
+        ],
+        stderr=subprocess.PIPE,
+    )
     try:
         time.sleep(0.5)
         assert proc.poll() is None
@@ -116,9 +133,21 @@ def test_peer_without_kernel_credentials_is_refused_by_zap(tmp_path: Path, root:
 
 
 def test_second_daemon_on_the_same_endpoint_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
-    second = subprocess.run([str(BIN / "toold"), "serve", "--root", str(daemon.root), "--endpoint",
-                             daemon.endpoint, "--state-dir", str(tmp_path / "s2")],
-                            capture_output=True, text=True, timeout=10)
+    second = subprocess.run(
+        [
+            str(BIN / "toold"),
+            "serve",
+            "--root",
+            str(daemon.root),
+            "--endpoint",
+            daemon.endpoint,
+            "--state-dir",
+            str(tmp_path / "s2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     assert second.returncode == 1 and "another toold" in second.stderr
     with daemon.client() as client:
         assert client.ping() < 1.0
@@ -152,12 +181,19 @@ def big_tree(root: Path, files: int = 4000) -> None:
 
 def test_cancel_resolves_every_call(daemon: DaemonProcess) -> None:
     big_tree(daemon.root)
-    calls = [{"id": f"c{i}", "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}}
-             for i in range(8)]
+    calls = [
+        {"id": f"c{i}", "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}} for i in range(8)
+    ]
     with daemon.client() as client:
-        accepted_batch = client._request(lambda i: p.SubmitBatch(  # noqa: SLF001
-            id=i, calls=[p.ToolCall(call_id=c["id"], name=c["name"],
-                                    arguments=msgspec.Raw(p.encode_value(c["arguments"]))) for c in calls]))
+        accepted_batch = client._request(
+            lambda i: p.SubmitBatch(
+                id=i,
+                calls=[
+                    p.ToolCall(call_id=c["id"], name=c["name"], arguments=msgspec.Raw(p.encode_value(c["arguments"])))
+                    for c in calls
+                ],
+            )
+        )
         assert isinstance(accepted_batch, p.BatchAccepted)
         client.cancel(accepted_batch.batch_id)
         finished = client.wait_batch(accepted_batch.batch_id, timeout=30)
@@ -183,12 +219,19 @@ def test_unknown_batch_and_duplicate_batch_id(daemon: DaemonProcess) -> None:
 def test_sigterm_during_a_batch_answers_the_client(tmp_path: Path, root: Path) -> None:
     big_tree(root, 3000)
     daemon = start_daemon(tmp_path, root, config="[daemon]\nshutdown_grace_seconds = 0\n")
-    calls = [{"id": f"c{i}", "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}}
-             for i in range(8)]
+    calls = [
+        {"id": f"c{i}", "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}} for i in range(8)
+    ]
     with daemon.client() as client:
-        accepted = client._request(lambda i: p.SubmitBatch(id=i, calls=[  # noqa: SLF001
-            p.ToolCall(call_id=c["id"], name=c["name"], arguments=msgspec.Raw(p.encode_value(c["arguments"])))
-            for c in calls]))
+        accepted = client._request(
+            lambda i: p.SubmitBatch(
+                id=i,
+                calls=[
+                    p.ToolCall(call_id=c["id"], name=c["name"], arguments=msgspec.Raw(p.encode_value(c["arguments"])))
+                    for c in calls
+                ],
+            )
+        )
         assert isinstance(accepted, p.BatchAccepted)
         daemon.proc.send_signal(signal.SIGTERM)
         finished = client.wait_batch(accepted.batch_id, timeout=20)

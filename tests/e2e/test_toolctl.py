@@ -13,12 +13,14 @@ from tests.conftest import BIN, DaemonProcess
 RESULT_KEYS = {"call_id", "ok", "content", "display", "error", "truncated", "duration_ms"}
 
 
-def toolctl(daemon: DaemonProcess | None, *args: str, stdin: str | None = None,
-            endpoint: str | None = None) -> subprocess.CompletedProcess[str]:
+def toolctl(
+    daemon: DaemonProcess | None, *args: str, stdin: str | None = None, endpoint: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["TOOLD_ENDPOINT"] = endpoint or (daemon.endpoint if daemon else "ipc:///nonexistent/toold.sock")
-    return subprocess.run([str(BIN / "toolctl"), *args], input=stdin, capture_output=True, text=True, env=env,
-                          timeout=30)
+    return subprocess.run(
+        [str(BIN / "toolctl"), *args], input=stdin, capture_output=True, text=True, env=env, timeout=30
+    )
 
 
 def test_ping_and_call_exit_codes(daemon: DaemonProcess) -> None:
@@ -45,9 +47,11 @@ def test_call_json_success_shape(daemon: DaemonProcess) -> None:
 
 def test_batch_from_stdin_keeps_call_order(daemon: DaemonProcess) -> None:
     (daemon.root / "a.txt").write_text("A")
-    batch = [{"id": "one", "name": "read_file", "arguments": {"path": "a.txt"}},
-             {"id": "two", "name": "unknown_tool", "arguments": {}},
-             {"id": "three", "name": "ls", "arguments": {}}]
+    batch = [
+        {"id": "one", "name": "read_file", "arguments": {"path": "a.txt"}},
+        {"id": "two", "name": "unknown_tool", "arguments": {}},
+        {"id": "three", "name": "ls", "arguments": {}},
+    ]
     out = toolctl(daemon, "batch", "--json", stdin=json.dumps(batch))
     assert out.returncode == 1
     results = json.loads(out.stdout)
@@ -68,8 +72,13 @@ def test_batch_file_and_bad_batch(daemon: DaemonProcess, tmp_path: Path) -> None
 def test_tools_in_every_format(daemon: DaemonProcess) -> None:
     text = toolctl(daemon, "tools")
     assert text.returncode == 0
-    assert [line.split()[0] for line in text.stdout.splitlines()] == \
-        ["glob", "grep", "list_directory", "read_file", "read_many_files"]
+    assert [line.split()[0] for line in text.stdout.splitlines()] == [
+        "glob",
+        "grep",
+        "list_directory",
+        "read_file",
+        "read_many_files",
+    ]
     openai = json.loads(toolctl(daemon, "tools", "--format", "openai").stdout)
     assert openai[0]["type"] == "function" and openai[0]["function"]["name"] == "glob"
     anthropic = json.loads(toolctl(daemon, "tools", "--format", "anthropic").stdout)
@@ -91,8 +100,11 @@ def test_ping_wait_succeeds_once_the_daemon_starts(tmp_path: Path, root: Path) -
     from tests.conftest import start_daemon
 
     sock = tmp_path / "run" / "toold.sock"
-    waiter = subprocess.Popen([str(BIN / "toolctl"), "--endpoint", f"ipc://{sock}", "ping", "--wait", "15"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    waiter = subprocess.Popen(
+        [str(BIN / "toolctl"), "--endpoint", f"ipc://{sock}", "ping", "--wait", "15"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     daemon = start_daemon(tmp_path, root)
     try:
         assert waiter.wait(timeout=20) == 0

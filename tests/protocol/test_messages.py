@@ -4,14 +4,36 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-import toold_protocol as p
 from hypothesis import given
 from hypothesis import strategies as st
 
-CLIENT_TAGS = {"hello", "list_tools", "submit_batch", "confirm", "cancel", "subscribe", "supply_result",
-               "get_batch", "ping"}
-DAEMON_TAGS = {"welcome", "tool_list", "batch_accepted", "confirmation_requested", "call_started", "output_chunk",
-               "call_finished", "batch_finished", "batch_status", "ack", "error", "pong"}
+import toold_protocol as p
+
+CLIENT_TAGS = {
+    "hello",
+    "list_tools",
+    "submit_batch",
+    "confirm",
+    "cancel",
+    "subscribe",
+    "supply_result",
+    "get_batch",
+    "ping",
+}
+DAEMON_TAGS = {
+    "welcome",
+    "tool_list",
+    "batch_accepted",
+    "confirmation_requested",
+    "call_started",
+    "output_chunk",
+    "call_finished",
+    "batch_finished",
+    "batch_status",
+    "ack",
+    "error",
+    "pong",
+}
 
 
 def tags(union: object) -> set[str]:
@@ -25,8 +47,11 @@ def test_tags_are_stable() -> None:
 
 def test_submit_batch_round_trip_keeps_arguments_encoded() -> None:
     args = {"path": "a.txt", "start_line": 2}
-    frame = p.encode(p.SubmitBatch(id=7, calls=[p.ToolCall(call_id="c1", name="read_file",
-                                                           arguments=msgspec.Raw(p.encode_value(args)))]))
+    frame = p.encode(
+        p.SubmitBatch(
+            id=7, calls=[p.ToolCall(call_id="c1", name="read_file", arguments=msgspec.Raw(p.encode_value(args)))]
+        )
+    )
     message = p.decode_client_message(frame)
     assert isinstance(message, p.SubmitBatch) and message.id == 7
     assert isinstance(message.calls[0].arguments, msgspec.Raw)
@@ -40,17 +65,23 @@ def test_unknown_fields_are_ignored_both_ways() -> None:
     assert p.decode_daemon_message(pong) == p.Pong(id=1)
 
 
-@pytest.mark.parametrize(("frame", "code", "request_id"), [
-    (b"\xc1", "MALFORMED_FRAME", None),
-    (p.encode_value([1, 2]), "MALFORMED_FRAME", None),
-    (p.encode_value({"id": 3}), "MALFORMED_FRAME", 3),
-    (p.encode_value({"type": "launch_missiles", "id": 4}), "UNKNOWN_MESSAGE_TYPE", 4),
-    (p.encode_value({"type": "ping", "id": "five"}), "INVALID_MESSAGE", None),
-    (p.encode_value({"type": "cancel", "id": 6}), "INVALID_MESSAGE", 6),
-    (p.encode_value({"type": "submit_batch", "id": 7, "calls": [{"call_id": "", "name": "x"}]}),
-     "INVALID_MESSAGE", 7),
-    (p.encode_value({"type": "submit_batch", "id": 8, "calls": [], "batch_id": "../../etc"}), "INVALID_MESSAGE", 8),
-])
+@pytest.mark.parametrize(
+    ("frame", "code", "request_id"),
+    [
+        (b"\xc1", "MALFORMED_FRAME", None),
+        (p.encode_value([1, 2]), "MALFORMED_FRAME", None),
+        (p.encode_value({"id": 3}), "MALFORMED_FRAME", 3),
+        (p.encode_value({"type": "launch_missiles", "id": 4}), "UNKNOWN_MESSAGE_TYPE", 4),
+        (p.encode_value({"type": "ping", "id": "five"}), "INVALID_MESSAGE", None),
+        (p.encode_value({"type": "cancel", "id": 6}), "INVALID_MESSAGE", 6),
+        (
+            p.encode_value({"type": "submit_batch", "id": 7, "calls": [{"call_id": "", "name": "x"}]}),
+            "INVALID_MESSAGE",
+            7,
+        ),
+        (p.encode_value({"type": "submit_batch", "id": 8, "calls": [], "batch_id": "../../etc"}), "INVALID_MESSAGE", 8),
+    ],
+)
 def test_decode_failures_are_typed(frame: bytes, code: str, request_id: int | None) -> None:
     with pytest.raises(p.DecodeFailure) as info:
         p.decode_client_message(frame)
@@ -66,13 +97,28 @@ def test_arbitrary_bytes_never_escape_as_other_exceptions(frame: bytes) -> None:
 
 
 def test_daemon_messages_round_trip() -> None:
-    result = p.ToolResult(call_id="c", ok=False, content="Error", error=p.ToolErrorInfo(
-        type="BadArgs", code="BAD_ARGS", message="m", details={"k": 1}), duration_ms=1.5)
+    result = p.ToolResult(
+        call_id="c",
+        ok=False,
+        content="Error",
+        error=p.ToolErrorInfo(type="BadArgs", code="BAD_ARGS", message="m", details={"k": 1}),
+        duration_ms=1.5,
+    )
     for message in [
-        p.Welcome(id=1, protocol_version=1, daemon_version="0.1", session_id="s",
-                  identity=p.Identity(uid=1, gid=2, pid=3), tools_mode="enabled", roots=["/r"]),
-        p.BatchAccepted(id=2, batch_id="b", calls=[p.PlannedCall(index=0, call_id="c", name="read_file",
-                                                                 disposition="resolved", result=result)]),
+        p.Welcome(
+            id=1,
+            protocol_version=1,
+            daemon_version="0.1",
+            session_id="s",
+            identity=p.Identity(uid=1, gid=2, pid=3),
+            tools_mode="enabled",
+            roots=["/r"],
+        ),
+        p.BatchAccepted(
+            id=2,
+            batch_id="b",
+            calls=[p.PlannedCall(index=0, call_id="c", name="read_file", disposition="resolved", result=result)],
+        ),
         p.CallFinished(batch_id="b", index=0, result=result),
         p.BatchFinished(batch_id="b", state="finished", results=[result]),
         p.OutputChunk(batch_id="b", call_id="c", stream="stderr", data="x", seq=3),

@@ -7,6 +7,7 @@ has not finished. Exactly one result per call is the invariant every path keeps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -29,6 +30,7 @@ class PreparedCall:
     risk: str = "low"
     locations: list[str] = field(default_factory=list)
     result: ToolResult | None = None  # set when pre-resolved by the planner
+    resolved: dict[str, Path] = field(default_factory=dict)  # path argument -> canonical path (FR-VAL-04a)
 
     @property
     def disposition(self) -> str:

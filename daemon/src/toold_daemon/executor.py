@@ -62,7 +62,7 @@ class Executor:
         return await self._run_call(batch, call, call.tool)
 
     async def _run_call(self, batch: Batch, call: PreparedCall, tool: Tool[Any]) -> ToolResult:
-        ctx = ToolContext(call_id=call.call_id, sandbox=self.sandbox, config=self.config)
+        ctx = ToolContext(call_id=call.call_id, sandbox=self.sandbox, config=self.config, resolved=call.resolved)
         timeout = self.timeout_for(tool)
         started = time.monotonic()
         output = None

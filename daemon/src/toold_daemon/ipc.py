@@ -204,6 +204,11 @@ class IpcServer:
         assert router is not None
         fd = int(router.getsockopt(zmq.FD))
         while True:
+            # Two scheduler steps first (trio shuffles tasks runnable in the same step): tasks
+            # that handlers just started, such as a batch whose call runs inline, queue their
+            # frames now, and everything leaves in one flush, so the client wakes once, not twice.
+            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()
             self._flush_outbox()
             self._drain_inbound(router)
             if self._outbox and not self._blocked:

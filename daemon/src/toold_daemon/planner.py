@@ -91,7 +91,7 @@ def _check(
     item.summary = redact(tool.summary(item.args))
     item.locations = tool.locations(item.args)
     for raw in tool.paths(item.args):
-        sandbox.resolve(raw)
+        item.resolved[raw] = sandbox.resolve(raw)
     verdict = policy.decide(tool.name, tool.side_effecting, tools.approval)
     if verdict.decision == "deny":
         raise ToolError(ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}")

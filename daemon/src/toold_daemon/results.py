@@ -24,18 +24,22 @@ def success(
     duration_ms: float,
 ) -> ToolResult:
     truncated = False
+    original = content
     if allow_truncation:
         cut = truncate(content, max_bytes=max_bytes, max_lines=max_lines)
         content, truncated = cut.text, cut.truncated
-    shown = content if display is None else display
-    shown_cut = truncate(shown, max_bytes=max_bytes, max_lines=max_lines)
+    if display is None or display is original:
+        shown, shown_truncated = content, truncated  # the same text: bound it once
+    else:
+        shown_cut = truncate(display, max_bytes=max_bytes, max_lines=max_lines)
+        shown, shown_truncated = shown_cut.text, shown_cut.truncated
     return ToolResult(
         call_id=call_id,
         ok=True,
         content=content,
-        display=sanitize_for_terminal(shown_cut.text),
+        display=sanitize_for_terminal(shown),
         data=data,
-        truncated=truncated or shown_cut.truncated,
+        truncated=truncated or shown_truncated,
         duration_ms=round(duration_ms, 3),
     )
 

@@ -4,6 +4,10 @@
 acceptable only for read-only tools and only for a client whose privileges are not
 lower than the daemon's (same uid, or root), so it refuses anything else with
 IsolationUnavailable. The isolated spawner replaces it for side-effecting tools.
+
+A call the tool declares small and bounded (``runs_inline``: a whole read of a regular
+file up to 64 KiB) runs on the event loop instead: a thread hop costs more here
+(~250 µs on the reference machine) than the read itself (~30 µs).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class ThreadRunner:
                 f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid} "
                 "without the isolated spawner",
             )
+        if tool.runs_inline(args, ctx):
+            return tool.run(args, ctx)
         try:
             return await trio.to_thread.run_sync(tool.run, args, ctx, limiter=self._limiter, abandon_on_cancel=True)
         except BaseException:

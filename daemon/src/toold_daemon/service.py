@@ -10,6 +10,7 @@ the others.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import secrets
 from collections.abc import Callable
@@ -313,11 +314,13 @@ class Service:
         return batch
 
     def _remember(self, batch: Batch) -> None:
-        """Keep finished batches for get_batch, oldest dropped first beyond the configured count."""
+        """Keep finished batches for get_batch; beyond the configured count, drop the oldest
+        finished ones. Scans only as far as it needs to (this runs on every submit)."""
         self.batches[batch.batch_id] = batch
-        keep = self.config.daemon.finished_batches_kept
-        if len(self.batches) > keep:
-            for batch_id in [b for b, x in self.batches.items() if x.done.is_set()][: len(self.batches) - keep]:
+        excess = len(self.batches) - self.config.daemon.finished_batches_kept
+        if excess > 0:
+            oldest_done = (b for b, kept in self.batches.items() if kept.done.is_set())
+            for batch_id in list(itertools.islice(oldest_done, excess)):
                 del self.batches[batch_id]
 
     # ------------------------------------------------------------------ shutdown

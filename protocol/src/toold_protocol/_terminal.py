@@ -28,7 +28,9 @@ _CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u202a-\u202e\u2
 
 def sanitize_for_terminal(text: str) -> str:
     """Remove escape sequences and replace other control characters with U+FFFD."""
-    if text.isprintable() or not _needs_work(text):
+    # Fast path: str.isprintable is false for every control, format (bidi) and unassigned
+    # character, so text that is printable apart from tab/newline/CR needs no work.
+    if text.replace("\n", "").replace("\t", "").replace("\r", "").isprintable() or not _needs_work(text):
         return text
     return _CONTROLS.sub("\ufffd", _ESCAPES.sub("", text))
 

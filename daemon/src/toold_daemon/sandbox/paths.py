@@ -15,12 +15,36 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from ..errors import bad_args, from_os_error, sandbox_violation
 from ..globmatch import compile_glob
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def _alternation(patterns: list[tuple[str, re.Pattern[str]]]) -> re.Pattern[str] | None:
+    """One regex answering "does any of these match?" in a single pass."""
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{regex.pattern})" for _, regex in patterns), re.DOTALL)
+
+
+def _canonical(path: str) -> str:
+    """The kernel's canonical name for ``path``: for an existing path, opened with O_PATH and read
+    back from /proc (two syscalls); otherwise (or without /proc) ``os.path.realpath``, which
+    canonicalizes the deepest existing ancestor and appends the rest."""
+    try:
+        fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+    finally:
+        os.close(fd)
 
 
 class Sandbox:
@@ -41,15 +65,24 @@ class Sandbox:
             canonical.append(real)
         self.roots: tuple[Path, ...] = tuple(canonical)
         self.working_dir = self.roots[0]
+        self._working_dir_str = str(self.working_dir)
+        # Canonical roots compared as strings with a trailing separator: "/r/" is not a prefix of "/r-evil".
+        self._root_prefixes = [(str(r), str(r).rstrip("/") + "/") for r in self.roots]
         self.allow_absolute = allow_absolute
         self.denied_patterns: tuple[str, ...] = tuple(dict.fromkeys(denied_patterns))
-        self._denied = [(p, compile_glob(p)) for p in self.denied_patterns]
-        # One alternation answers the common question "is anything denied?" in one pass.
-        self._denied_any = (
-            re.compile("|".join(f"(?:{regex.pattern})" for _, regex in self._denied), re.DOTALL)
-            if self._denied
-            else None
-        )
+        # Absolute patterns ("/srv/secrets/**") match the absolute path; the others match the
+        # path relative to its root, which is shorter and so cheaper to match on every call.
+        self._denied_abs = [(p, compile_glob(p.lstrip("/"))) for p in self.denied_patterns if p.startswith("/")]
+        self._denied_rel = [(p, compile_glob(p)) for p in self.denied_patterns if not p.startswith("/")]
+        self._denied_abs_any = _alternation(self._denied_abs)
+        self._denied_rel_any = _alternation(self._denied_rel)
+        for root in self.roots:
+            # Relative patterns see paths relative to the root, so a root *inside* a denied
+            # location (say ~/.ssh) would escape them: refuse such a root outright.
+            inside = (root / "probe").as_posix().lstrip("/")
+            hit = next((p for p, regex in self._denied_rel if regex.match(inside)), None)
+            if hit is not None:
+                raise ValueError(f"sandbox root {root} lies inside a location denied by pattern {hit}")
 
     # ------------------------------------------------------------------ validation
 
@@ -59,28 +92,28 @@ class Sandbox:
             raise bad_args("path must not be empty")
         if "\x00" in raw:
             raise bad_args("path must not contain NUL bytes")
-        pure = PurePosixPath(raw)
-        if pure.is_absolute() and not self.allow_absolute:
+        if raw.startswith("/") and not self.allow_absolute:
             raise sandbox_violation(
                 "ABSOLUTE_PATH",
                 f"Absolute paths are not allowed: {raw} (use a path relative to the root)",
                 attempted=raw,
             )
-        if ".." in pure.parts:
+        if ".." in raw.split("/"):
             raise sandbox_violation("PATH_TRAVERSAL", f"Path must not contain '..': {raw}", attempted=raw)
-        candidate = os.path.normpath(os.path.join(base or self.working_dir, raw))
+        candidate = os.path.normpath(os.path.join(base or self._working_dir_str, raw))
         try:
-            resolved = Path(os.path.realpath(candidate))
+            resolved = _canonical(candidate)
         except OSError as exc:  # the path changed while it was being resolved (a racing rename)
             raise from_os_error(exc, raw) from None
-        if self.root_of(resolved) is None:
+        if self._root_of_str(resolved) is None:
             raise sandbox_violation(
                 "PATH_OUTSIDE_SANDBOX",
                 f"Path is outside the sandbox roots: {raw}",
                 attempted=raw,
-                resolved=str(resolved),
+                resolved=resolved,
             )
-        pattern = self.denied_pattern(resolved)
+        path = Path(resolved)
+        pattern = self.denied_pattern(path)
         if pattern is not None:
             raise sandbox_violation(
                 "DENIED_PATTERN",
@@ -88,43 +121,59 @@ class Sandbox:
                 attempted=raw,
                 pattern=pattern,
             )
-        return resolved
+        return path
 
     def root_of(self, path: Path) -> Path | None:
         """The root that contains canonical ``path``, compared by components (``/r-evil`` is not in ``/r``)."""
-        for root in self.roots:
-            if path == root or path.is_relative_to(root):
-                return root
+        index = self._root_index(str(path))
+        return None if index is None else self.roots[index]
+
+    def _root_of_str(self, path: str) -> Path | None:
+        index = self._root_index(path)
+        return None if index is None else self.roots[index]
+
+    def _root_index(self, path: str) -> int | None:
+        for index, (root, prefix) in enumerate(self._root_prefixes):
+            if path == root or path.startswith(prefix):
+                return index
         return None
 
     def denied_pattern(self, path: Path) -> str | None:
-        text = path.as_posix()
-        if self._denied_any is None or not (self._denied_any.match(text) or self._denied_any.match(text.lstrip("/"))):
-            return None
-        for pattern, regex in self._denied:
-            if regex.match(text) or regex.match(text.lstrip("/")):
-                return pattern
+        """The first denied pattern matching canonical ``path``, or None."""
+        text = str(path)
+        index = self._root_index(text)
+        rel = (
+            text[len(self._root_prefixes[index][1]) :]
+            if index is not None and text != self.roots[index].as_posix()
+            else text.lstrip("/")
+        )
+        for candidates, combined, subject in (
+            (self._denied_rel, self._denied_rel_any, rel),
+            (self._denied_abs, self._denied_abs_any, text.lstrip("/")),
+        ):
+            if combined is not None and combined.match(subject):
+                return next(p for p, regex in candidates if regex.match(subject))
         return None
 
     def display(self, path: Path) -> str:
-        """``path`` relative to its root, as shown to the model."""
-        root = self.root_of(path)
-        if root is None:
-            return str(path)
-        rel = path.relative_to(root).as_posix()
-        if len(self.roots) > 1 and root != self.working_dir:
-            return str(path)
-        return rel or "."
+        """``path`` as shown to the model: relative to the first root, else absolute."""
+        text = str(path)
+        index = self._root_index(text)
+        if index is None or (index != 0 and len(self.roots) > 1):
+            return text
+        return text[len(self._root_prefixes[0][1]) :] if text != self._root_prefixes[0][0] else "."
 
     # ------------------------------------------------------------------ symlink-safe opening
 
     def open(self, path: Path, flags: int = os.O_RDONLY, *, display: str | None = None) -> int:
         """Open validated ``path`` beneath its root, refusing symlinks on the way. Returns an fd."""
-        shown = display or str(path)
-        root = self.root_of(path)
-        if root is None:
+        text = str(path)
+        shown = display or text
+        index = self._root_index(text)
+        if index is None:
             raise sandbox_violation("PATH_OUTSIDE_SANDBOX", f"Path is outside the sandbox roots: {shown}")
-        parts = path.relative_to(root).parts
+        root, prefix = self._root_prefixes[index]
+        parts = text[len(prefix) :].split("/") if text != root else []
         try:
             fd = os.open(root, _DIR_FLAGS)
         except OSError as exc:

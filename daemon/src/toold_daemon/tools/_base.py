@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
@@ -44,6 +45,14 @@ class ToolContext:
     config: Config
     cancelled: threading.Event = field(default_factory=threading.Event)
     emit: Callable[[str, str], None] | None = None
+    resolved: dict[str, Path] = field(default_factory=dict)
+
+    def resolve(self, raw: str) -> Path:
+        """The canonical path of a path argument: the one the planner validated (FR-VAL-04a),
+        or validated now. Opening it later walks it with O_NOFOLLOW, so a symlink swapped in
+        since validation is refused rather than followed."""
+        path = self.resolved.get(raw)
+        return path if path is not None else self.sandbox.resolve(raw)
 
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():
@@ -76,6 +85,12 @@ class Tool(Generic[A]):
 
     def locations(self, args: A) -> list[str]:
         return self.paths(args)
+
+    def runs_inline(self, args: A, ctx: ToolContext) -> bool:
+        """True when this call is small, bounded, non-blocking work (a few kilobytes from a
+        regular file) that costs less than handing it to a worker: the runner then runs
+        it without a thread hop. Default: never."""
+        return False
 
     def run(self, args: A, ctx: ToolContext) -> ToolOutput:
         raise NotImplementedError

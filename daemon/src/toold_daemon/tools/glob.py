@@ -48,7 +48,7 @@ class Glob(Tool[GlobArgs]):
 
     def run(self, args: GlobArgs, ctx: ToolContext) -> ToolOutput:
         sandbox = ctx.sandbox
-        base = sandbox.resolve(args.path)
+        base = ctx.resolve(args.path)
         if not base.is_dir():
             raise ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_A_DIRECTORY", f"{args.path} is not a directory")
         prefix = literal_prefix(args.pattern)

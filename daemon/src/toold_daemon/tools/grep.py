@@ -84,7 +84,7 @@ class Grep(Tool[GrepArgs]):
         return f"Search for /{args.pattern[:80]}/ in {args.path}"
 
     def run(self, args: GrepArgs, ctx: ToolContext) -> ToolOutput:
-        target = ctx.sandbox.resolve(args.path)
+        target = ctx.resolve(args.path)
         rg = find_ripgrep()
         engine = "ripgrep" if rg else "python"
         hits: list[Hit] | None = None

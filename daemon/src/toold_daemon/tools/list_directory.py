@@ -47,7 +47,7 @@ class ListDirectory(Tool[ListDirectoryArgs]):
 
     def run(self, args: ListDirectoryArgs, ctx: ToolContext) -> ToolOutput:
         sandbox = ctx.sandbox
-        start = sandbox.resolve(args.path)
+        start = ctx.resolve(args.path)
         if not start.is_dir():
             raise ToolError(
                 ToolErrorType.EXECUTION_FAILED, "NOT_A_DIRECTORY", f"{args.path} is not a directory", path=args.path

@@ -19,6 +19,7 @@ from ..output import count_lines
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 
 SNIFF_BYTES = 8192
+INLINE_READ_BYTES = 64 * 1024  # whole-file reads up to this size skip the worker thread
 
 
 class ReadFileArgs(ToolArgs, frozen=True):
@@ -73,9 +74,18 @@ class ReadFile(Tool[ReadFileArgs]):
         start = args.start_line if isinstance(args.start_line, int) else 1
         return f"Read {args.path} (lines {start}-{end})"
 
+    def runs_inline(self, args: ReadFileArgs, ctx: ToolContext) -> bool:
+        if args.start_line is not UNSET or args.end_line is not UNSET:
+            return False
+        try:
+            st = os.stat(ctx.resolve(args.path))
+        except (OSError, ToolError):
+            return True  # the error result is cheap to produce
+        return stat.S_ISREG(st.st_mode) and st.st_size <= INLINE_READ_BYTES
+
     def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolOutput:
         sandbox = ctx.sandbox
-        path = sandbox.resolve(args.path)
+        path = ctx.resolve(args.path)
         shown = sandbox.display(path)
         limits = ctx.config.tools.read_file
         fd = sandbox.open(path, os.O_RDONLY | os.O_NONBLOCK, display=args.path)

@@ -1,0 +1,75 @@
+"""Helpers shared by the benchmarks: start a real daemon, time things, print a table."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+@contextmanager
+def running_daemon(root: Path, *extra: str) -> Iterator[str]:
+    from toold_client import Client, DaemonUnavailable
+
+    with tempfile.TemporaryDirectory() as tmp:
+        endpoint = f"ipc://{tmp}/toold.sock"
+        proc = subprocess.Popen(
+            [
+                str(BIN / "toold"),
+                "serve",
+                "--root",
+                str(root),
+                "--endpoint",
+                endpoint,
+                "--state-dir",
+                f"{tmp}/state",
+                "--log-level",
+                "WARNING",
+                *extra,
+            ]
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with Client(endpoint, timeout=0.5) as c:
+                        c.ping(timeout=0.5)
+                    break
+                except DaemonUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+            yield endpoint
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def sample(fn: Callable[[], object], n: int, warmup: int = 50) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def pct(times: list[float], q: float) -> float:
+    return statistics.quantiles(times, n=100)[int(q) - 1] if len(times) > 1 else times[0]
+
+
+def report(name: str, times: list[float], baseline: list[float] | None = None) -> None:
+    p50, p99 = statistics.median(times), pct(times, 99)
+    line = f"{name:<44} p50 {p50 * 1e6:9.1f} µs   p99 {p99 * 1e6:9.1f} µs"
+    if baseline is not None:
+        line += f"   ratio p50 {p50 / statistics.median(baseline):5.2f}x  p99 {p99 / pct(baseline, 99):5.2f}x"
+    print(line, flush=True)
