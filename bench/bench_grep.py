@@ -1,0 +1,64 @@
+"""grep on a large generated tree: the grep tool through the client vs ripgrep run directly.
+
+The baseline runs the same rg binary with the same semantics (sorted by path, no
+config, same ignore settings) from a fresh process, as a shell user would. Target:
+tool p50 <= 1.2x ripgrep p50.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import report, running_daemon, sample
+from toold_client import Client
+from toold_daemon.tools.grep import find_ripgrep
+
+WORDS = ["alpha", "beta", "gamma", "delta", "needle", "omega", "theta", "kappa", "lambda", "sigma"]
+
+
+def make_tree(root: Path, files: int, lines: int) -> None:
+    rng = random.Random(42)
+    for i in range(files):
+        directory = root / f"pkg{i % 50}" / f"mod{i % 7}"
+        directory.mkdir(parents=True, exist_ok=True)
+        text = "\n".join(" ".join(rng.choice(WORDS[:4] + WORDS[5:]) for _ in range(8)) for _ in range(lines))
+        if i % 97 == 0:
+            text += "\nthe needle is here\n"
+        (directory / f"file{i}.py").write_text(text + "\n")
+    (root / ".gitignore").write_text("*.log\n")
+
+
+def main(files: int = 20_000, lines: int = 40, n: int = 30) -> None:
+    rg = find_ripgrep()
+    if rg is None:
+        print("ripgrep not found; nothing to compare against")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        root.mkdir()
+        make_tree(root, files, lines)
+        size = sum(p.stat().st_size for p in root.rglob("*.py"))
+        cmd = [rg, "--no-config", "--no-heading", "--with-filename", "--line-number", "--null", "--color=never",
+               "--sort=path", "--no-require-git", "--no-ignore-dot", "--no-ignore-exclude", "--no-ignore-global",
+               "--case-sensitive", "--regexp", "needle", "--", "."]
+        direct = sample(lambda: subprocess.run(cmd, cwd=root, capture_output=True, check=True), n, warmup=3)
+        unsorted = [c for c in cmd if c != "--sort=path"]
+        parallel = sample(lambda: subprocess.run(unsorted, cwd=root, capture_output=True, check=True), n, warmup=3)
+        with running_daemon(root) as endpoint, Client(endpoint) as client:
+            def tool() -> None:
+                result = client.call("grep", {"pattern": "needle", "max_results": 10_000})
+                assert result.ok and result.content.count("\n") + 1 == (files + 96) // 97
+
+            via_tool = sample(tool, n, warmup=3)
+        print(f"# grep over {files} files, {size / 1e6:.1f} MB, n={n}")
+        report("rg direct, sorted (same flags) [baseline]", direct)
+        report("rg direct, unsorted (parallel)", parallel, direct)
+        report("grep tool via Client.call", via_tool, direct)
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:]))
