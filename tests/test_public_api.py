@@ -68,10 +68,15 @@ def imported_top_levels_file(path: Path) -> set[str]:
 
 
 def test_default_endpoint_agrees_with_the_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from toold_daemon.server import default_runtime_dir as daemon_dir
-    from toold_protocol import default_runtime_dir as client_dir
+    from toold_daemon.config import Config
+    from toold_daemon.server import ServeOptions, resolve_endpoint
+    from toold_protocol import default_endpoint
 
+    monkeypatch.delenv("TOOLD_ENDPOINT", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert client_dir() == daemon_dir() == tmp_path / "toold"
+    assert resolve_endpoint(Config(), ServeOptions()) == default_endpoint() == f"ipc://{tmp_path}/toold/toold.sock"
+    assert (tmp_path / "toold").stat().st_mode & 0o777 == 0o700
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
-    assert client_dir() == daemon_dir()
+    expected = default_endpoint()
+    assert expected.endswith("/toold.sock")
+    assert resolve_endpoint(Config(), ServeOptions()) == expected

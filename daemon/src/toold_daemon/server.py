@@ -19,6 +19,7 @@ from pathlib import Path
 import trio
 
 from toold_protocol import SOCKET_NAME
+from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
 from .config import DEFAULT_DENIED_PATTERNS, Config
 from .executor import Executor
@@ -40,16 +41,13 @@ class ServeOptions:
 
 
 def default_runtime_dir() -> Path:
-    """platformdirs' runtime directory, or ``/tmp/toold-UID`` when its base does not exist.
+    """Where the default socket lives: the protocol package's rule, shared with every client.
 
-    Must agree with ``toold_protocol.default_runtime_dir`` (a test checks it).
+    Not platformdirs' ``user_runtime_dir``: its fallbacks (ownership and mode checks,
+    ``/tmp/runtime-UID``) change between versions, and a client that depends on msgspec
+    alone could not follow them, so daemon and clients would look in different places.
     """
-    import platformdirs
-
-    runtime = Path(platformdirs.user_runtime_dir("toold"))
-    if runtime.parent.is_dir():
-        return runtime
-    return Path(f"/tmp/toold-{os.getuid()}")
+    return protocol_runtime_dir()
 
 
 def default_state_dir() -> Path:
