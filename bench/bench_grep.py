@@ -42,13 +42,30 @@ def main(files: int = 20_000, lines: int = 40, n: int = 30) -> None:
         root.mkdir()
         make_tree(root, files, lines)
         size = sum(p.stat().st_size for p in root.rglob("*.py"))
-        cmd = [rg, "--no-config", "--no-heading", "--with-filename", "--line-number", "--null", "--color=never",
-               "--sort=path", "--no-require-git", "--no-ignore-dot", "--no-ignore-exclude", "--no-ignore-global",
-               "--case-sensitive", "--regexp", "needle", "--", "."]
+        cmd = [
+            rg,
+            "--no-config",
+            "--no-heading",
+            "--with-filename",
+            "--line-number",
+            "--null",
+            "--color=never",
+            "--sort=path",
+            "--no-require-git",
+            "--no-ignore-dot",
+            "--no-ignore-exclude",
+            "--no-ignore-global",
+            "--case-sensitive",
+            "--regexp",
+            "needle",
+            "--",
+            ".",
+        ]
         direct = sample(lambda: subprocess.run(cmd, cwd=root, capture_output=True, check=True), n, warmup=3)
         unsorted = [c for c in cmd if c != "--sort=path"]
         parallel = sample(lambda: subprocess.run(unsorted, cwd=root, capture_output=True, check=True), n, warmup=3)
         with running_daemon(root) as endpoint, Client(endpoint) as client:
+
             def tool() -> None:
                 result = client.call("grep", {"pattern": "needle", "max_results": 10_000})
                 assert result.ok and result.content.count("\n") + 1 == (files + 96) // 97

@@ -19,8 +19,10 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pathspec
+if TYPE_CHECKING:  # imported lazily: pathspec costs tens of ms at daemon start
+    import pathspec
 
 from ..errors import ToolError
 from ..sandbox import Sandbox
@@ -173,6 +175,8 @@ def _read_gitignore(dir_fd: int) -> pathspec.GitIgnoreSpec | None:
         data = os.read(fd, _MAX_GITIGNORE_BYTES)
     finally:
         os.close(fd)
+    import pathspec
+
     lines = data.decode("utf-8", "replace").splitlines()
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
