@@ -239,3 +239,82 @@ def test_sigterm_during_a_batch_answers_the_client(tmp_path: Path, root: Path) -
     assert daemon.proc.wait(timeout=10) == 0
     errors = [r.error.message for r in finished.results if r.error is not None]
     assert any("shutting down" in m for m in errors), json.dumps(errors)
+
+
+def test_a_vanished_client_loses_nothing_and_disturbs_nobody(daemon: DaemonProcess) -> None:
+    big_tree(daemon.root, 2000)
+    (daemon.root / "a.txt").write_text("A")
+    calls = [
+        p.ToolCall(call_id=f"c{i}", name="grep", arguments=msgspec.Raw(p.encode_value({"pattern": "needle"})))
+        for i in range(4)
+    ]
+    ctx = zmq.Context()
+    leaver = ctx.socket(zmq.DEALER)
+    leaver.linger = 0
+    leaver.connect(daemon.endpoint)
+    leaver.send(p.encode(p.SubmitBatch(id=1, calls=calls, batch_id="left-behind")))
+    assert leaver.poll(5000)
+    assert isinstance(p.decode_daemon_message(leaver.recv()), p.BatchAccepted)
+    leaver.close()
+    ctx.term()
+    with daemon.client() as other:
+        assert other.call("read_file", {"path": "a.txt"}).content == "A"
+        deadline = time.monotonic() + 20
+        while (status := other.get_batch("left-behind")).state != "finished":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert [r.call_id for r in status.results] == ["c0", "c1", "c2", "c3"]
+    assert all(r.ok for r in status.results)
+
+
+def test_bad_config_and_unsupported_mode_exit_2(tmp_path: Path, root: Path) -> None:
+    for text, words in [
+        ("[tools]\nmax_tool_calls_per_bach = 1\n", "toold.toml:2:"),
+        ("[tools]\nmode = 'parse_only'\n", "parse_only"),
+    ]:
+        cfg = tmp_path / "toold.toml"
+        cfg.write_text(text)
+        out = subprocess.run(
+            [
+                str(BIN / "toold"),
+                "serve",
+                "--root",
+                str(root),
+                "--endpoint",
+                f"ipc://{tmp_path}/x.sock",
+                "--config",
+                str(cfg),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+    missing_root = subprocess.run(
+        [str(BIN / "toold"), "serve", "--root", str(tmp_path / "nope"), "--endpoint", f"ipc://{tmp_path}/y.sock"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert missing_root.returncode == 2 and "not a directory" in missing_root.stderr
+
+
+def test_disabled_mode_and_denylist(tmp_path: Path, root: Path) -> None:
+    (root / "a.txt").write_text("A")
+    daemon = start_daemon(tmp_path, root, config="[tools.approval]\ndenylist = ['grep']\n")
+    try:
+        with daemon.client() as client:
+            denied = client.call("grep", {"pattern": "A"})
+            assert denied.error is not None and denied.error.code == "DENIED_BY_POLICY"
+            assert client.call("read_file", {"path": "a.txt"}).ok
+    finally:
+        daemon.stop()
+    (tmp_path / "d2").mkdir()
+    daemon = start_daemon(tmp_path / "d2", root, config="[tools]\nmode = 'disabled'\n")
+    try:
+        with daemon.client() as client:
+            assert client.tools() == []
+            off = client.call("read_file", {"path": "a.txt"})
+            assert off.error is not None and off.error.code == "TOOLS_DISABLED"
+    finally:
+        daemon.stop()

@@ -1,0 +1,58 @@
+"""Configuration: defaults, seed 003 layout, errors with file and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toold_daemon.config import Config, ConfigError, load_file, parse
+
+
+def test_every_setting_has_a_default() -> None:
+    config = parse("")
+    assert config == Config()
+    assert config.tools.max_tool_calls_per_batch == 8 and config.tools.max_tool_args_bytes == 262_144
+    assert config.tools.read_file.max_file_read_bytes == 204_800 and config.tools.output.max_bytes == 102_400
+
+
+def test_seed_003_layout_is_accepted() -> None:
+    config = parse(
+        """
+[tools]
+mode = "disabled"
+max_tool_calls_per_batch = 3
+[tools.sandbox]
+denied_patterns = ["**/*.secret"]
+[tools.timeouts]
+default_seconds = 5
+[tools.approval]
+denylist = ["grep"]
+"""
+    )
+    assert config.tools.mode == "disabled" and config.tools.max_tool_calls_per_batch == 3
+    assert config.tools.sandbox.denied_patterns == ["**/*.secret"] and config.tools.approval.denylist == ["grep"]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("[tools]\nmode = 'enabled'\nmax_tool_calls_per_bach = 3\n", 3, "unknown field `max_tool_calls_per_bach`"),
+        ("[tools]\n\n[tools.sandbox]\nallow_absolute = 'yes'\n", 4, "Expected `bool`"),
+        ("[tools.timeouts]\ndefault_seconds = -1\n", 2, ">"),
+        ("[tools]\nmode = 'sometimes'\n", 2, "Invalid enum value"),
+    ],
+)
+def test_errors_name_file_and_line(tmp_path: Path, text: str, line: int, words: str) -> None:
+    path = tmp_path / "toold.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_file(path)
+    assert str(info.value).startswith(f"{path}:{line}: ") and words in str(info.value)
+
+
+def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        parse("[tools\n", "x.toml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_file(tmp_path / "missing.toml")

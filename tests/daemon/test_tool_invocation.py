@@ -1,0 +1,44 @@
+"""Seed 001 properties 45-47 for every built-in tool: description, locations, confirmation check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toold_daemon import policy
+from toold_daemon.config import ApprovalConfig
+from toold_daemon.tools import builtin_tools
+
+paths = st.text(alphabet="abcxyz/._-", min_size=1, max_size=40)
+EXAMPLES: dict[str, Any] = {
+    "read_file": lambda p: {"path": p},
+    "read_many_files": lambda p: {"paths": [p, p + "2"]},
+    "list_directory": lambda p: {"path": p, "recursive": True},
+    "glob": lambda p: {"pattern": "**/*.py", "path": p},
+    "grep": lambda p: {"pattern": "x" * 300, "path": p},
+}
+
+
+@given(paths)
+def test_properties_45_46_summary_and_locations(path: str) -> None:
+    import msgspec
+
+    for tool in builtin_tools():
+        args = msgspec.convert(EXAMPLES[tool.name](path), tool.args_type)
+        summary = tool.summary(args)
+        assert summary and len(summary) <= 200
+        assert path in tool.locations(args)
+
+
+def test_property_47_read_only_tools_need_no_confirmation_and_side_effects_ask() -> None:
+    approval = ApprovalConfig()
+    for tool in builtin_tools():
+        assert not tool.side_effecting
+        assert policy.decide(tool.name, tool.side_effecting, approval).decision == "allow"
+    assert policy.decide("write_file", True, approval).decision == "ask"
+    assert policy.decide("write_file", True, ApprovalConfig(allowlist=["write_file"])).decision == "allow"
+    assert policy.decide("grep", False, ApprovalConfig(denylist=["grep"])).decision == "deny"
+    assert policy.decide("grep", False, ApprovalConfig(mode="deny")).decision == "deny"
+    assert policy.decide("write_file", True, ApprovalConfig(mode="auto")).decision == "allow"
