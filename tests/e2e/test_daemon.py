@@ -318,3 +318,32 @@ def test_disabled_mode_and_denylist(tmp_path: Path, root: Path) -> None:
             assert off.error is not None and off.error.code == "TOOLS_DISABLED"
     finally:
         daemon.stop()
+
+
+def test_iterations_per_user_turn_are_limited(tmp_path: Path, root: Path) -> None:
+    (root / "a.txt").write_text("A")
+    daemon = start_daemon(tmp_path, root, config="[tools]\nmax_tool_iterations_per_user_turn = 2\n")
+    try:
+        with daemon.client() as client:
+
+            def turn(turn_id: str) -> p.ToolResult:
+                request = lambda i: p.SubmitBatch(  # noqa: E731
+                    id=i,
+                    turn_id=turn_id,
+                    calls=[
+                        p.ToolCall(
+                            call_id="c", name="read_file", arguments=msgspec.Raw(p.encode_value({"path": "a.txt"}))
+                        )
+                    ],
+                )
+                accepted = client._request(request)
+                assert isinstance(accepted, p.BatchAccepted)
+                return client.wait_batch(accepted.batch_id).results[0]
+
+            assert turn("t1").ok and turn("t1").ok
+            third = turn("t1")
+            assert third.error is not None and third.error.code == "LIMITS_EXCEEDED"
+            assert turn("t2").ok
+            assert [layer.name for layer in client.welcome.isolation] == ["process", "privilege"]
+    finally:
+        daemon.stop()

@@ -35,12 +35,23 @@ def redact(text: str) -> str:
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
 
-def plan(calls: Sequence[ToolCall], registry: Registry, sandbox: Sandbox, config: Config) -> list[PreparedCall]:
+def plan(
+    calls: Sequence[ToolCall], registry: Registry, sandbox: Sandbox, config: Config, *, turn_iteration: int = 1
+) -> list[PreparedCall]:
+    """Plan every call in order. ``turn_iteration`` counts this batch among the batches of
+    its user turn (FR-LIM-02); past the limit every call is pre-resolved."""
     seen: set[str] = set()
     prepared: list[PreparedCall] = []
+    max_iterations = config.tools.max_tool_iterations_per_user_turn
     for index, call in enumerate(calls):
         item = PreparedCall(index=index, call_id=call.call_id, name=call.name, tool=None, args=None)
         try:
+            if turn_iteration > max_iterations:
+                raise limits_exceeded(
+                    f"this is tool batch {turn_iteration} of the same user turn, over "
+                    f"max_tool_iterations_per_user_turn={max_iterations}; this call was not run",
+                    limit=max_iterations,
+                )
             _check(item, call, seen=seen, registry=registry, sandbox=sandbox, config=config)
         except ToolError as exc:
             item.result = results.failure(call.call_id, exc)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import trio
 
-from toold_protocol import Identity, ToolErrorType
+from toold_protocol import Identity, IsolationLayer, ToolErrorType
 
 from .errors import ToolError
 from .tools._base import Tool, ToolContext, ToolOutput
@@ -28,6 +28,18 @@ class ToolRunner(Protocol):
 
 
 class ThreadRunner:
+    #: What this runner gives, reported in ``welcome`` (and by ``toold doctor`` once it exists).
+    ISOLATION = (
+        IsolationLayer(
+            name="process",
+            available=False,
+            detail="read-only tools run on daemon worker threads; no isolated child yet",
+        ),
+        IsolationLayer(
+            name="privilege", available=True, detail="tools run only for clients of the daemon's own uid (or root)"
+        ),
+    )
+
     def __init__(self, max_threads: int = 8) -> None:
         self._limiter = trio.CapacityLimiter(max_threads)
         self._euid = os.geteuid()

@@ -101,7 +101,13 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     executor = Executor(ThreadRunner(), sandbox, config)
     ipc = IpcServer(endpoint, hard_max_frame_bytes=config.daemon.max_frame_bytes * 4)
     service = Service(
-        config=config, registry=registry, sandbox=sandbox, executor=executor, send=ipc.send, forget=ipc.forget
+        config=config,
+        registry=registry,
+        sandbox=sandbox,
+        executor=executor,
+        send=ipc.send,
+        forget=ipc.forget,
+        isolation=list(ThreadRunner.ISOLATION),
     )
     try:
         ipc.bind()

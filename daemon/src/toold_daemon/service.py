@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[bytes, bytes], None]
 _PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
+_TURNS_KEPT = 10_000
 
 
 @dataclass(slots=True)
@@ -96,6 +97,7 @@ class Service:
         self.sessions: dict[bytes, Session] = {}  # least recently seen first
         self.batches: collections.OrderedDict[str, Batch] = collections.OrderedDict()
         self.accepting = True
+        self._turns: dict[tuple[int, str], int] = {}
         self._nursery: trio.Nursery | None = None
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
@@ -257,7 +259,13 @@ class Service:
                 batch_id=batch_id,
             )
             return
-        calls = planner.plan(message.calls, self.registry, self.sandbox, self.config)
+        calls = planner.plan(
+            message.calls,
+            self.registry,
+            self.sandbox,
+            self.config,
+            turn_iteration=self._count_turn(session, message.turn_id),
+        )
         batch = Batch(
             batch_id=batch_id,
             identity=session.identity,
@@ -282,6 +290,18 @@ class Service:
             await self.executor.run(batch, emit)
         finally:
             session.running -= 1
+
+    def _count_turn(self, session: Session, turn_id: str | None) -> int:
+        """How many batches this uid has submitted for ``turn_id`` (1 for this one). Bounded memory:
+        the oldest turns are forgotten first."""
+        if turn_id is None:
+            return 1
+        key = (session.identity.uid, turn_id)
+        count = self._turns.pop(key, 0) + 1
+        self._turns[key] = count
+        if len(self._turns) > _TURNS_KEPT:
+            del self._turns[next(iter(self._turns))]
+        return count
 
     def _cancel(self, session: Session, message: Cancel) -> None:
         batch = self._owned_batch(session, message.id, message.batch_id)
