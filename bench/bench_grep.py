@@ -15,7 +15,7 @@ from pathlib import Path
 
 from _common import report, running_daemon, sample
 from toold_client import Client
-from toold_daemon.tools.grep import find_ripgrep
+from toold_daemon.tools.grep import RIPGREP_FLAGS, find_ripgrep
 
 WORDS = ["alpha", "beta", "gamma", "delta", "needle", "omega", "theta", "kappa", "lambda", "sigma"]
 
@@ -42,25 +42,7 @@ def main(files: int = 20_000, lines: int = 40, n: int = 30) -> None:
         root.mkdir()
         make_tree(root, files, lines)
         size = sum(p.stat().st_size for p in root.rglob("*.py"))
-        cmd = [
-            rg,
-            "--no-config",
-            "--no-heading",
-            "--with-filename",
-            "--line-number",
-            "--null",
-            "--color=never",
-            "--sort=path",
-            "--no-require-git",
-            "--no-ignore-dot",
-            "--no-ignore-exclude",
-            "--no-ignore-global",
-            "--case-sensitive",
-            "--regexp",
-            "needle",
-            "--",
-            ".",
-        ]
+        cmd = [rg, *RIPGREP_FLAGS, "--case-sensitive", "--regexp", "needle", "--", "."]
         direct = sample(lambda: subprocess.run(cmd, cwd=root, capture_output=True, check=True), n, warmup=3)
         unsorted = [c for c in cmd if c != "--sort=path"]
         parallel = sample(lambda: subprocess.run(unsorted, cwd=root, capture_output=True, check=True), n, warmup=3)

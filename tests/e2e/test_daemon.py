@@ -172,6 +172,18 @@ def test_ready_quickly_after_exec(tmp_path: Path, root: Path) -> None:
     assert elapsed < 1.5, f"daemon took {elapsed:.3f}s to answer its first ping"
 
 
+def submit_raw(client: Client, calls: list[p.ToolCall], **fields: object) -> p.BatchAccepted:
+    """Submit without waiting for the batch, so a test can act while it runs."""
+    accepted = client._request(lambda i: p.SubmitBatch(id=i, calls=calls, **fields))  # type: ignore[arg-type]
+    assert isinstance(accepted, p.BatchAccepted)
+    return accepted
+
+
+def grep_calls(count: int) -> list[p.ToolCall]:
+    arguments = msgspec.Raw(p.encode_value({"pattern": "needle", "max_results": 10_000}))
+    return [p.ToolCall(call_id=f"c{i}", name="grep", arguments=arguments) for i in range(count)]
+
+
 def big_tree(root: Path, files: int = 4000) -> None:
     for i in range(files):
         d = root / f"d{i % 40}"
@@ -181,26 +193,14 @@ def big_tree(root: Path, files: int = 4000) -> None:
 
 def test_cancel_resolves_every_call(daemon: DaemonProcess) -> None:
     big_tree(daemon.root)
-    calls = [
-        {"id": f"c{i}", "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}} for i in range(8)
-    ]
     with daemon.client() as client:
-        accepted_batch = client._request(
-            lambda i: p.SubmitBatch(
-                id=i,
-                calls=[
-                    p.ToolCall(call_id=c["id"], name=c["name"], arguments=msgspec.Raw(p.encode_value(c["arguments"])))
-                    for c in calls
-                ],
-            )
-        )
-        assert isinstance(accepted_batch, p.BatchAccepted)
-        client.cancel(accepted_batch.batch_id)
-        finished = client.wait_batch(accepted_batch.batch_id, timeout=30)
-        assert [r.call_id for r in finished.results] == [c["id"] for c in calls]
+        accepted = submit_raw(client, grep_calls(8))
+        client.cancel(accepted.batch_id)
+        finished = client.wait_batch(accepted.batch_id, timeout=30)
+        assert [r.call_id for r in finished.results] == [f"c{i}" for i in range(8)]
         assert finished.state == "cancelled"
         assert finished.results[-1].error is not None and finished.results[-1].error.type == "Cancelled"
-        status = client.get_batch(accepted_batch.batch_id)
+        status = client.get_batch(accepted.batch_id)
         assert status.state == "cancelled" and len(status.results) == 8
 
 
@@ -219,20 +219,8 @@ def test_unknown_batch_and_duplicate_batch_id(daemon: DaemonProcess) -> None:
 def test_sigterm_during_a_batch_answers_the_client(tmp_path: Path, root: Path) -> None:
     big_tree(root, 3000)
     daemon = start_daemon(tmp_path, root, config="[daemon]\nshutdown_grace_seconds = 0\n")
-    calls = [
-        {"id": f"c{i}", "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}} for i in range(8)
-    ]
     with daemon.client() as client:
-        accepted = client._request(
-            lambda i: p.SubmitBatch(
-                id=i,
-                calls=[
-                    p.ToolCall(call_id=c["id"], name=c["name"], arguments=msgspec.Raw(p.encode_value(c["arguments"])))
-                    for c in calls
-                ],
-            )
-        )
-        assert isinstance(accepted, p.BatchAccepted)
+        accepted = submit_raw(client, grep_calls(8))
         daemon.proc.send_signal(signal.SIGTERM)
         finished = client.wait_batch(accepted.batch_id, timeout=20)
     assert len(finished.results) == 8
@@ -327,17 +315,10 @@ def test_iterations_per_user_turn_are_limited(tmp_path: Path, root: Path) -> Non
         with daemon.client() as client:
 
             def turn(turn_id: str) -> p.ToolResult:
-                request = lambda i: p.SubmitBatch(  # noqa: E731
-                    id=i,
-                    turn_id=turn_id,
-                    calls=[
-                        p.ToolCall(
-                            call_id="c", name="read_file", arguments=msgspec.Raw(p.encode_value({"path": "a.txt"}))
-                        )
-                    ],
+                read = p.ToolCall(
+                    call_id="c", name="read_file", arguments=msgspec.Raw(p.encode_value({"path": "a.txt"}))
                 )
-                accepted = client._request(request)
-                assert isinstance(accepted, p.BatchAccepted)
+                accepted = submit_raw(client, [read], turn_id=turn_id)
                 return client.wait_batch(accepted.batch_id).results[0]
 
             assert turn("t1").ok and turn("t1").ok

@@ -137,27 +137,29 @@ def _clip(text: str) -> str:
 
 # --------------------------------------------------------------------------- ripgrep engine
 
+#: What makes ripgrep's output parseable and its choices the Python engine's: no user
+#: config, path order, and only .gitignore files (not .ignore, git's exclude or global).
+RIPGREP_FLAGS = (
+    "--no-config",
+    "--no-heading",
+    "--with-filename",
+    "--line-number",
+    "--null",
+    "--color=never",
+    "--sort=path",
+    "--no-require-git",
+    "--no-ignore-dot",
+    "--no-ignore-exclude",
+    "--no-ignore-global",
+    "--no-messages",
+)
+
 
 def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hit] | None:
     sandbox = ctx.sandbox
     root = sandbox.root_of(target) or sandbox.working_dir
     rel = target.relative_to(root).as_posix() or "."
-    cmd = [
-        rg,
-        "--no-config",
-        "--no-heading",
-        "--with-filename",
-        "--line-number",
-        "--null",
-        "--color=never",
-        "--sort=path",
-        "--no-require-git",
-        "--no-ignore-dot",
-        "--no-ignore-exclude",
-        "--no-ignore-global",
-        "--no-messages",
-        "--case-sensitive" if args.case_sensitive else "--ignore-case",
-    ]
+    cmd = [rg, *RIPGREP_FLAGS, "--case-sensitive" if args.case_sensitive else "--ignore-case"]
     if args.context_lines:
         cmd.append(f"--context={args.context_lines}")
     if args.include_hidden:
@@ -304,4 +306,4 @@ def _search_file(path: Path, regex: re.Pattern[str], context: int, sandbox: Sand
             pending_after -= 1
 
 
-__all__ = ["Grep", "GrepArgs", "Hit", "find_ripgrep", "format_hits"]
+__all__ = ["RIPGREP_FLAGS", "Grep", "GrepArgs", "Hit", "find_ripgrep", "format_hits"]
