@@ -20,6 +20,7 @@ def running_daemon(root: Path, *extra: str) -> Iterator[str]:
 
     with tempfile.TemporaryDirectory() as tmp:
         endpoint = f"ipc://{tmp}/toold.sock"
+        Path(tmp, "state").mkdir()
         proc = subprocess.Popen(
             [
                 str(BIN / "toold"),

@@ -23,6 +23,7 @@ def first_pong(n: int) -> list[float]:
     for _ in range(n):
         with tempfile.TemporaryDirectory() as d:
             sock = f"{d}/s.sock"
+            os.mkdir(f"{d}/state")
             t0 = time.perf_counter()
             proc = subprocess.Popen(
                 [str(BIN / "toold"), "serve", "--root", d, "--endpoint", f"ipc://{sock}", "--state-dir", f"{d}/state"],

@@ -61,6 +61,7 @@ def start_daemon(tmp: Path, root: Path, *extra: str, config: str | None = None) 
         cfg = tmp / "toold.toml"
         cfg.write_text(config)
         args += ["--config", str(cfg)]
+    (tmp / "state").mkdir(exist_ok=True)
     log = tmp / "daemon.log"
     env = {k: v for k, v in os.environ.items() if k != "TOOLD_ENDPOINT"}
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env)

@@ -82,6 +82,6 @@ def test_call_ids_are_generated_unique_and_arguments_travel_encoded() -> None:
         client.submit([{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": '{"y": 2}'}])
     sent = transport.sent[0]
     assert isinstance(sent, p.SubmitBatch)
-    assert len({c.call_id for c in sent.calls}) == 2
+    assert [c.call_id for c in sent.calls] == ["call_0", "call_1"]
     assert [msgspec.msgpack.decode(c.arguments) for c in sent.calls] == [{"x": 1}, {"y": 2}]
     assert transport.closed

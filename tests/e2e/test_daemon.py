@@ -109,6 +109,7 @@ def free_port() -> int:
 
 def test_peer_without_kernel_credentials_is_refused_by_zap(tmp_path: Path, root: Path) -> None:
     port = free_port()
+    (tmp_path / "s").mkdir()
     proc = subprocess.Popen(
         [
             str(BIN / "toold"),
@@ -133,6 +134,7 @@ def test_peer_without_kernel_credentials_is_refused_by_zap(tmp_path: Path, root:
 
 
 def test_second_daemon_on_the_same_endpoint_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
+    (tmp_path / "s2").mkdir()
     second = subprocess.run(
         [
             str(BIN / "toold"),

@@ -19,6 +19,9 @@ CLIENT_TAGS = {
     "supply_result",
     "get_batch",
     "ping",
+    "list_batches",
+    "recover",
+    "prune_journal",
 }
 DAEMON_TAGS = {
     "welcome",
@@ -33,6 +36,8 @@ DAEMON_TAGS = {
     "ack",
     "error",
     "pong",
+    "batch_list",
+    "pruned",
 }
 
 

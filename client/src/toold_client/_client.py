@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -217,7 +216,8 @@ def _to_wire(call: CallSpec | Mapping[str, Any], index: int) -> ToolCall:
         if isinstance(arguments, str):
             arguments = json.loads(arguments) if arguments else {}
         call = CallSpec(str(call.get("name", "")), arguments, str(call.get("id") or call.get("call_id") or ""))
-    call_id = call.call_id or f"call_{index}_{os.urandom(4).hex()}"
+    # Deterministic, so that resubmitting the same calls under the same batch id is the same batch.
+    call_id = call.call_id or f"call_{index}"
     return ToolCall(call_id=call_id, name=call.name, arguments=msgspec.Raw(encode_value(dict(call.arguments))))
 
 

@@ -60,6 +60,8 @@ class Batch:
     cancel_reason: str | None = None
     current_scope: trio.CancelScope | None = None
     done: trio.Event = field(default_factory=trio.Event)
+    digest: str = ""  # journal.fingerprint of the submitted calls: same id + same digest = same batch
+    listeners: list[tuple[bytes, bool]] = field(default_factory=list)  # (peer, wants per-call events)
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:

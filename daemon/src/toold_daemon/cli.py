@@ -12,6 +12,7 @@ import trio
 from . import __version__
 from .config import Config, ConfigError, load_file
 from .ipc import EndpointInUse
+from .journal import JournalError
 from .server import ServeOptions, serve
 
 
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     except EndpointInUse as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 1
+    except JournalError as exc:
+        print(f"toold: {exc}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2

@@ -112,9 +112,17 @@ class DaemonConfig(_Section, frozen=True):
     shutdown_grace_seconds: Annotated[float, Meta(ge=0, le=600)] = 5.0
 
 
+class JournalConfig(_Section, frozen=True):
+    enabled: bool = True
+    # normal: survives a daemon crash; full: also power loss (one fsync per commit).
+    synchronous: Literal["normal", "full"] = "normal"
+    retention_days: Annotated[float, Meta(gt=0)] = 30.0
+
+
 class Config(_Section, frozen=True):
     daemon: DaemonConfig = DaemonConfig()
     tools: ToolsConfig = ToolsConfig()
+    journal: JournalConfig = JournalConfig()
 
 
 class ConfigError(Exception):

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
 
-from toold_protocol import BatchFinished, CallFinished, CallStarted, ToolErrorType, ToolResult
+from toold_protocol import BatchFinished, BatchState, CallFinished, CallStarted, ToolErrorType, ToolResult
 
 from . import results
 from .batches import Batch, PreparedCall
@@ -28,11 +28,36 @@ from .tools._base import Tool, ToolContext, _Cancelled
 Emit = Callable[[msgspec.Struct], None]
 
 
+class Recorder(Protocol):
+    """Where the executor journals a batch's progress (FR-RES-04b): each method returns once
+    the fact is durable, and the executor acts (runs, emits) only after it returns."""
+
+    def started(self, batch_id: str, index: int) -> None: ...
+
+    def result(self, batch_id: str, index: int, result: ToolResult) -> None: ...
+
+    def batch_done(self, batch_id: str, state: BatchState) -> None: ...
+
+
+class NoRecorder:
+    """For a daemon without a journal."""
+
+    def started(self, batch_id: str, index: int) -> None:
+        pass
+
+    def result(self, batch_id: str, index: int, result: ToolResult) -> None:
+        pass
+
+    def batch_done(self, batch_id: str, state: BatchState) -> None:
+        pass
+
+
 class Executor:
-    def __init__(self, runner: ToolRunner, sandbox: Sandbox, config: Config) -> None:
+    def __init__(self, runner: ToolRunner, sandbox: Sandbox, config: Config, recorder: Recorder | None = None) -> None:
         self.runner = runner
         self.sandbox = sandbox
         self.config = config
+        self.recorder: Recorder = recorder or NoRecorder()
 
     async def run(self, batch: Batch, emit: Emit) -> None:
         batch.state = "running"
@@ -41,14 +66,19 @@ class Executor:
                 if batch.results[call.index] is not None:
                     continue
                 result = await self._resolve(batch, call, emit)
+                if call.result is None:  # pre-resolved results were journaled with the batch
+                    self.recorder.result(batch.batch_id, call.index, result)
                 batch.results[call.index] = result
                 emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
         finally:
             # Whatever stopped the loop (even the daemon's own cancellation), every call gets a result.
             for call in batch.calls:
                 if batch.results[call.index] is None:
-                    batch.results[call.index] = _cancelled(call.call_id, batch.cancel_reason or "daemon stopped")
+                    result = _cancelled(call.call_id, batch.cancel_reason or "daemon stopped")
+                    self.recorder.result(batch.batch_id, call.index, result)
+                    batch.results[call.index] = result
             batch.state = "cancelled" if batch.cancel_reason else "finished"
+            self.recorder.batch_done(batch.batch_id, batch.state)
             emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
             batch.done.set()
 
@@ -58,6 +88,7 @@ class Executor:
         if batch.cancel_reason is not None:
             return _cancelled(call.call_id, batch.cancel_reason)
         assert call.tool is not None
+        self.recorder.started(batch.batch_id, call.index)
         emit(CallStarted(batch_id=batch.batch_id, call_id=call.call_id, index=call.index, name=call.name))
         return await self._run_call(batch, call, call.tool)
 

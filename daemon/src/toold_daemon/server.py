@@ -24,6 +24,7 @@ from toold_protocol import default_runtime_dir as protocol_runtime_dir
 from .config import DEFAULT_DENIED_PATTERNS, Config
 from .executor import Executor
 from .ipc import IpcServer
+from .journal import Journal
 from .registry import Registry
 from .runner import ThreadRunner
 from .sandbox import Sandbox
@@ -54,6 +55,29 @@ def default_state_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_state_dir("toold"))
+
+
+def open_journal(config: Config, options: ServeOptions) -> Journal | None:
+    """Open (or create) the journal and settle what a crash left behind.
+
+    A state directory named on the command line or in the config must already exist: a
+    missing one more likely means a wrong path or an unmounted disk than a first start,
+    and silently starting an empty journal there would lose the old one.
+    """
+    if not config.journal.enabled:
+        return None
+    named = options.state_dir or (Path(config.daemon.state_dir) if config.daemon.state_dir else None)
+    state_dir = named or default_state_dir()
+    if named is None:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    journal = Journal.open_in(state_dir, synchronous=config.journal.synchronous)
+    waiting = journal.recover()
+    if waiting:
+        log.warning("%d interrupted batch(es) wait for resume or discard: %s", len(waiting), ", ".join(waiting[:10]))
+    pruned = journal.prune(older_than_seconds=config.journal.retention_days * 86400)
+    if pruned:
+        log.info("pruned %d finished batch(es) older than %g days", pruned, config.journal.retention_days)
+    return journal
 
 
 def prepare_runtime_dir(directory: Path) -> None:
@@ -92,13 +116,10 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     registry = Registry()
     for tool in builtin_tools():
         registry.register(tool)
-    state_dir = (
-        options.state_dir or (Path(config.daemon.state_dir) if config.daemon.state_dir else None) or default_state_dir()
-    )
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    journal = open_journal(config, options)
     endpoint = resolve_endpoint(config, options)
 
-    executor = Executor(ThreadRunner(), sandbox, config)
+    executor = Executor(ThreadRunner(), sandbox, config, journal)
     ipc = IpcServer(endpoint, hard_max_frame_bytes=config.daemon.max_frame_bytes * 4)
     service = Service(
         config=config,
@@ -108,6 +129,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         send=ipc.send,
         forget=ipc.forget,
         isolation=list(ThreadRunner.ISOLATION),
+        journal=journal,
     )
     try:
         ipc.bind()
@@ -126,6 +148,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 nursery.cancel_scope.cancel()
     finally:
         ipc.close()
+        if journal is not None:
+            journal.close()
 
 
 async def _drain_replies(ipc: IpcServer, seconds: float = 1.0) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,10 @@ from toold_protocol import (
     PROTOCOL_VERSION,
     Ack,
     BatchAccepted,
+    BatchFinished,
+    BatchList,
     BatchStatus,
+    BatchSummary,
     CallFinished,
     CallStarted,
     Cancel,
@@ -36,11 +40,15 @@ from toold_protocol import (
     Hello,
     Identity,
     IsolationLayer,
+    ListBatches,
     ListTools,
     OutputChunk,
     Ping,
     Pong,
     ProtocolErrorCode,
+    Pruned,
+    PruneJournal,
+    Recover,
     SubmitBatch,
     Subscribe,
     SupplyResult,
@@ -55,6 +63,7 @@ from .batches import Batch
 from .config import Config
 from .executor import Executor
 from .ipc import Inbound
+from .journal import Journal, fingerprint
 from .registry import Registry
 from .sandbox import Sandbox
 
@@ -86,6 +95,7 @@ class Service:
         send: Send,
         forget: Callable[[bytes], None] | None = None,
         isolation: list[IsolationLayer] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -94,6 +104,8 @@ class Service:
         self._send = send
         self._forget = forget or (lambda peer: None)
         self.isolation = isolation or []
+        self.journal = journal
+        self._daemon_uid = os.geteuid()
         self.sessions: dict[bytes, Session] = {}  # least recently seen first
         self.batches: collections.OrderedDict[str, Batch] = collections.OrderedDict()
         self.accepting = True
@@ -187,6 +199,12 @@ class Service:
                 self._cancel(session, message)
             case GetBatch():
                 self._get_batch(session, message)
+            case ListBatches():
+                self._list_batches(session, message)
+            case Recover():
+                self._recover(session, message)
+            case PruneJournal():
+                self._prune(session, message)
             case Confirm() | Subscribe() | SupplyResult():
                 self._error(
                     session.peer,
@@ -241,6 +259,8 @@ class Service:
         if not self.accepting:
             self._error(session.peer, message.id, ProtocolErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
             return
+        if message.batch_id is not None and self._resubmitted(session, message):
+            return
         if session.running >= self.config.daemon.max_batches_per_session:
             self._error(
                 session.peer,
@@ -250,15 +270,6 @@ class Service:
             )
             return
         batch_id = message.batch_id or secrets.token_hex(12)
-        if batch_id in self.batches:
-            self._error(
-                session.peer,
-                message.id,
-                ProtocolErrorCode.DUPLICATE_BATCH_ID,
-                f"batch id {batch_id!r} was already submitted",
-                batch_id=batch_id,
-            )
-            return
         calls = planner.plan(
             message.calls,
             self.registry,
@@ -272,22 +283,102 @@ class Service:
             session_id=session.session_id,
             calls=calls,
             results=[None] * len(calls),
+            digest=fingerprint(message.calls),
         )
+        planned = [c.planned() for c in calls]
+        if self.journal is not None:  # journaled before it is acknowledged (FR-RES-04b)
+            self.journal.record_batch(
+                batch_id=batch_id,
+                identity=session.identity,
+                client_name=session.client_name,
+                turn_id=message.turn_id,
+                digest=batch.digest,
+                calls=message.calls,
+                planned=planned,
+            )
         self._remember(batch)
-        self._reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=[c.planned() for c in calls]))
+        self._reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=planned))
+        self._start(session, batch, message.events == "all")
+
+    def _resubmitted(self, session: Session, message: SubmitBatch) -> bool:
+        """A batch id seen before: answer from the record and never run anything twice.
+
+        The same calls → the recorded plan, then the recorded results (or the live events of
+        a batch still running). Different calls, or another uid's batch → DUPLICATE_BATCH_ID.
+        """
+        batch_id = message.batch_id
+        assert batch_id is not None
+        live = self.batches.get(batch_id)
+        stored = self.journal.load(batch_id) if live is None and self.journal is not None else None
+        if live is None and stored is None:
+            return False
+        owner = live.identity.uid if live is not None else stored.identity.uid  # type: ignore[union-attr]
+        digest = live.digest if live is not None else stored.fingerprint  # type: ignore[union-attr]
+        if owner != session.identity.uid or digest != fingerprint(message.calls):
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.DUPLICATE_BATCH_ID,
+                f"batch id {batch_id!r} was already used for different calls",
+                batch_id=batch_id,
+            )
+            return True
+        if live is not None:
+            self._reply(
+                session, BatchAccepted(id=message.id, batch_id=batch_id, calls=[c.planned() for c in live.calls])
+            )
+            if live.done.is_set():
+                self._reply(
+                    session, BatchFinished(batch_id=batch_id, state=live.state, results=live.finished_results())
+                )
+            else:
+                live.listeners.append((session.peer, message.events == "all"))
+            return True
+        assert stored is not None
+        if stored.state == "interrupted":
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.BATCH_INTERRUPTED,
+                f"batch {batch_id!r} was interrupted by a daemon restart; resume or discard it "
+                f"(toolctl recover {batch_id} --resume|--discard)",
+                batch_id=batch_id,
+            )
+            return True
+        self._reply(
+            session,
+            BatchAccepted(
+                id=message.id,
+                batch_id=batch_id,
+                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
+            ),
+        )
+        self._reply(
+            session,
+            BatchFinished(batch_id=batch_id, state=stored.state, results=[r for r in stored.results if r is not None]),
+        )
+        return True
+
+    def _start(self, session: Session, batch: Batch, all_events: bool) -> None:
         assert self._nursery is not None
+        batch.listeners.append((session.peer, all_events))
         session.running += 1
-        self._nursery.start_soon(self._run_batch, session, batch, message.events == "all")
+        self._nursery.start_soon(self._run_batch, session, batch)
 
-    async def _run_batch(self, session: Session, batch: Batch, all_events: bool) -> None:
-        peer = session.peer
-
+    async def _run_batch(self, session: Session, batch: Batch) -> None:
         def emit(event: msgspec.Struct) -> None:
-            if all_events or not isinstance(event, _PER_CALL_EVENTS):
-                self._send(peer, encode(event))
+            frame = encode(event)
+            for peer, all_events in batch.listeners:
+                if all_events or not isinstance(event, _PER_CALL_EVENTS):
+                    self._send(peer, frame)
 
         try:
             await self.executor.run(batch, emit)
+        except Exception:
+            # A failed journal write must not take the daemon down with it; the batch's
+            # clients still get every result the executor produced.
+            log.exception("batch %s failed outside its tools", batch.batch_id)
+            emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
         finally:
             session.running -= 1
 
@@ -311,19 +402,113 @@ class Service:
         self._reply(session, Ack(id=message.id))
 
     def _get_batch(self, session: Session, message: GetBatch) -> None:
-        batch = self._owned_batch(session, message.id, message.batch_id)
-        if batch is None:
+        """From memory while the daemon knows the batch, else from the journal (after a restart)."""
+        batch = self.batches.get(message.batch_id)
+        if batch is not None and self._may_see(session, batch.identity.uid):
+            self._reply(
+                session,
+                BatchStatus(
+                    id=message.id,
+                    batch_id=batch.batch_id,
+                    state=batch.state,
+                    calls=[c.planned() for c in batch.calls],
+                    results=batch.finished_results(),
+                ),
+            )
+            return
+        stored = self.journal.load(message.batch_id) if self.journal is not None and batch is None else None
+        if stored is None or not self._may_see(session, stored.identity.uid):
+            self._error(session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}")
             return
         self._reply(
             session,
             BatchStatus(
                 id=message.id,
-                batch_id=batch.batch_id,
-                state=batch.state,
-                calls=[c.planned() for c in batch.calls],
-                results=batch.finished_results(),
+                batch_id=stored.batch_id,
+                state=stored.state,
+                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
+                results=[r for r in stored.results if r is not None],
             ),
         )
+
+    def _list_batches(self, session: Session, message: ListBatches) -> None:
+        if self.journal is None:
+            self._error(session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal")
+            return
+        uid = None if session.identity.uid == 0 else session.identity.uid
+        rows = self.journal.summaries(uid=uid, limit=message.limit)
+        self._reply(
+            session,
+            BatchList(
+                id=message.id,
+                batches=[
+                    BatchSummary(batch_id=b, state=state, submitted=submitted, calls=calls, uid=owner)  # type: ignore[arg-type]
+                    for b, state, submitted, calls, owner in rows
+                ],
+            ),
+        )
+
+    def _recover(self, session: Session, message: Recover) -> None:
+        """Resume (run the never-started calls, under today's policy) or discard an interrupted batch."""
+        if self.journal is None:
+            self._error(session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal")
+            return
+        live = self.batches.get(message.batch_id)
+        stored = self.journal.load(message.batch_id)
+        if stored is None or not self._may_see(session, stored.identity.uid):
+            self._error(session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}")
+            return
+        if stored.state != "interrupted" or (live is not None and not live.done.is_set()):
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.NOT_INTERRUPTED,
+                f"batch {message.batch_id!r} is {stored.state}, not interrupted",
+            )
+            return
+        if message.action == "discard":
+            self.journal.discard(stored.batch_id)
+            self.batches.pop(stored.batch_id, None)
+            self._reply(session, Ack(id=message.id))
+            return
+        calls = planner.plan([c.tool_call() for c in stored.calls], self.registry, self.sandbox, self.config)
+        for call in calls:
+            recorded = stored.results[call.index]
+            if recorded is None and call.result is not None:
+                self.journal.result(stored.batch_id, call.index, call.result)  # refused by today's checks
+        batch = Batch(
+            batch_id=stored.batch_id,
+            identity=stored.identity,
+            session_id=session.session_id,
+            calls=calls,
+            results=list(stored.results),
+            digest=stored.fingerprint,
+        )
+        self.journal.set_state(stored.batch_id, "running")
+        self._remember(batch)
+        self._reply(
+            session,
+            BatchAccepted(
+                id=message.id,
+                batch_id=batch.batch_id,
+                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
+            ),
+        )
+        self._start(session, batch, all_events=True)
+
+    def _prune(self, session: Session, message: PruneJournal) -> None:
+        if self.journal is None:
+            self._error(session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal")
+            return
+        everyone = session.identity.uid in (0, self._daemon_uid)
+        removed = self.journal.prune(
+            older_than_seconds=message.older_than_seconds, uid=None if everyone else session.identity.uid
+        )
+        self._reply(session, Pruned(id=message.id, removed=removed))
+
+    @staticmethod
+    def _may_see(session: Session, owner_uid: int) -> bool:
+        return session.identity.uid in (owner_uid, 0)
 
     def _owned_batch(self, session: Session, request_id: int, batch_id: str) -> Batch | None:
         """The batch, if this session's uid owns it (root may see all). Another uid's batch looks unknown."""

@@ -14,8 +14,10 @@ from ._errors import ToolErrorType as ToolErrorType
 from ._messages import Ack as Ack
 from ._messages import BatchAccepted as BatchAccepted
 from ._messages import BatchFinished as BatchFinished
+from ._messages import BatchList as BatchList
 from ._messages import BatchState as BatchState
 from ._messages import BatchStatus as BatchStatus
+from ._messages import BatchSummary as BatchSummary
 from ._messages import CallFinished as CallFinished
 from ._messages import CallStarted as CallStarted
 from ._messages import Cancel as Cancel
@@ -31,11 +33,15 @@ from ._messages import GetBatch as GetBatch
 from ._messages import Hello as Hello
 from ._messages import Identity as Identity
 from ._messages import IsolationLayer as IsolationLayer
+from ._messages import ListBatches as ListBatches
 from ._messages import ListTools as ListTools
 from ._messages import OutputChunk as OutputChunk
 from ._messages import Ping as Ping
 from ._messages import PlannedCall as PlannedCall
 from ._messages import Pong as Pong
+from ._messages import Pruned as Pruned
+from ._messages import PruneJournal as PruneJournal
+from ._messages import Recover as Recover
 from ._messages import RiskLevel as RiskLevel
 from ._messages import Stream as Stream
 from ._messages import SubmitBatch as SubmitBatch
@@ -61,8 +67,10 @@ __all__ = [
     "Ack",
     "BatchAccepted",
     "BatchFinished",
+    "BatchList",
     "BatchState",
     "BatchStatus",
+    "BatchSummary",
     "CallFinished",
     "CallStarted",
     "Cancel",
@@ -79,12 +87,16 @@ __all__ = [
     "Hello",
     "Identity",
     "IsolationLayer",
+    "ListBatches",
     "ListTools",
     "OutputChunk",
     "Ping",
     "PlannedCall",
     "Pong",
     "ProtocolErrorCode",
+    "PruneJournal",
+    "Pruned",
+    "Recover",
     "RiskLevel",
     "Stream",
     "SubmitBatch",

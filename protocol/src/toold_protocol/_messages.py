@@ -203,7 +203,43 @@ class Ping(_Message, tag="ping", frozen=True):
     id: RequestId
 
 
-ClientMessage = Hello | ListTools | SubmitBatch | Confirm | Cancel | Subscribe | SupplyResult | GetBatch | Ping
+class ListBatches(_Message, tag="list_batches", frozen=True):
+    """The journal's batches of this uid (root: everyone's), newest first."""
+
+    id: RequestId
+    limit: Annotated[int, Meta(ge=1, le=10_000)] = 100
+
+
+class Recover(_Message, tag="recover", frozen=True):
+    """Decide an ``interrupted`` batch: ``resume`` runs the calls that never started (replies
+    ``batch_accepted`` and then the usual events), ``discard`` fails them (replies ``ack``)."""
+
+    id: RequestId
+    batch_id: BatchId
+    action: Literal["resume", "discard"]
+
+
+class PruneJournal(_Message, tag="prune_journal", frozen=True):
+    """Delete finished batches that ended more than ``older_than_seconds`` ago."""
+
+    id: RequestId
+    older_than_seconds: Annotated[float, Meta(ge=0)]
+
+
+ClientMessage = (
+    Hello
+    | ListTools
+    | SubmitBatch
+    | Confirm
+    | Cancel
+    | Subscribe
+    | SupplyResult
+    | GetBatch
+    | Ping
+    | ListBatches
+    | Recover
+    | PruneJournal
+)
 
 
 # --------------------------------------------------------------------------- daemon -> client
@@ -304,6 +340,24 @@ class Pong(_Message, tag="pong", frozen=True):
     id: RequestId
 
 
+class BatchSummary(msgspec.Struct, frozen=True, kw_only=True):
+    batch_id: str
+    state: BatchState
+    submitted: float  # seconds since the epoch
+    calls: int
+    uid: int
+
+
+class BatchList(_Message, tag="batch_list", frozen=True):
+    id: RequestId
+    batches: list[BatchSummary]
+
+
+class Pruned(_Message, tag="pruned", frozen=True):
+    id: RequestId
+    removed: int
+
+
 DaemonMessage = (
     Welcome
     | ToolList
@@ -317,4 +371,6 @@ DaemonMessage = (
     | Ack
     | Error
     | Pong
+    | BatchList
+    | Pruned
 )
