@@ -206,16 +206,22 @@ def test_cancel_resolves_every_call(daemon: DaemonProcess) -> None:
         assert status.state == "cancelled" and len(status.results) == 8
 
 
-def test_unknown_batch_and_duplicate_batch_id(daemon: DaemonProcess) -> None:
+def test_unknown_batch_and_exactly_once_batch_ids(daemon: DaemonProcess) -> None:
     (daemon.root / "a.txt").write_text("A")
+    calls = [{"id": "r1", "name": "read_file", "arguments": {"path": "a.txt"}}]
     with daemon.client() as client:
         with pytest.raises(RemoteError) as info:
             client.get_batch("no-such-batch")
         assert info.value.code == "UNKNOWN_BATCH"
-        client.submit([{"name": "read_file", "arguments": {"path": "a.txt"}}], batch_id="mine-1")
+        first = client.submit(calls, batch_id="mine-1")
+        (daemon.root / "a.txt").write_text("changed")  # a re-run would now read this
+        again = client.submit(calls, batch_id="mine-1")
+        assert again.results == first.results and again.results[0].content == "A"
         with pytest.raises(RemoteError) as dup:
-            client.submit([{"name": "read_file", "arguments": {"path": "a.txt"}}], batch_id="mine-1")
+            client.submit([{"id": "r1", "name": "read_file", "arguments": {"path": "b.txt"}}], batch_id="mine-1")
         assert dup.value.code == "DUPLICATE_BATCH_ID"
+    with daemon.client() as stranger_session:  # same uid, new session: the same answer
+        assert stranger_session.submit(calls, batch_id="mine-1").results == first.results
 
 
 def test_sigterm_during_a_batch_answers_the_client(tmp_path: Path, root: Path) -> None:

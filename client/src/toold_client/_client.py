@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -23,7 +23,9 @@ from toold_protocol import (
     Ack,
     BatchAccepted,
     BatchFinished,
+    BatchList,
     BatchStatus,
+    BatchSummary,
     Cancel,
     DaemonMessage,
     DecodeFailure,
@@ -31,9 +33,13 @@ from toold_protocol import (
     EventMode,
     GetBatch,
     Hello,
+    ListBatches,
     ListTools,
     Ping,
     Pong,
+    Pruned,
+    PruneJournal,
+    Recover,
     SubmitBatch,
     ToolCall,
     ToolDefinition,
@@ -171,6 +177,27 @@ class Client:
 
     def get_batch(self, batch_id: str) -> BatchStatus:
         return _expect(self._request(lambda i: GetBatch(id=i, batch_id=batch_id)), BatchStatus)
+
+    def list_batches(self, limit: int = 100) -> list[BatchSummary]:
+        """The journal's batches of this uid (root: everyone's), newest first."""
+        return _expect(self._request(lambda i: ListBatches(id=i, limit=limit)), BatchList).batches
+
+    def recover(
+        self, batch_id: str, action: Literal["resume", "discard"], *, on_event: EventHandler | None = None
+    ) -> BatchFinished | None:
+        """Resume (runs the never-started calls; returns the finished batch) or discard an interrupted batch."""
+        reply = self._request(lambda i: Recover(id=i, batch_id=batch_id, action=action))
+        if action == "discard":
+            _expect(reply, Ack)
+            return None
+        accepted = _expect(reply, BatchAccepted)
+        return self.wait_batch(accepted.batch_id, on_event=on_event)
+
+    def prune(self, older_than_seconds: float) -> int:
+        """Delete finished batches older than this from the journal; returns how many."""
+        return _expect(
+            self._request(lambda i: PruneJournal(id=i, older_than_seconds=older_than_seconds)), Pruned
+        ).removed
 
     # ------------------------------------------------------------------ plumbing
 

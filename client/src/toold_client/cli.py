@@ -49,6 +49,24 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--json", action="store_true", help="print the results as a JSON array")
     batch.add_argument("--batch-id", default=None, help="choose the batch id")
 
+    journal = sub.add_parser("journal", help="the daemon's journal of batches")
+    journal_sub = journal.add_subparsers(dest="journal_command", required=True)
+    listing = journal_sub.add_parser("list", help="batches, newest first")
+    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--limit", type=int, default=100)
+    show = journal_sub.add_parser("show", help="one batch: its calls in order and their results")
+    show.add_argument("batch_id")
+    show.add_argument("--json", action="store_true")
+    prune = journal_sub.add_parser("prune", help="delete finished batches older than --older-than")
+    prune.add_argument("--older-than", type=float, default=30 * 86400, metavar="SECONDS")
+
+    recover = sub.add_parser("recover", help="resume or discard a batch interrupted by a daemon restart")
+    recover.add_argument("batch_id")
+    action = recover.add_mutually_exclusive_group(required=True)
+    action.add_argument("--resume", action="store_true", help="run the calls that never started")
+    action.add_argument("--discard", action="store_true", help="fail the calls that never started")
+    recover.add_argument("--json", action="store_true")
+
     tools = sub.add_parser("tools", help="list the daemon's tools")
     tools.add_argument("--format", default="text", choices=["text", "json", "openai", "anthropic", "gemini"])
     return parser
@@ -66,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                 return _call(client, args.name, args.args, args.json)
             if args.command == "batch":
                 return _batch(client, args.file, args.json, args.batch_id)
+            if args.command == "journal":
+                return _journal(client, args)
+            if args.command == "recover":
+                return _recover(client, args.batch_id, "resume" if args.resume else "discard", args.json)
             return _tools(client, args.format)
     except _UsageError as exc:
         print(f"toolctl: {exc}", file=sys.stderr)
@@ -126,6 +148,81 @@ def _batch(client: Client, source: str, as_json: bool, batch_id: str | None) -> 
             print(f"=== {sanitize_for_terminal(result.call_id)} ({'ok' if result.ok else 'error'})")
             _print_result(result)
     return EXIT_OK if all(r.ok for r in outcome.results) else EXIT_TOOL_ERROR
+
+
+def _journal(client: Client, args: argparse.Namespace) -> int:
+    if args.journal_command == "list":
+        batches = client.list_batches(limit=args.limit)
+        if args.json:
+            print(
+                json.dumps(
+                    [
+                        {
+                            "batch_id": b.batch_id,
+                            "state": b.state,
+                            "submitted": _iso(b.submitted),
+                            "calls": b.calls,
+                            "uid": b.uid,
+                        }
+                        for b in batches
+                    ]
+                )
+            )
+        else:
+            for b in batches:
+                print(f"{sanitize_for_terminal(b.batch_id):<32} {b.state:<12} {_iso(b.submitted)}  {b.calls} calls")
+        return EXIT_OK
+    if args.journal_command == "show":
+        status = client.get_batch(args.batch_id)
+        results = {r.call_id: r for r in status.results}
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "batch_id": status.batch_id,
+                        "state": status.state,
+                        "calls": [
+                            {
+                                "index": c.index,
+                                "call_id": c.call_id,
+                                "name": c.name,
+                                "summary": c.summary,
+                                "result": result_json(results[c.call_id]) if c.call_id in results else None,
+                            }
+                            for c in status.calls
+                        ],
+                    },
+                    ensure_ascii=False,
+                )
+            )
+        else:
+            print(f"batch {sanitize_for_terminal(status.batch_id)}: {status.state}")
+            for c in status.calls:
+                r = results.get(c.call_id)
+                state = "pending" if r is None else ("ok" if r.ok else f"error {r.error.code if r.error else ''}")
+                print(f"  {c.index:>3} {sanitize_for_terminal(c.call_id):<20} {c.name:<16} {state}")
+        return EXIT_OK
+    removed = client.prune(args.older_than)
+    print(f"pruned {removed} batches")
+    return EXIT_OK
+
+
+def _recover(client: Client, batch_id: str, action: str, as_json: bool) -> int:
+    finished = client.recover(batch_id, "resume" if action == "resume" else "discard")
+    if finished is None:
+        print(f"discarded the pending calls of {sanitize_for_terminal(batch_id)}")
+        return EXIT_OK
+    if as_json:
+        print(json.dumps([result_json(r) for r in finished.results], ensure_ascii=False))
+    else:
+        print(f"batch {sanitize_for_terminal(batch_id)}: {finished.state}")
+    return EXIT_OK if all(r.ok for r in finished.results) else EXIT_TOOL_ERROR
+
+
+def _iso(seconds: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).isoformat(timespec="seconds")
 
 
 def _read(path: str) -> str:

@@ -406,15 +406,20 @@ class Journal:
             db.execute("UPDATE batches SET state = 'cancelled', finished = ? WHERE batch_id = ?", (now, batch_id))
             db.execute("COMMIT")
 
-    def prune(self, *, older_than_seconds: float, uid: int | None = None) -> int:
-        """Delete finished or cancelled batches that ended before the cutoff. Returns how many."""
+    def prune(self, *, older_than_seconds: float, uid: int | None = None) -> list[str]:
+        """Delete finished or cancelled batches that ended before the cutoff. Returns their ids."""
         cutoff = time.time() - older_than_seconds
-        query = "DELETE FROM batches WHERE state IN ('finished', 'cancelled') AND finished < ?"
+        where = "state IN ('finished', 'cancelled') AND finished < ?"
         params: tuple[Any, ...] = (cutoff,)
         if uid is not None:
-            query += " AND uid = ?"
+            where += " AND uid = ?"
             params = (cutoff, uid)
-        return self._db.execute(query, params).rowcount
+        with self._transaction() as db:
+            db.execute("BEGIN IMMEDIATE")
+            ids = [r[0] for r in db.execute(f"SELECT batch_id FROM batches WHERE {where}", params)]  # noqa: S608
+            db.execute(f"DELETE FROM batches WHERE {where}", params)  # noqa: S608
+            db.execute("COMMIT")
+        return ids
 
 
 def _error_result(call_id: str, code: str, message: str) -> ToolResult:

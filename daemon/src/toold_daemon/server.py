@@ -76,7 +76,7 @@ def open_journal(config: Config, options: ServeOptions) -> Journal | None:
         log.warning("%d interrupted batch(es) wait for resume or discard: %s", len(waiting), ", ".join(waiting[:10]))
     pruned = journal.prune(older_than_seconds=config.journal.retention_days * 86400)
     if pruned:
-        log.info("pruned %d finished batch(es) older than %g days", pruned, config.journal.retention_days)
+        log.info("pruned %d finished batch(es) older than %g days", len(pruned), config.journal.retention_days)
     return journal
 
 

@@ -504,7 +504,9 @@ class Service:
         removed = self.journal.prune(
             older_than_seconds=message.older_than_seconds, uid=None if everyone else session.identity.uid
         )
-        self._reply(session, Pruned(id=message.id, removed=removed))
+        for batch_id in removed:
+            self.batches.pop(batch_id, None)
+        self._reply(session, Pruned(id=message.id, removed=len(removed)))
 
     @staticmethod
     def _may_see(session: Session, owner_uid: int) -> bool:

@@ -1,0 +1,220 @@
+"""Journal, crash recovery and exactly-once, with real daemons killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import toold_protocol as p
+from tests.conftest import BIN, DaemonProcess, start_daemon
+from tests.e2e.test_daemon import big_tree, grep_calls, submit_raw
+from tests.e2e.test_toolctl import toolctl
+from toold_client import Client
+from toold_daemon.journal import Journal
+
+CALLS = 6
+
+
+def restart(tmp_path: Path, root: Path) -> DaemonProcess:
+    """A new daemon on the same state directory (start_daemon reuses tmp_path/state)."""
+    return start_daemon(tmp_path, root)
+
+
+def wait_for_results(client: Client, batch_id: str, at_least: int, timeout: float = 30) -> p.BatchStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = client.get_batch(batch_id)
+        if len(status.results) >= at_least or time.monotonic() > deadline:
+            return status
+        time.sleep(0.005)
+
+
+def check_after_restart(status: p.BatchStatus, before: dict[str, p.ToolResult]) -> None:
+    """Every call has at most one result; results written before the crash are unchanged;
+    a call that was running got the 'interrupted' error; the rest wait (state interrupted)."""
+    ids = [r.call_id for r in status.results]
+    assert len(ids) == len(set(ids))
+    for result in status.results:
+        if result.call_id in before:
+            assert result == before[result.call_id]
+        else:
+            assert result.error is not None and result.error.code == "INTERRUPTED"
+            assert "side effects may have happened" in result.error.message
+    pending = len(status.calls) - len(status.results)
+    assert status.state == ("interrupted" if pending else "finished")
+
+
+def crash_mid_batch(tmp_path: Path, root: Path, delay: float | None) -> tuple[str, dict[str, p.ToolResult]]:
+    daemon = start_daemon(tmp_path, root)
+    with daemon.client() as client:
+        accepted = submit_raw(client, grep_calls(CALLS), batch_id="crashy")
+        if delay is None:
+            wait_for_results(client, accepted.batch_id, 1)
+        else:
+            time.sleep(delay)
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait()
+    # What the journal holds after the kill is what a restart must start from.
+    journal = Journal(tmp_path / "state" / "journal.sqlite3")
+    stored = journal.load(accepted.batch_id)
+    journal.close()
+    assert stored is not None
+    before = {r.call_id: r for r in stored.results if r is not None}
+    return accepted.batch_id, before
+
+
+def test_kill_mid_batch_then_resume_runs_only_never_started_calls(tmp_path: Path, root: Path) -> None:
+    big_tree(root, 3000)
+    batch_id, before = crash_mid_batch(tmp_path, root, None)
+    daemon = restart(tmp_path, root)
+    try:
+        with daemon.client() as client:
+            status = client.get_batch(batch_id)
+            check_after_restart(status, before)
+            finished_before_resume = {r.call_id: r for r in status.results}
+            if status.state == "interrupted":
+                done = client.recover(batch_id, "resume")
+                assert done is not None and done.state == "finished"
+                assert [r.call_id for r in done.results] == [f"c{i}" for i in range(CALLS)]
+                for result in done.results:
+                    if result.call_id in finished_before_resume:
+                        assert result == finished_before_resume[result.call_id]  # never re-run
+                    else:
+                        assert result.ok
+            final = client.get_batch(batch_id)
+            assert final.state == "finished" and len(final.results) == CALLS
+            with pytest.raises(Exception, match="NOT_INTERRUPTED"):
+                client.recover(batch_id, "resume")
+    finally:
+        daemon.stop()
+
+
+def test_randomized_kill_points(tmp_path: Path, root: Path) -> None:
+    big_tree(root, 2000)
+    rng = random.Random(20261122)
+    for round_ in range(4):
+        state = tmp_path / f"round{round_}"
+        state.mkdir()
+        batch_id, before = crash_mid_batch(state, root, rng.uniform(0.0, 0.6))
+        daemon = restart(state, root)
+        try:
+            with daemon.client() as client:
+                status = client.get_batch(batch_id)
+                check_after_restart(status, before)
+                if status.state == "interrupted":
+                    if rng.random() < 0.5:
+                        done = client.recover(batch_id, "resume")
+                        assert done is not None and len(done.results) == CALLS
+                    else:
+                        assert client.recover(batch_id, "discard") is None
+                final = client.get_batch(batch_id)
+                assert len(final.results) == CALLS and len({r.call_id for r in final.results}) == CALLS
+                assert final.state in ("finished", "cancelled")
+                for result in final.results:
+                    if result.error is not None and result.error.code == "DISCARDED":
+                        assert result.error.message == "discarded after restart"
+                # The client that lost its connection resubmits: it gets the record, nothing runs again.
+                again = client.submit(
+                    [
+                        {"id": c.call_id, "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}}
+                        for c in p.decode_daemon_message(p.encode(final)).calls
+                    ],  # type: ignore[attr-defined]
+                    batch_id=batch_id,
+                )
+                assert again.results == final.results
+        finally:
+            daemon.stop()
+
+
+def test_kill_after_the_last_result_needs_no_recovery(tmp_path: Path, root: Path) -> None:
+    (root / "a.txt").write_text("A")
+    daemon = start_daemon(tmp_path, root)
+    with daemon.client() as client:
+        outcome = client.submit([{"id": "x", "name": "read_file", "arguments": {"path": "a.txt"}}], batch_id="quick")
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait()
+    daemon = restart(tmp_path, root)
+    try:
+        with daemon.client() as client:
+            status = client.get_batch("quick")
+            assert status.state == "finished" and status.results == outcome.results
+    finally:
+        daemon.stop()
+
+
+def serve_exit(tmp_path: Path, root: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(BIN / "toold"),
+            "serve",
+            "--root",
+            str(root),
+            "--endpoint",
+            f"ipc://{tmp_path}/j.sock",
+            "--state-dir",
+            str(state),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
+
+
+def test_corrupt_newer_or_missing_journal_is_a_clear_error(tmp_path: Path, root: Path) -> None:
+    missing = serve_exit(tmp_path, root, tmp_path / "nowhere")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "journal.sqlite3").write_bytes(b"this is not a database" * 100)
+    out = serve_exit(tmp_path, root, corrupt)
+    assert out.returncode == 2 and "journal" in out.stderr and "move it aside" in out.stderr
+    assert (corrupt / "journal.sqlite3").read_bytes().startswith(b"this is not")  # no silent reset
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    db = sqlite3.connect(newer / "journal.sqlite3")
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    out = serve_exit(tmp_path, root, newer)
+    assert out.returncode == 2 and "schema version 99" in out.stderr
+
+
+def test_second_daemon_on_the_same_state_dir_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
+    out = serve_exit(tmp_path, daemon.root, tmp_path / "state")
+    assert out.returncode == 2 and "another toold is using the journal" in out.stderr
+
+
+def test_toolctl_journal_commands(daemon: DaemonProcess) -> None:
+    (daemon.root / "a.txt").write_text("A")
+    batch = json.dumps(
+        [
+            {"id": "one", "name": "read_file", "arguments": {"path": "a.txt"}},
+            {"id": "two", "name": "read_file", "arguments": {"path": "missing"}},
+        ]
+    )
+    assert toolctl(daemon, "batch", "--batch-id", "b-42", stdin=batch).returncode == 1
+    listed = json.loads(toolctl(daemon, "journal", "list", "--json").stdout)
+    assert listed[0]["batch_id"] == "b-42" and listed[0]["state"] == "finished" and listed[0]["calls"] == 2
+    shown = json.loads(toolctl(daemon, "journal", "show", "b-42", "--json").stdout)
+    assert [c["call_id"] for c in shown["calls"]] == ["one", "two"]
+    assert shown["calls"][0]["result"]["ok"] and shown["calls"][1]["result"]["error"]["code"] == "FILE_NOT_FOUND"
+    assert set(shown["calls"][0]["result"]) == {
+        "call_id",
+        "ok",
+        "content",
+        "display",
+        "error",
+        "truncated",
+        "duration_ms",
+    }
+    assert toolctl(daemon, "recover", "b-42", "--resume").returncode == 2  # not interrupted
+    time.sleep(0.05)
+    pruned = toolctl(daemon, "journal", "prune", "--older-than", "0")
+    assert pruned.returncode == 0 and "pruned 1" in pruned.stdout
+    assert toolctl(daemon, "journal", "show", "b-42").returncode == 2
