@@ -11,9 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from toold_client import Client
-
 from _common import report, running_daemon, sample
+from toold_client import Client
 
 
 def measure(root: Path, config: str, n: int) -> list[float]:
