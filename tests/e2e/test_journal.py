@@ -218,3 +218,22 @@ def test_toolctl_journal_commands(daemon: DaemonProcess) -> None:
     pruned = toolctl(daemon, "journal", "prune", "--older-than", "0")
     assert pruned.returncode == 0 and "pruned 1" in pruned.stdout
     assert toolctl(daemon, "journal", "show", "b-42").returncode == 2
+
+
+def test_resubmitting_a_running_batch_joins_its_live_events(daemon: DaemonProcess) -> None:
+    big_tree(daemon.root, 2000)
+    calls = [
+        {"id": c.call_id, "name": "grep", "arguments": {"pattern": "needle", "max_results": 10_000}}
+        for c in grep_calls(3)
+    ]
+    with daemon.client() as first:
+        accepted = submit_raw(first, grep_calls(3), batch_id="shared")
+        with daemon.client() as second:
+            seen: list[str] = []
+            outcome = second.submit(calls, batch_id="shared", on_event=lambda e: seen.append(type(e).__name__))
+        original = first.wait_batch(accepted.batch_id)
+    assert outcome.results == original.results and len(outcome.results) == 3
+    assert seen[-1] == "BatchFinished"
+    with daemon.client() as client:  # ran once: three started marks, three results
+        status = client.get_batch("shared")
+        assert [r.call_id for r in status.results] == ["c0", "c1", "c2"]
