@@ -41,8 +41,10 @@ class DaemonProcess:
         return Client(self.endpoint, **kwargs)  # type: ignore[arg-type]
 
 
-def start_daemon(tmp: Path, root: Path, *extra: str, config: str | None = None) -> DaemonProcess:
-    sock = tmp / "run" / "toold.sock"
+def start_daemon(
+    tmp: Path, root: Path, *extra: str, config: str | None = None, socket_dir: Path | None = None
+) -> DaemonProcess:
+    sock = (socket_dir or tmp / "run") / "toold.sock"
     endpoint = f"ipc://{sock}"
     args = [
         str(BIN / "toold"),
