@@ -34,7 +34,9 @@ class Recorder(Protocol):
 
     def started(self, batch_id: str, index: int) -> None: ...
 
-    def result(self, batch_id: str, index: int, result: ToolResult) -> None: ...
+    def result(
+        self, batch_id: str, index: int, result: ToolResult, *, final_state: BatchState | None = None
+    ) -> None: ...
 
     def batch_done(self, batch_id: str, state: BatchState) -> None: ...
 
@@ -45,7 +47,7 @@ class NoRecorder:
     def started(self, batch_id: str, index: int) -> None:
         pass
 
-    def result(self, batch_id: str, index: int, result: ToolResult) -> None:
+    def result(self, batch_id: str, index: int, result: ToolResult, *, final_state: BatchState | None = None) -> None:
         pass
 
     def batch_done(self, batch_id: str, state: BatchState) -> None:
@@ -61,13 +63,21 @@ class Executor:
 
     async def run(self, batch: Batch, emit: Emit) -> None:
         batch.state = "running"
+        state_recorded = False
         try:
             for call in batch.calls:
                 if batch.results[call.index] is not None:
                     continue
                 result = await self._resolve(batch, call, emit)
+                # The last result and the batch's final state share one journal transaction.
+                final: BatchState | None = None
+                if call.index == len(batch.calls) - 1:
+                    final = "cancelled" if batch.cancel_reason else "finished"
                 if call.result is None:  # pre-resolved results were journaled with the batch
-                    self.recorder.result(batch.batch_id, call.index, result)
+                    self.recorder.result(batch.batch_id, call.index, result, final_state=final)
+                elif final is not None:
+                    self.recorder.batch_done(batch.batch_id, final)
+                state_recorded = final is not None
                 batch.results[call.index] = result
                 emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
         finally:
@@ -78,7 +88,8 @@ class Executor:
                     self.recorder.result(batch.batch_id, call.index, result)
                     batch.results[call.index] = result
             batch.state = "cancelled" if batch.cancel_reason else "finished"
-            self.recorder.batch_done(batch.batch_id, batch.state)
+            if not state_recorded:
+                self.recorder.batch_done(batch.batch_id, batch.state)
             emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
             batch.done.set()
 
@@ -88,7 +99,10 @@ class Executor:
         if batch.cancel_reason is not None:
             return _cancelled(call.call_id, batch.cancel_reason)
         assert call.tool is not None
-        self.recorder.started(batch.batch_id, call.index)
+        if call.tool.side_effecting:
+            # Only a call that may have side effects needs the mark that forbids running it again
+            # after a crash; a read-only call without a result is simply run again on resume.
+            self.recorder.started(batch.batch_id, call.index)
         emit(CallStarted(batch_id=batch.batch_id, call_id=call.call_id, index=call.index, name=call.name))
         return await self._run_call(batch, call, call.tool)
 

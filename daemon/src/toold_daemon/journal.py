@@ -4,9 +4,10 @@ Write discipline (FR-RES-04b), kept by the service and executor:
 
 1. the batch, its calls and any pre-resolved results, in one transaction, before
    ``batch_accepted`` is sent;
-2. a call's ``started`` mark before the tool runs;
+2. a side-effecting call's ``started`` mark before the tool runs (a read-only call needs
+   none: after a crash it has no result, stays pending, and resume runs it again);
 3. a call's result before the next call starts and before the result is sent;
-4. the batch's final state.
+4. the batch's final state (with the last result, in the same transaction).
 
 A call with a ``started`` mark and no result was running when the daemon died: on
 the next start it gets an "interrupted" error result and is never run again
@@ -261,11 +262,17 @@ class Journal:
             db.execute("UPDATE batches SET state = 'running' WHERE batch_id = ? AND state != 'running'", (batch_id,))
             db.execute("COMMIT")
 
-    def result(self, batch_id: str, index: int, result: ToolResult) -> None:
-        """Step 3: before the next call starts and before the result is sent."""
+    def result(self, batch_id: str, index: int, result: ToolResult, *, final_state: BatchState | None = None) -> None:
+        """Step 3: before the next call starts and before the result is sent. With
+        ``final_state`` (the batch's last call), the batch's end is in the same transaction."""
+        now = time.time()
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
-            self._insert_result(batch_id, index, result, time.time())
+            self._insert_result(batch_id, index, result, now)
+            if final_state is not None:
+                db.execute(
+                    "UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (final_state, now, batch_id)
+                )
             db.execute("COMMIT")
 
     def batch_done(self, batch_id: str, state: BatchState) -> None:
@@ -359,9 +366,8 @@ class Journal:
     def recover(self) -> list[str]:
         """After a crash: give started-but-unfinished calls their "interrupted" result, mark
         every unfinished batch ``interrupted`` (or ``finished`` when nothing is pending).
-        Returns the ids of batches that still have calls waiting for resume/discard."""
+        Returns the ids of every batch waiting for resume/discard, this restart's or older."""
         now = time.time()
-        waiting: list[str] = []
         unfinished = [
             r[0]
             for r in self._db.execute(
@@ -388,9 +394,7 @@ class Journal:
                     (state, state, now, batch_id),
                 )
                 db.execute("COMMIT")
-            if pending:
-                waiting.append(batch_id)
-        return waiting
+        return [r[0] for r in self._db.execute("SELECT batch_id FROM batches WHERE state = 'interrupted'")]
 
     def discard(self, batch_id: str) -> None:
         """Resolve every call without a result as failed "discarded after restart"."""

@@ -1,0 +1,128 @@
+"""The journal on its own: write discipline, recovery, discard, retention, schema guards."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from toold_daemon.journal import DISCARDED, INTERRUPTED, Journal, JournalError, fingerprint
+from toold_protocol import Identity, PlannedCall, ToolCall, ToolErrorInfo, ToolResult, encode_value
+
+ME = Identity(uid=1000, gid=1000, pid=42)
+
+
+def calls(n: int) -> list[ToolCall]:
+    return [
+        ToolCall(call_id=f"c{i}", name="write_file", arguments=msgspec.Raw(encode_value({"path": f"{i}"})))
+        for i in range(n)
+    ]
+
+
+def record(journal: Journal, batch_id: str, n: int, resolved: dict[int, ToolResult] | None = None) -> None:
+    cs = calls(n)
+    planned = [
+        PlannedCall(
+            index=i,
+            call_id=c.call_id,
+            name=c.name,
+            disposition="resolved" if resolved and i in resolved else "run",
+            result=(resolved or {}).get(i),
+        )
+        for i, c in enumerate(cs)
+    ]
+    journal.record_batch(
+        batch_id=batch_id,
+        identity=ME,
+        client_name="t",
+        turn_id="turn",
+        digest=fingerprint(cs),
+        calls=cs,
+        planned=planned,
+    )
+
+
+def ok(call_id: str) -> ToolResult:
+    return ToolResult(call_id=call_id, ok=True, content="done", data={"n": 1}, duration_ms=1.5)
+
+
+def test_round_trip_of_everything_recorded(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    bad = ToolResult(
+        call_id="c1", ok=False, content="Error", error=ToolErrorInfo(type="BadArgs", code="BAD_ARGS", message="m")
+    )
+    record(journal, "b", 3, resolved={1: bad})
+    journal.started("b", 0)
+    journal.result("b", 0, ok("c0"))
+    journal.started("b", 2)
+    journal.result("b", 2, ok("c2"), final_state="finished")
+    stored = journal.load("b")
+    assert stored is not None and stored.state == "finished" and stored.finished is not None
+    assert stored.results == [ok("c0"), bad, ok("c2")]
+    assert [c.call_id for c in stored.calls] == ["c0", "c1", "c2"] and stored.turn_id == "turn"
+    assert stored.fingerprint == fingerprint(calls(3)) and stored.identity == ME
+    assert journal.recover() == []
+
+
+def test_crash_recovery_marks_started_calls_interrupted_and_leaves_the_rest_pending(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    record(journal, "b", 3)
+    journal.started("b", 0)
+    journal.result("b", 0, ok("c0"))
+    journal.started("b", 1)  # the daemon dies here, with call 1 running
+    journal.close()
+    reopened = Journal.open_in(tmp_path)
+    assert reopened.recover() == ["b"]
+    stored = reopened.load("b")
+    assert stored is not None and stored.state == "interrupted"
+    assert stored.results[0] == ok("c0")
+    assert stored.results[1] is not None and stored.results[1].error is not None
+    assert stored.results[1].error.code == "INTERRUPTED" and stored.results[1].error.message == INTERRUPTED
+    assert stored.results[2] is None
+    assert reopened.recover() == ["b"]  # idempotent: nothing is added twice
+    assert reopened.load("b") == stored
+    reopened.discard("b")
+    discarded = reopened.load("b")
+    assert discarded is not None and discarded.state == "cancelled"
+    assert discarded.results[2] is not None and discarded.results[2].error is not None
+    assert discarded.results[2].error.message == DISCARDED
+
+
+def test_a_batch_that_only_lacked_its_final_state_is_finished_by_recovery(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    record(journal, "b", 1)
+    journal.result("b", 0, ok("c0"))
+    assert journal.recover() == []
+    stored = journal.load("b")
+    assert stored is not None and stored.state == "finished"
+
+
+def test_prune_keeps_recent_and_unfinished_batches(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    record(journal, "old", 1)
+    journal.result("old", 0, ok("c0"), final_state="finished")
+    record(journal, "running", 1)
+    time.sleep(0.02)
+    assert journal.prune(older_than_seconds=3600) == []
+    assert journal.prune(older_than_seconds=0.01, uid=4242) == []
+    assert journal.prune(older_than_seconds=0.01) == ["old"]
+    assert journal.load("old") is None and journal.load("running") is not None
+    assert [row[0] for row in journal.summaries(uid=ME.uid)] == ["running"]
+
+
+def test_schema_and_lock_guards(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    with pytest.raises(JournalError, match="another toold"):
+        Journal.open_in(tmp_path)
+    journal.close()
+    db = sqlite3.connect(tmp_path / "journal.sqlite3")
+    db.execute("PRAGMA user_version = 7")
+    db.close()
+    with pytest.raises(JournalError, match="schema version 7"):
+        Journal.open_in(tmp_path)
+    with pytest.raises(JournalError, match="does not exist"):
+        Journal.open_in(tmp_path / "missing")
+    assert (tmp_path / "journal.sqlite3").stat().st_mode & 0o777 == 0o600
