@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from toold_daemon import policy
 from toold_daemon.config import ApprovalConfig
 from toold_daemon.tools import builtin_tools
+from toold_protocol import Identity
 
 paths = st.text(alphabet="abcxyz/._-", min_size=1, max_size=40)
 EXAMPLES: dict[str, Any] = {
@@ -33,12 +34,18 @@ def test_properties_45_46_summary_and_locations(path: str) -> None:
 
 
 def test_property_47_read_only_tools_need_no_confirmation_and_side_effects_ask() -> None:
+    me = Identity(uid=1000, gid=1000, pid=1)
+
+    def decide(tool: str, side_effecting: bool, approval: ApprovalConfig) -> str:
+        facts = policy.Facts(tool=tool, arguments={}, side_effecting=side_effecting)
+        return policy.evaluate(facts, me, "", approval).decision
+
     approval = ApprovalConfig()
     for tool in builtin_tools():
         assert not tool.side_effecting
-        assert policy.decide(tool.name, tool.side_effecting, approval).decision == "allow"
-    assert policy.decide("write_file", True, approval).decision == "ask"
-    assert policy.decide("write_file", True, ApprovalConfig(allowlist=["write_file"])).decision == "allow"
-    assert policy.decide("grep", False, ApprovalConfig(denylist=["grep"])).decision == "deny"
-    assert policy.decide("grep", False, ApprovalConfig(mode="deny")).decision == "deny"
-    assert policy.decide("write_file", True, ApprovalConfig(mode="auto")).decision == "allow"
+        assert decide(tool.name, tool.side_effecting, approval) == "allow"
+    assert decide("write_file", True, approval) == "ask"
+    assert decide("write_file", True, ApprovalConfig(allowlist=["write_file"])) == "allow"
+    assert decide("grep", False, ApprovalConfig(denylist=["grep"])) == "deny"
+    assert decide("grep", False, ApprovalConfig(mode="deny")) == "deny"
+    assert decide("write_file", True, ApprovalConfig(mode="auto")) == "allow"

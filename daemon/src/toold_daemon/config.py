@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -70,12 +70,42 @@ class EnvironmentConfig(_Section, frozen=True):
     denylist: list[str] = []
 
 
+class Condition(_Section, frozen=True, kw_only=True):
+    """``param`` of the call's arguments compared with ``value``. ``prefix`` compares whole
+    words (for shell commands: ``git`` matches ``git log``, not ``gitx``)."""
+
+    param: str
+    operator: Literal["equals", "contains", "startsWith", "matches", "prefix"]
+    value: str | list[str]
+
+
+class Rule(_Section, frozen=True, kw_only=True):
+    """A policy rule (seed 001): tool-specific rules are tried before ``*`` rules; the first
+    whose conditions all hold decides. ``uids``/``gids``/``clients`` scope it to identities.
+    ``match``/``not_match`` are argument examples checked when the policy loads."""
+
+    tool: str | list[str] = "*"
+    decision: Literal["allow", "deny", "ask"]
+    conditions: list[Condition] = []
+    risk: Literal["low", "medium", "high"] | None = None
+    message: str = ""
+    uids: list[int] = []
+    gids: list[int] = []
+    clients: list[str] = []
+    match: list[dict[str, Any]] = []
+    not_match: list[dict[str, Any]] = []
+
+
 class ApprovalConfig(_Section, frozen=True):
-    enabled: bool = True
+    enabled: bool = True  # false: every call is denied ("Tool execution disabled by policy")
     mode: Literal["auto", "prompt", "deny"] = "prompt"
+    # Seed 002's confirmation modes in one word: none = ask for everything, safe = reads run,
+    # side effects ask; all = run everything (yolo). Overrides mode when set.
+    preset: Literal["none", "safe", "all"] | None = None
     allowlist: list[str] = []
     denylist: list[str] = []
     prompt_side_effects: bool = True
+    rules: list[Rule] = []
 
 
 class ReadFileConfig(_Section, frozen=True):
@@ -131,11 +161,17 @@ class ConfigError(Exception):
 
 def parse(text: str, source: str = "<config>") -> Config:
     try:
-        return msgspec.toml.decode(text, type=Config)
+        config = msgspec.toml.decode(text, type=Config)
     except msgspec.ValidationError as exc:
         raise ConfigError(_locate(text, source, str(exc))) from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    from .policy import problems  # the policy module builds on these types
+
+    found = problems(config.tools.approval)
+    if found:
+        raise ConfigError(f"{source}: [tools.approval] policy: " + "; ".join(found))
+    return config
 
 
 def load_file(path: Path) -> Config:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from toold_protocol import ToolCall, ToolErrorType
+from toold_protocol import Identity, ToolCall, ToolErrorType
 
 from . import policy, results
 from .batches import PreparedCall
@@ -36,7 +36,14 @@ def redact(text: str) -> str:
 
 
 def plan(
-    calls: Sequence[ToolCall], registry: Registry, sandbox: Sandbox, config: Config, *, turn_iteration: int = 1
+    calls: Sequence[ToolCall],
+    registry: Registry,
+    sandbox: Sandbox,
+    config: Config,
+    *,
+    identity: Identity,
+    client_name: str = "",
+    turn_iteration: int = 1,
 ) -> list[PreparedCall]:
     """Plan every call in order. ``turn_iteration`` counts this batch among the batches of
     its user turn (FR-LIM-02); past the limit every call is pre-resolved."""
@@ -52,7 +59,16 @@ def plan(
                     f"max_tool_iterations_per_user_turn={max_iterations}; this call was not run",
                     limit=max_iterations,
                 )
-            _check(item, call, seen=seen, registry=registry, sandbox=sandbox, config=config)
+            _check(
+                item,
+                call,
+                seen=seen,
+                registry=registry,
+                sandbox=sandbox,
+                config=config,
+                identity=identity,
+                client_name=client_name,
+            )
         except ToolError as exc:
             item.result = results.failure(call.call_id, exc)
         seen.add(call.call_id)
@@ -61,7 +77,15 @@ def plan(
 
 
 def _check(
-    item: PreparedCall, call: ToolCall, *, seen: set[str], registry: Registry, sandbox: Sandbox, config: Config
+    item: PreparedCall,
+    call: ToolCall,
+    *,
+    seen: set[str],
+    registry: Registry,
+    sandbox: Sandbox,
+    config: Config,
+    identity: Identity,
+    client_name: str,
 ) -> None:
     tools = config.tools
     if item.index >= tools.max_tool_calls_per_batch:
@@ -103,13 +127,24 @@ def _check(
     item.locations = tool.locations(item.args)
     for raw in tool.paths(item.args):
         item.resolved[raw] = sandbox.resolve(raw)
-    verdict = policy.decide(tool.name, tool.side_effecting, tools.approval)
+    facts = policy.Facts(
+        tool=tool.name,
+        arguments=msgspec.to_builtins(item.args),
+        side_effecting=tool.side_effecting,
+        risk=tool.risk,
+        requires_approval=tool.requires_approval(item.args),
+    )
+    verdict = policy.evaluate(facts, identity, client_name, tools.approval)
+    item.risk = verdict.risk
     if verdict.decision == "deny":
-        raise ToolError(ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}")
+        raise ToolError(
+            ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}", rule=verdict.rule
+        )
     if verdict.decision == "ask":
         raise ToolError(
             ToolErrorType.DENIED,
             "CONFIRMATION_UNAVAILABLE",
-            f"{verdict.reason}; this daemon cannot ask yet. Add {tool.name!r} to "
-            "[tools.approval] allowlist to run it without confirmation",
+            f"{verdict.reason}; this daemon cannot ask for confirmation yet. Allow it with a rule or "
+            f"[tools.approval] allowlist = [{tool.name!r}]",
+            rule=verdict.rule,
         )

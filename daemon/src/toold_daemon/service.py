@@ -275,6 +275,8 @@ class Service:
             self.registry,
             self.sandbox,
             self.config,
+            identity=session.identity,
+            client_name=session.client_name,
             turn_iteration=self._count_turn(session, message.turn_id),
         )
         batch = Batch(
@@ -471,7 +473,14 @@ class Service:
             self.batches.pop(stored.batch_id, None)
             self._reply(session, Ack(id=message.id))
             return
-        calls = planner.plan([c.tool_call() for c in stored.calls], self.registry, self.sandbox, self.config)
+        calls = planner.plan(
+            [c.tool_call() for c in stored.calls],
+            self.registry,
+            self.sandbox,
+            self.config,
+            identity=stored.identity,
+            client_name=stored.client_name,
+        )
         for call in calls:
             recorded = stored.results[call.index]
             if recorded is None and call.result is not None:

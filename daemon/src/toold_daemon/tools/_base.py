@@ -86,6 +86,11 @@ class Tool(Generic[A]):
     def locations(self, args: A) -> list[str]:
         return self.paths(args)
 
+    def requires_approval(self, args: A) -> bool:
+        """Whether these arguments always need a person's yes (``write_file`` overwriting).
+        Pure, like ``summary``: decided from the arguments alone."""
+        return False
+
     def runs_inline(self, args: A, ctx: ToolContext) -> bool:
         """True when this call is small, bounded, non-blocking work (a few kilobytes from a
         regular file) that costs less than handing it to a worker: the runner then runs

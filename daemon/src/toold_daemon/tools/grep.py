@@ -25,6 +25,7 @@ from typing import Annotated
 
 from msgspec import UNSET, Meta, UnsetType
 
+from .. import regexguard
 from ..errors import ToolError, bad_args
 from ..globmatch import compile_glob
 from ..sandbox import Sandbox
@@ -33,11 +34,6 @@ from ._walk import Walker
 
 MAX_LINE_CHARS = 500
 _SNIFF = 8192
-# A quantified group that itself contains a quantifier: (a+)+, (\w*x)*, (a|aa){2,}.
-# Python's re can backtrack exponentially on these while holding the GIL, which would
-# stall the whole daemon, so the Python engine refuses them. ripgrep's engine is
-# linear-time and takes them.
-_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)\s*[+*{]")
 
 
 class GrepArgs(ToolArgs, frozen=True):
@@ -240,11 +236,9 @@ def _relative_to_workspace(hit: Hit, sandbox: Sandbox, root: Path) -> Hit:
 
 
 def _python_hits(target: Path, args: GrepArgs, ctx: ToolContext) -> Iterator[Hit]:
-    if _NESTED_QUANTIFIER.search(args.pattern):
-        raise bad_args(
-            "pattern has a repeated group that contains a repetition (like (a+)+), which can take exponential "
-            "time in the Python regex engine; simplify it (ripgrep, when installed, accepts it)"
-        )
+    refusal = regexguard.risky(args.pattern)
+    if refusal is not None:
+        raise bad_args(f"{refusal} in the Python regex engine; simplify it (ripgrep, when installed, accepts it)")
     sandbox = ctx.sandbox
     regex = re.compile(args.pattern, 0 if args.case_sensitive else re.IGNORECASE)
     name_filter = _file_filter(args.file_pattern)

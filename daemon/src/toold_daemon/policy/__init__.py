@@ -1,0 +1,9 @@
+"""The policy: a pure engine (``evaluate``), shell-command splitting, and load-time checks."""
+
+from .engine import Facts as Facts
+from .engine import Verdict as Verdict
+from .engine import evaluate as evaluate
+from .rules import problems as problems
+from .shell import split_command as split_command
+
+__all__ = ["Facts", "Verdict", "evaluate", "problems", "split_command"]

@@ -1,0 +1,50 @@
+"""Checking a policy when it loads: regex guards and each rule's own examples.
+
+A rule may carry ``match = [{...arguments...}]`` and ``not_match = [...]``; they are run
+against the rule's conditions like unit tests, and a failing example is a load error,
+so a policy cannot silently mean something else than its author wrote.
+"""
+
+from __future__ import annotations
+
+from .. import regexguard
+from ..config import ApprovalConfig, Rule
+from .engine import conditions_hold
+from .shell import split_command
+
+
+def problems(approval: ApprovalConfig) -> list[str]:
+    """Everything wrong with the policy, one message per problem (empty: usable)."""
+    found: list[str] = []
+    for index, rule in enumerate(approval.rules):
+        found.extend(f"rule {index} ({rule.decision} {rule.tool}): {p}" for p in _rule_problems(rule))
+    return found
+
+
+def _rule_problems(rule: Rule) -> list[str]:
+    found: list[str] = []
+    for condition in rule.conditions:
+        if condition.operator == "matches":
+            values = [condition.value] if isinstance(condition.value, str) else condition.value
+            found.extend(
+                f"{condition.param} matches {v!r}: {why}" for v in values if (why := regexguard.risky(v)) is not None
+            )
+    if found:
+        return found
+    for example in rule.match:
+        if not _example_matches(rule, example):
+            found.append(f"example {example!r} should match but does not")
+    for example in rule.not_match:
+        if _example_matches(rule, example):
+            found.append(f"example {example!r} should not match but does")
+    return found
+
+
+def _example_matches(rule: Rule, example: dict[str, object]) -> bool:
+    command = example.get("command")
+    if isinstance(command, str) and any(c.param == "command" and c.operator == "prefix" for c in rule.conditions):
+        parts = split_command(command)
+        return parts is not None and any(
+            conditions_hold(rule.conditions, {**example, "command": part.text}, part=part) for part in parts
+        )
+    return conditions_hold(rule.conditions, example)
