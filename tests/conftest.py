@@ -42,7 +42,12 @@ class DaemonProcess:
 
 
 def start_daemon(
-    tmp: Path, root: Path, *extra: str, config: str | None = None, socket_dir: Path | None = None
+    tmp: Path,
+    root: Path,
+    *extra: str,
+    config: str | None = None,
+    socket_dir: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> DaemonProcess:
     sock = (socket_dir or tmp / "run") / "toold.sock"
     endpoint = f"ipc://{sock}"
@@ -65,8 +70,8 @@ def start_daemon(
         args += ["--config", str(cfg)]
     (tmp / "state").mkdir(exist_ok=True)
     log = tmp / "daemon.log"
-    env = {k: v for k, v in os.environ.items() if k != "TOOLD_ENDPOINT"}
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env)
+    environ = {k: v for k, v in os.environ.items() if k != "TOOLD_ENDPOINT"} | (env or {})
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=environ)
     daemon = DaemonProcess(endpoint, root, sock, proc, log)
     wait_ready(daemon)
     return daemon

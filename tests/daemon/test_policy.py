@@ -151,7 +151,7 @@ def words(command: str) -> list[str] | None:
         ("(cd x && make)", ["cd x", "make"]),
         ("ls\nrm -rf build", ["ls", "rm -rf build"]),
         ("echo 'a && b'", ["echo a && b"]),
-        ('echo "$(id)"', ['echo __SUBST__', "id"]),
+        ('echo "$(id)"', ["echo __SUBST__", "id"]),
         ("FOO=1 make test", ["FOO=1 make test"]),
     ],
 )

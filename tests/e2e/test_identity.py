@@ -10,10 +10,12 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.conftest import DaemonProcess, start_daemon
@@ -21,6 +23,13 @@ from tests.e2e.test_daemon import big_tree, grep_calls, submit_raw
 from toold_client import Client, RemoteError
 
 NOBODY = 65534
+SHELL_ALLOWED = """
+[tools.approval]
+allowlist = ["shell", "run_code"]
+
+[tools.isolation]
+processes = 200
+"""
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 
 
@@ -49,11 +58,14 @@ def as_nobody(endpoint: str, action: Callable[[Client], dict[str, Any]]) -> dict
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, root: Path) -> Iterator[DaemonProcess]:
-    """A daemon whose socket lies where another user can reach it (pytest's tmp dirs are 0700)."""
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A daemon whose socket and root lie where another user can reach them (pytest's tmp
+    dirs are 0700)."""
     socket_dir = Path(tempfile.mkdtemp(prefix="toold-shared-"))
     os.chmod(socket_dir, 0o711)
-    d = start_daemon(tmp_path, root, socket_dir=socket_dir / "run")
+    root = socket_dir / "workspace"
+    root.mkdir(mode=0o755)
+    d = start_daemon(tmp_path, root, socket_dir=socket_dir / "run", config=SHELL_ALLOWED)
     try:
         yield d
     finally:
@@ -74,29 +86,41 @@ def remote_code(call: Callable[[], object]) -> str:
     return "no error"
 
 
-def test_another_uid_gets_its_own_identity_and_no_tools(daemon: DaemonProcess) -> None:
+def test_another_uid_gets_its_own_identity_and_its_own_privileges(daemon: DaemonProcess) -> None:
+    """Tools for uid 65534 run in a child that is uid 65534: a root-only file stays unreadable,
+    a world-readable one is read, and a shell command reports the peer's uid."""
     (daemon.root / "secret.txt").write_text("root only")
     os.chmod(daemon.root / "secret.txt", 0o600)
+    (daemon.root / "public.txt").write_text("for everyone")
+    os.chmod(daemon.root, 0o755)
     open_socket_to_everyone(daemon)
 
     def act(client: Client) -> dict[str, Any]:
         welcome = client.hello()
-        result = client.call("read_file", {"path": "secret.txt"})
+        secret = client.call("read_file", {"path": "secret.txt"})
+        public = client.call("read_file", {"path": "public.txt"})
+        shell = client.call("shell", {"command": "id -u; id -g; cat secret.txt"})
         return {
             "uid": welcome.identity.uid,
             "gid": welcome.identity.gid,
             "pid": welcome.identity.pid,
             "me": os.getpid(),
-            "ok": result.ok,
-            "content": result.content,
-            "type": result.error.type if result.error else None,
+            "secret": [secret.ok, secret.content, secret.error.type if secret.error else None],
+            "public": [public.ok, public.content],
+            "shell": [shell.ok, shell.content],
         }
 
     report = as_nobody(daemon.endpoint, act)
     assert report.get("exception") is None, report
     assert (report["uid"], report["gid"], report["pid"]) == (NOBODY, NOBODY, report["me"])
-    assert report["ok"] is False and report["type"] == "IsolationUnavailable"
-    assert "root only" not in report["content"]
+    ok, content, kind = report["secret"]
+    assert ok is False and kind == "PermissionDenied", content
+    assert "root only" not in content
+    assert report["public"] == [True, "for everyone"]
+    ok, content = report["shell"]
+    assert ok is False  # cat fails: non-zero exit
+    assert content.splitlines()[2:4] == [str(NOBODY), str(NOBODY)], content
+    assert "root only" not in content and "Permission denied" in content
 
 
 def test_another_uid_cannot_see_cancel_recover_or_take_over_a_batch(daemon: DaemonProcess) -> None:
@@ -132,3 +156,26 @@ def test_socket_of_a_default_daemon_is_closed_to_other_users(daemon: DaemonProce
     report = as_nobody(daemon.endpoint, lambda client: {"rtt": client.ping(timeout=2)})
     assert "exception" in report and report.get("rtt") is None
     assert Path(daemon.socket).exists()
+
+
+def test_fork_bomb_of_another_uid_ends_and_the_daemon_keeps_serving(daemon: DaemonProcess) -> None:
+    """RLIMIT_NPROC holds for a non-root uid; the timeout then kills what the bomb made."""
+    open_socket_to_everyone(daemon)
+
+    def act(client: Client) -> dict[str, Any]:
+        started = time.monotonic()
+        result = client.call("shell", {"command": "bomb() { bomb | bomb & }; bomb; sleep 5", "timeout_ms": 3000})
+        return {
+            "ok": result.ok,
+            "type": result.error.type if result.error else None,
+            "took": time.monotonic() - started,
+        }
+
+    report = as_nobody(daemon.endpoint, act)
+    assert report.get("exception") is None, report
+    assert report["ok"] is False and report["took"] < 20, report
+    with daemon.client(timeout=10) as client:
+        assert client.ping(timeout=5) > 0
+    time.sleep(0.3)
+    left = [proc for proc in psutil.process_iter(["uids"]) if proc.info["uids"] and proc.info["uids"].real == NOBODY]
+    assert left == []

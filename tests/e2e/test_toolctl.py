@@ -78,6 +78,8 @@ def test_tools_in_every_format(daemon: DaemonProcess) -> None:
         "list_directory",
         "read_file",
         "read_many_files",
+        "run_code",
+        "shell",
     ]
     openai = json.loads(toolctl(daemon, "tools", "--format", "openai").stdout)
     assert openai[0]["type"] == "function" and openai[0]["function"]["name"] == "glob"

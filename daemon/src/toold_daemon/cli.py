@@ -12,8 +12,11 @@ import trio
 from . import __version__
 from .config import Config, ConfigError, load_file
 from .ipc import EndpointInUse
+from .isolation.probe import Probe
+from .isolation.spawner import start as start_spawner
 from .journal import JournalError
 from .server import ServeOptions, serve
+from .tools import builtin_tools
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
-    options = ServeOptions(roots=args.root, endpoint=args.endpoint, state_dir=args.state_dir)
+    # The fork server starts now, while this process is single-threaded and trio not running.
+    spawner = start_spawner([*builtin_tools(), Probe()])
+    options = ServeOptions(roots=args.root, endpoint=args.endpoint, state_dir=args.state_dir, spawner=spawner)
     try:
         trio.run(serve, config, options)
     except EndpointInUse as exc:

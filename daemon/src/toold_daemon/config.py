@@ -57,7 +57,7 @@ class SandboxConfig(_Section, frozen=True):
 class TimeoutsConfig(_Section, frozen=True):
     default_seconds: Seconds = 30.0
     file_operations_seconds: Seconds = 30.0
-    shell_commands_seconds: Seconds = 300.0
+    shell_commands_seconds: Seconds = 120.0
 
 
 class OutputConfig(_Section, frozen=True):
@@ -108,6 +108,21 @@ class ApprovalConfig(_Section, frozen=True):
     rules: list[Rule] = []
 
 
+class IsolationConfig(_Section, frozen=True):
+    """Limits and layers for isolated children. ``require`` names layers (``landlock``,
+    ``seccomp``, ``network``, ``no_new_privs``, ``privilege``) without which the daemon
+    refuses to run side-effecting tools."""
+
+    require: list[str] = []
+    cpu_seconds: PositiveInt = 600
+    address_space_mb: PositiveInt = 4096
+    file_size_mb: PositiveInt = 1024
+    open_files: PositiveInt = 1024
+    processes: PositiveInt = 512
+    stream_limit_bytes: PositiveInt = 1_048_576
+    kill_grace_seconds: Annotated[float, Meta(ge=0, le=30)] = 0.0
+
+
 class ReadFileConfig(_Section, frozen=True):
     max_file_read_bytes: PositiveInt = 204_800
     max_scan_bytes: PositiveInt = 2_097_152
@@ -128,6 +143,7 @@ class ToolsConfig(_Section, frozen=True):
     output: OutputConfig = OutputConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
     approval: ApprovalConfig = ApprovalConfig()
+    isolation: IsolationConfig = IsolationConfig()
     read_file: ReadFileConfig = ReadFileConfig()
     apply_patch: ApplyPatchConfig = ApplyPatchConfig()
 

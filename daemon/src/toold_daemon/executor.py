@@ -15,7 +15,15 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
-from toold_protocol import BatchFinished, BatchState, CallFinished, CallStarted, ToolErrorType, ToolResult
+from toold_protocol import (
+    BatchFinished,
+    BatchState,
+    CallFinished,
+    CallStarted,
+    OutputChunk,
+    ToolErrorType,
+    ToolResult,
+)
 
 from . import results
 from .batches import Batch, PreparedCall
@@ -104,11 +112,17 @@ class Executor:
             # after a crash; a read-only call without a result is simply run again on resume.
             self.recorder.started(batch.batch_id, call.index)
         emit(CallStarted(batch_id=batch.batch_id, call_id=call.call_id, index=call.index, name=call.name))
-        return await self._run_call(batch, call, call.tool)
+        return await self._run_call(batch, call, call.tool, emit)
 
-    async def _run_call(self, batch: Batch, call: PreparedCall, tool: Tool[Any]) -> ToolResult:
-        ctx = ToolContext(call_id=call.call_id, sandbox=self.sandbox, config=self.config, resolved=call.resolved)
-        timeout = self.timeout_for(tool)
+    async def _run_call(self, batch: Batch, call: PreparedCall, tool: Tool[Any], emit: Emit) -> ToolResult:
+        ctx = ToolContext(
+            call_id=call.call_id,
+            sandbox=self.sandbox,
+            config=self.config,
+            resolved=call.resolved,
+            emit=_chunk_emitter(batch.batch_id, call.call_id, emit),
+        )
+        timeout = tool.timeout_seconds(call.args) or self.timeout_for(tool)
         started = time.monotonic()
         output = None
         failure: ToolResult | None = None
@@ -117,7 +131,14 @@ class Executor:
             try:
                 output = await self.runner.run(tool, call.args, ctx, batch.identity)
             except ToolError as exc:
-                failure = results.failure(call.call_id, exc, duration_ms=_ms(started))
+                limits = self.config.tools.output
+                failure = results.failure(
+                    call.call_id,
+                    exc,
+                    duration_ms=_ms(started),
+                    max_bytes=limits.max_bytes,
+                    max_lines=limits.max_lines,
+                )
             except _Cancelled:
                 pass
             except Exception as exc:
@@ -126,10 +147,12 @@ class Executor:
                 batch.current_scope = None
         if failure is not None:
             return failure
+        limits = self.config.tools.output
         if output is None or scope.cancelled_caught:
             ctx.cancelled.set()
+            partial = "".join(ctx.partial)
             if batch.cancel_reason is not None:
-                return _cancelled(call.call_id, batch.cancel_reason, duration_ms=_ms(started))
+                return _cancelled(call.call_id, batch.cancel_reason, duration_ms=_ms(started), output=partial)
             elapsed = time.monotonic() - started
             return results.failure(
                 call.call_id,
@@ -142,8 +165,10 @@ class Executor:
                     timeout_ms=round(timeout * 1000),
                 ),
                 duration_ms=_ms(started),
+                output=partial,
+                max_bytes=limits.max_bytes,
+                max_lines=limits.max_lines,
             )
-        limits = self.config.tools.output
         return results.success(
             call.call_id,
             output.content,
@@ -168,7 +193,22 @@ def _ms(started: float) -> float:
     return (time.monotonic() - started) * 1000
 
 
-def _cancelled(call_id: str, reason: str, *, duration_ms: float = 0.0) -> ToolResult:
+def _cancelled(call_id: str, reason: str, *, duration_ms: float = 0.0, output: str = "") -> ToolResult:
     return results.failure(
-        call_id, ToolError(ToolErrorType.CANCELLED, "CANCELLED", f"Cancelled: {reason}"), duration_ms=duration_ms
+        call_id,
+        ToolError(ToolErrorType.CANCELLED, "CANCELLED", f"Cancelled: {reason}"),
+        duration_ms=duration_ms,
+        output=output,
     )
+
+
+def _chunk_emitter(batch_id: str, call_id: str, emit: Emit) -> Callable[[str, str], None]:
+    """``ctx.emit`` for one call: numbered ``output_chunk`` events."""
+    seq = 0
+
+    def chunk(stream: str, data: str) -> None:
+        nonlocal seq
+        emit(OutputChunk(batch_id=batch_id, call_id=call_id, stream=stream, data=data, seq=seq))  # type: ignore[arg-type]
+        seq += 1
+
+    return chunk

@@ -44,17 +44,34 @@ def success(
     )
 
 
-def failure(call_id: str, error: ToolError | ToolErrorInfo, *, duration_ms: float = 0.0) -> ToolResult:
+def failure(
+    call_id: str,
+    error: ToolError | ToolErrorInfo,
+    *,
+    duration_ms: float = 0.0,
+    output: str = "",
+    max_bytes: int = 102_400,
+    max_lines: int = 10_000,
+) -> ToolResult:
+    """An error result. ``output`` (what a command printed before failing, or before its
+    timeout) follows the error line, bounded like any output: the model needs both."""
     info = error.info() if isinstance(error, ToolError) else error
     message = truncate(info.message, max_chars=_MAX_ERROR_CHARS).text
-    info = ToolErrorInfo(type=info.type, code=info.code, message=message, details=info.details)
+    details = dict(info.details)
+    output = output or str(details.pop("output", None) or "")
+    info = ToolErrorInfo(type=info.type, code=info.code, message=message, details=details)
     text = f"Error ({info.type}): {message}"
+    truncated = False
+    if output:
+        cut = truncate(output, max_bytes=max_bytes, max_lines=max_lines)
+        text, truncated = f"{text}\n\n{cut.text}", cut.truncated
     return ToolResult(
         call_id=call_id,
         ok=False,
         content=text,
         display=sanitize_for_terminal(text),
         error=info,
+        truncated=truncated,
         duration_ms=round(duration_ms, 3),
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +22,15 @@ import trio
 from toold_protocol import SOCKET_NAME
 from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
-from .config import DEFAULT_DENIED_PATTERNS, Config
+from .config import Config
 from .executor import Executor
 from .ipc import IpcServer
+from .isolation.probe import Probe
+from .isolation.runner import SpawnRunner
 from .journal import Journal
 from .registry import Registry
 from .runner import ThreadRunner
-from .sandbox import Sandbox
+from .sandbox import build_sandbox
 from .service import Service
 from .tools import builtin_tools
 
@@ -39,6 +42,22 @@ class ServeOptions:
     roots: list[Path] = field(default_factory=list)
     endpoint: str = ""
     state_dir: Path | None = None
+    #: The fork server (pid, control socket), started before trio by ``toold serve``.
+    #: Without one, side-effecting tools are refused (IsolationUnavailable).
+    spawner: tuple[int, socket.socket] | None = None
+
+
+async def build_runner(config: Config, options: ServeOptions) -> ThreadRunner | SpawnRunner:
+    if options.spawner is None:
+        return ThreadRunner()
+    runner = SpawnRunner(*options.spawner, config)
+    layers = await runner.probe(Probe())
+    for name, state in sorted(layers.items()):
+        (log.info if state.startswith("on") else log.warning)("isolation layer %s: %s", name, state)
+    missing = [n for n in config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
+    if missing:
+        log.error("required isolation layers are off (%s): side-effecting tools will be refused", ", ".join(missing))
+    return runner
 
 
 def default_runtime_dir() -> Path:
@@ -90,15 +109,6 @@ def prepare_runtime_dir(directory: Path) -> None:
         os.chmod(directory, 0o700)
 
 
-def build_sandbox(config: Config, roots: list[Path]) -> Sandbox:
-    sandbox_config = config.tools.sandbox
-    chosen = roots or [Path(r) for r in sandbox_config.allowed_roots] or [Path.cwd()]
-    denied = list(sandbox_config.denied_patterns)
-    if sandbox_config.include_default_denies:
-        denied = [*DEFAULT_DENIED_PATTERNS, *denied]
-    return Sandbox(chosen, denied_patterns=denied, allow_absolute=sandbox_config.allow_absolute)
-
-
 def resolve_endpoint(config: Config, options: ServeOptions) -> str:
     endpoint = options.endpoint or config.daemon.endpoint
     if endpoint:
@@ -119,7 +129,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     journal = open_journal(config, options)
     endpoint = resolve_endpoint(config, options)
 
-    executor = Executor(ThreadRunner(), sandbox, config, journal)
+    runner = await build_runner(config, options)
+    executor = Executor(runner, sandbox, config, journal)
     ipc = IpcServer(endpoint, hard_max_frame_bytes=config.daemon.max_frame_bytes * 4)
     service = Service(
         config=config,
@@ -128,7 +139,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         executor=executor,
         send=ipc.send,
         forget=ipc.forget,
-        isolation=list(ThreadRunner.ISOLATION),
+        isolation=runner.isolation if isinstance(runner, SpawnRunner) else list(ThreadRunner.ISOLATION),
         journal=journal,
     )
     try:
@@ -148,6 +159,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 nursery.cancel_scope.cancel()
     finally:
         ipc.close()
+        if isinstance(runner, SpawnRunner):
+            runner.close()
         if journal is not None:
             journal.close()
 

@@ -1,5 +1,21 @@
 """Filesystem confinement: path validation and symlink-safe opening."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import DEFAULT_DENIED_PATTERNS, Config
 from .paths import Sandbox as Sandbox
 
-__all__ = ["Sandbox"]
+
+def build_sandbox(config: Config, roots: list[Path]) -> Sandbox:
+    """The sandbox a configuration describes (``roots`` from the command line win)."""
+    sandbox_config = config.tools.sandbox
+    chosen = roots or [Path(r) for r in sandbox_config.allowed_roots] or [Path.cwd()]
+    denied = list(sandbox_config.denied_patterns)
+    if sandbox_config.include_default_denies:
+        denied = [*DEFAULT_DENIED_PATTERNS, *denied]
+    return Sandbox(chosen, denied_patterns=denied, allow_absolute=sandbox_config.allow_absolute)
+
+
+__all__ = ["Sandbox", "build_sandbox"]

@@ -36,6 +36,21 @@ class ToolOutput:
     allow_truncation: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Command:
+    """What a command tool asks the isolated child to run (``shell``, ``run_code``).
+
+    ``files`` are written into the call's private temp dir by the child, as the
+    requesting user, before ``argv`` runs; ``{tmp}`` in argv is replaced by that dir."""
+
+    argv: list[str]
+    cwd: str
+    network: bool = True
+    idle_timeout_s: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class ToolContext:
     """Fresh per call (FR-REG-04a)."""
@@ -46,6 +61,8 @@ class ToolContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     emit: Callable[[str, str], None] | None = None
     resolved: dict[str, Path] = field(default_factory=dict)
+    #: Output streamed so far (bounded by the runner), kept for timeout and cancel results.
+    partial: list[str] = field(default_factory=list)
 
     def resolve(self, raw: str) -> Path:
         """The canonical path of a path argument: the one the planner validated (FR-VAL-04a),
@@ -97,8 +114,17 @@ class Tool(Generic[A]):
         it without a thread hop. Default: never."""
         return False
 
+    def command(self, args: A, ctx: ToolContext) -> Command | None:
+        """For tools that run a program: what to run. The isolated child then supervises
+        it instead of calling ``run``. Default: None (a Python tool)."""
+        return None
+
+    def timeout_seconds(self, args: A) -> float | None:
+        """A per-call timeout from the arguments (``timeout_ms``), or None for the config's."""
+        return None
+
     def run(self, args: A, ctx: ToolContext) -> ToolOutput:
         raise NotImplementedError
 
 
-__all__ = ["A", "RiskLevel", "Tool", "ToolArgs", "ToolContext", "ToolError", "ToolOutput"]
+__all__ = ["A", "Command", "RiskLevel", "Tool", "ToolArgs", "ToolContext", "ToolError", "ToolOutput"]

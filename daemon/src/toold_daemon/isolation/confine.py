@@ -1,0 +1,164 @@
+"""What a freshly forked child does to itself before running anything, in order.
+
+setsid → parent-death signal → fds → stdin /dev/null → signals → identity → network
+namespace → no_new_privs → rlimits → Landlock → seccomp. The network namespace comes
+before Landlock because mapping uids in a new user namespace writes to /proc, which
+Landlock would then forbid. Each step that the kernel refuses is recorded in the
+returned layer report; a step named in ``require`` that fails aborts the child.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import resource
+import signal
+import sys
+
+from . import kernel
+from .wire import Limits, SpawnRequest
+
+
+class ConfinementFailed(Exception):
+    """A required layer could not be applied; the child must not run the tool."""
+
+
+SYSTEM_READ_EXEC = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/nix/store")
+SYSTEM_READ = ("/etc", "/proc", "/sys/devices/system/cpu", "/run/systemd/resolve")
+DEVICES_RW = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx", "/dev/shm")
+DEVICES_READ = ("/dev/urandom", "/dev/random", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
+
+
+def confine(request: SpawnRequest, keep_fds: list[int], parent_pid: int) -> dict[str, str]:
+    """Apply every layer to this process; return ``{layer: "on" | reason it is off}``."""
+    layers: dict[str, str] = {}
+    os.setsid()
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the spawner died before the signal was armed
+        os._exit(70)
+    os.closerange(3, min(keep_fds)) if keep_fds and min(keep_fds) > 3 else None
+    _close_other_fds(keep_fds)
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    layers["privilege"] = _drop_identity(request.uid, request.gid)
+    layers["network"] = _cut_network(request) if not request.network else "on (network allowed for this call)"
+    kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
+    layers["no_new_privs"] = "on"
+    _set_limits(request.limits)
+    layers["rlimits"] = "on"
+    layers["landlock"] = _landlock(request)
+    layers["seccomp"] = _seccomp(request, network_cut=layers["network"] == "on")
+    if layers["network"] != "on" and not request.network and layers["seccomp"] == "on":
+        layers["network"] = "on (seccomp: AF_UNIX sockets only)"
+    for name in request.require:
+        if not layers.get(name, "off").startswith("on"):
+            raise ConfinementFailed(f"required isolation layer {name!r} is off: {layers.get(name, 'unknown layer')}")
+    return layers
+
+
+def _close_other_fds(keep: list[int]) -> None:
+    try:
+        open_fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        open_fds = list(range(3, 1024))
+    for fd in open_fds:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _drop_identity(uid: int, gid: int) -> str:
+    """Become the requesting peer. As root: setgroups, setgid, setuid. As anyone else the
+    spawner only serves its own uid (the runner refuses others before asking)."""
+    if uid < 0 or (os.geteuid() != 0 and uid == os.geteuid()):
+        return "on (same uid as the daemon)"
+    if os.geteuid() != 0:
+        raise ConfinementFailed(f"daemon uid {os.geteuid()} cannot act as uid {uid}")
+    try:
+        user = pwd.getpwuid(uid)
+        groups = os.getgrouplist(user.pw_name, gid)
+    except KeyError:
+        groups = [gid]
+    if uid == 0:
+        return "on (client is root)"
+    os.setgroups(groups)
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise ConfinementFailed("setuid did not take")
+    return "on"
+
+
+def _cut_network(request: SpawnRequest) -> str:
+    """A new network namespace holds only a downed loopback. Unprivileged, it needs a new
+    user namespace too, mapped to the same uid so files keep their owner."""
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        if uid == 0:
+            kernel.unshare(kernel.CLONE_NEWNET)
+        else:
+            kernel.unshare(kernel.CLONE_NEWUSER | kernel.CLONE_NEWNET)
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        return "on"
+    except OSError as exc:
+        return f"off: network namespace refused ({exc.strerror})"
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _set_limits(limits: Limits) -> None:
+    wanted = {
+        resource.RLIMIT_CPU: limits.cpu_seconds,
+        resource.RLIMIT_AS: limits.address_space_bytes,
+        resource.RLIMIT_FSIZE: limits.file_size_bytes,
+        resource.RLIMIT_NOFILE: limits.open_files,
+        resource.RLIMIT_NPROC: limits.processes,
+        resource.RLIMIT_CORE: 0,
+    }
+    for which, value in wanted.items():
+        _soft, hard = resource.getrlimit(which)
+        cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (cap, cap))
+
+
+def _landlock(request: SpawnRequest) -> str:
+    abi = kernel.landlock_abi()
+    if abi == 0:
+        return "off: the kernel has no Landlock (needs Linux 5.13 with landlock in the LSM list)"
+    rw = kernel.fs_access_for_abi(abi) & ~(kernel.FS_MAKE_CHAR | kernel.FS_MAKE_BLOCK | kernel.FS_IOCTL_DEV)
+    rules: list[tuple[str, int]] = [(root, rw) for root in [*request.roots, *request.writable]]
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(__file__))}
+    rules += [(p, kernel.READ_EXEC) for p in (*SYSTEM_READ_EXEC, *sorted(prefixes))]
+    rules += [(p, kernel.READ) for p in SYSTEM_READ]
+    rules += [(p, kernel.READ | kernel.FS_WRITE_FILE | kernel.FS_TRUNCATE) for p in DEVICES_RW]
+    rules += [(p, kernel.READ) for p in DEVICES_READ]
+    try:
+        kernel.landlock_restrict(rules, abi)
+    except OSError as exc:
+        return f"off: Landlock refused ({exc.strerror})"
+    return f"on (ABI {abi})"
+
+
+def _seccomp(request: SpawnRequest, *, network_cut: bool) -> str:
+    why_not = kernel.seccomp_supported()
+    if why_not is not None:
+        return f"off: {why_not}"
+    try:
+        kernel.seccomp_filter(unix_sockets_only=not request.network and not network_cut)
+    except OSError as exc:
+        return f"off: seccomp refused ({exc.strerror})"
+    return "on"

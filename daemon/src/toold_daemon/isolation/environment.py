@@ -1,0 +1,63 @@
+"""The environment a child starts with: empty, plus an allowlist, minus secrets and injection.
+
+Pure, so the rule can be tested without a child: ``child_environment(os.environ, ...)``.
+Matching is case-insensitive: ``github_token`` is as secret as ``GITHUB_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+
+BASE_ALLOWLIST = ("PATH", "HOME", "LANG", "LC_*", "TERM", "USER", "LOGNAME", "TZ", "SHELL")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+SECRET_PATTERNS = (
+    "*_KEY", "*_KEYS", "*_TOKEN", "*_TOKENS", "*_SECRET", "*_SECRETS", "*_PASSWORD", "*_PASSWD", "*_PASS",
+    "*_CREDENTIALS", "*_CREDENTIAL", "*_API_KEY", "*_PRIVATE_KEY", "*_AUTH", "*_SESSION", "*_COOKIE",
+    "*PASSWORD*", "*SECRET*", "*TOKEN*", "*APIKEY*",
+    "AWS_*", "AZURE_*", "GOOGLE_APPLICATION_CREDENTIALS", "GCP_*", "GCLOUD_*",
+    "ANTHROPIC_*", "OPENAI_*", "GEMINI_*", "MISTRAL_*", "COHERE_*", "HF_*", "HUGGING*",
+    "GITHUB_*", "GH_*", "GITLAB_*", "NPM_*", "PYPI_*", "TWINE_*", "DOCKER_*", "KUBECONFIG",
+    "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "*DATABASE_URL", "*_DSN", "VAULT_*", "SLACK_*", "STRIPE_*",
+)  # fmt: skip
+
+INJECTION_PATTERNS = (
+    "LD_*", "DYLD_*", "BASH_ENV", "ENV", "BASH_FUNC_*", "PROMPT_COMMAND", "PS4", "SHELLOPTS", "BASHOPTS",
+    "IFS", "CDPATH", "GLOBIGNORE", "PYTHONSTARTUP", "PYTHONPATH", "PYTHONHOME", "PYTHONINSPECT",
+    "PYTHONUSERBASE", "PYTHONBREAKPOINT", "NODE_OPTIONS", "NODE_PATH", "PERL5OPT", "PERL5LIB",
+    "PERLLIB", "RUBYOPT", "RUBYLIB", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS",
+    "GIT_SSH", "GIT_SSH_COMMAND", "GIT_EXEC_PATH", "GIT_ASKPASS", "SSH_ASKPASS", "GIT_CONFIG_*",
+    "GIT_PROXY_COMMAND", "EDITOR", "VISUAL", "PAGER", "GIT_PAGER", "MANPAGER", "BROWSER",
+)  # fmt: skip
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, p.upper()) for p in patterns)
+
+
+def is_injection(name: str) -> bool:
+    """A variable that makes a program load or run something else (``LD_PRELOAD``)."""
+    return _matches(name, INJECTION_PATTERNS)
+
+
+def is_dropped(name: str, extra_denied: Iterable[str] = ()) -> bool:
+    """Whether a variable never reaches a child: a secret, an injection hook, or denied by config."""
+    return _matches(name, SECRET_PATTERNS) or _matches(name, INJECTION_PATTERNS) or _matches(name, extra_denied)
+
+
+def child_environment(
+    parent: Mapping[str, str],
+    *,
+    allow: Iterable[str] = (),
+    deny: Iterable[str] = (),
+    set_vars: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Start empty; copy allowlisted names from ``parent``; add ``set_vars`` (config, the
+    call's own ``env``, TMPDIR); then drop every secret or injection name, whoever set it."""
+    allowed = (*BASE_ALLOWLIST, *allow)
+    env = {k: v for k, v in parent.items() if _matches(k, allowed)}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.update(set_vars or {})
+    return {k: v for k, v in env.items() if not is_dropped(k, deny) and "\0" not in k + v and "=" not in k}

@@ -1,0 +1,203 @@
+"""Thin ctypes bindings for the kernel calls Python's stdlib lacks: prctl, unshare,
+Landlock and seccomp. Each returns or raises OSError; callers decide what a refusal means."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+
+# Landlock syscall numbers are the same on every architecture (added after the unification).
+_SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_ADD_RULE = 445
+_SYS_LANDLOCK_RESTRICT_SELF = 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+
+FS_EXECUTE = 1 << 0
+FS_WRITE_FILE = 1 << 1
+FS_READ_FILE = 1 << 2
+FS_READ_DIR = 1 << 3
+FS_REMOVE_DIR = 1 << 4
+FS_REMOVE_FILE = 1 << 5
+FS_MAKE_CHAR = 1 << 6
+FS_MAKE_DIR = 1 << 7
+FS_MAKE_REG = 1 << 8
+FS_MAKE_SOCK = 1 << 9
+FS_MAKE_FIFO = 1 << 10
+FS_MAKE_BLOCK = 1 << 11
+FS_MAKE_SYM = 1 << 12
+FS_REFER = 1 << 13  # ABI 2
+FS_TRUNCATE = 1 << 14  # ABI 3
+FS_IOCTL_DEV = 1 << 15  # ABI 5
+
+READ = FS_READ_FILE | FS_READ_DIR
+READ_EXEC = READ | FS_EXECUTE
+
+
+def _check(result: int) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def prctl(option: int, arg: int = 0) -> None:
+    _check(_libc.prctl(option, arg, 0, 0, 0))
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags))
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, or 0 when Landlock is missing or disabled."""
+    try:
+        return _check(
+            _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), _LANDLOCK_CREATE_RULESET_VERSION)
+        )
+    except OSError:
+        return 0
+
+
+def fs_access_for_abi(abi: int) -> int:
+    """Every filesystem right this ABI can restrict (so everything not granted is denied)."""
+    rights = (1 << 13) - 1
+    if abi >= 2:
+        rights |= FS_REFER
+    if abi >= 3:
+        rights |= FS_TRUNCATE
+    if abi >= 5:
+        rights |= FS_IOCTL_DEV
+    return rights
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_restrict(rules: list[tuple[str, int]], abi: int) -> None:
+    """Confine this process to ``rules`` (path, rights). Paths that do not exist are
+    skipped; a right the ABI lacks is dropped. Requires no_new_privs (or CAP_SYS_ADMIN)."""
+    handled = fs_access_for_abi(abi)
+    attr = _RulesetAttr(handled, 0)
+    ruleset = _check(
+        _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(8 * 2 if abi >= 4 else 8), 0)
+    )
+    try:
+        for path, rights in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                granted = rights & handled
+                if not os.path.isdir(f"/proc/self/fd/{fd}"):  # a file: only rights that apply to files
+                    granted &= FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+                beneath = _PathBeneath(granted, fd)
+                _check(
+                    _libc.syscall(
+                        _SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(beneath), 0
+                    )
+                )
+            finally:
+                os.close(fd)
+        _check(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0))
+    finally:
+        os.close(ruleset)
+
+
+# ---- seccomp ---------------------------------------------------------------------------
+
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# Syscalls a tool never needs and that reach across process or kernel boundaries.
+_DENIED_SYSCALLS = {
+    "x86_64": {
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "bpf": 321, "perf_event_open": 298,
+        "keyctl": 250, "add_key": 248, "request_key": 249, "mount": 165, "umount2": 166,
+        "init_module": 175, "finit_module": 313, "delete_module": 176, "reboot": 169,
+        "kexec_load": 246, "kexec_file_load": 320, "open_by_handle_at": 304, "fsopen": 430,
+        "fsmount": 432, "move_mount": 429, "pivot_root": 155, "swapon": 167, "swapoff": 168,
+    },
+    "aarch64": {
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "bpf": 280, "perf_event_open": 241,
+        "keyctl": 219, "add_key": 217, "request_key": 218, "mount": 40, "umount2": 39,
+        "init_module": 105, "finit_module": 273, "delete_module": 106, "reboot": 142,
+        "kexec_load": 104, "kexec_file_load": 294, "open_by_handle_at": 265, "fsopen": 430,
+        "fsmount": 432, "move_mount": 429, "pivot_root": 41, "swapon": 224, "swapoff": 225,
+    },
+}  # fmt: skip
+_SOCKET_NR = {"x86_64": 41, "aarch64": 198}
+_AF_UNIX = 1
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+_BPF_LD_W_ABS = 0x20
+_BPF_JEQ_K = 0x15
+_BPF_RET_K = 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO_EPERM = 0x00050000 | 1
+_RET_KILL_PROCESS = 0x80000000
+
+
+def seccomp_supported() -> str | None:
+    """None when a filter can be built for this machine, else why not."""
+    machine = platform.machine()
+    return None if machine in _AUDIT_ARCH else f"no syscall table for {machine}"
+
+
+def seccomp_filter(*, unix_sockets_only: bool) -> None:
+    """Install a filter: EPERM for the denied syscalls, and with ``unix_sockets_only``
+    EPERM for ``socket()`` of any family but AF_UNIX (stops TCP, UDP and raw sockets).
+    Stacks under any filter already present (a container's). Needs no_new_privs."""
+    machine = platform.machine()
+    nrs = sorted(_DENIED_SYSCALLS[machine].values())
+    program: list[tuple[int, int, int, int]] = [
+        (_BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        (_BPF_JEQ_K, 1, 0, _AUDIT_ARCH[machine]),
+        (_BPF_RET_K, 0, 0, _RET_KILL_PROCESS),  # a foreign ABI (x32, i386) would dodge the numbers
+        (_BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+    ]
+    if machine == "x86_64":
+        # x32 syscalls set bit 30 of nr; refuse them outright.
+        program += [(0x45, 0, 1, 0x40000000), (_BPF_RET_K, 0, 0, _RET_ERRNO_EPERM)]  # jset
+    for nr in nrs:
+        program += [(_BPF_JEQ_K, 0, 1, nr), (_BPF_RET_K, 0, 0, _RET_ERRNO_EPERM)]
+    if unix_sockets_only:
+        program += [
+            (_BPF_JEQ_K, 0, 3, _SOCKET_NR[machine]),
+            (_BPF_LD_W_ABS, 0, 0, 16),  # seccomp_data.args[0], low 32 bits (little endian)
+            (_BPF_JEQ_K, 1, 0, _AF_UNIX),
+            (_BPF_RET_K, 0, 0, _RET_ERRNO_EPERM),
+        ]
+    program.append((_BPF_RET_K, 0, 0, _RET_ALLOW))
+    filters = (_SockFilter * len(program))(*[_SockFilter(*ins) for ins in program])
+    fprog = _SockFprog(len(program), filters)
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0))

@@ -1,0 +1,260 @@
+"""``SpawnRunner``: the trio side of isolated execution (the executor's ToolRunner).
+
+Per call: make a private temp dir, build the request (sanitized environment, limits,
+identity, roots), hand the spawner the write end of a fresh channel pipe, then read
+frames from the read end until the child's ``Outcome`` or end of file. Whatever ends
+the call (outcome, timeout, cancel, crash), the whole process group and every escaped
+descendant are killed before the runner returns, and the temp dir is removed.
+
+Read-only tools for a client of the daemon's own uid stay on the thread runner: they
+cannot change anything and a fork would cost more than the read.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+from typing import Any
+
+import msgspec
+import trio
+
+from toold_protocol import Identity, IsolationLayer, ToolErrorType
+
+from ..config import Config
+from ..errors import ToolError
+from ..runner import ThreadRunner
+from ..tools._base import Command, Tool, ToolContext, ToolOutput
+from . import sweep as sweeping
+from .environment import child_environment, is_injection
+from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
+
+_spawned_decoder = msgspec.msgpack.Decoder(Spawned)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class ChildFailed(ToolError):
+    pass
+
+
+class SpawnRunner:
+    def __init__(self, spawner_pid: int, control: socket.socket, config: Config) -> None:
+        self.spawner_pid = spawner_pid
+        self._control = trio.socket.from_stdlib_socket(control)
+        self._lock = trio.Lock()
+        self._threads = ThreadRunner()
+        self._euid = os.geteuid()
+        self.config = config
+        self._config_bytes = _encoder.encode(config)
+        self._temp_base = tempfile.mkdtemp(prefix=f"toold-{self._euid}-")
+        os.chmod(self._temp_base, 0o711)  # noqa: S103 - other uids may only traverse to their own dir
+        self.layers: dict[str, str] = {}
+
+    @property
+    def isolation(self) -> list[IsolationLayer]:
+        return [
+            IsolationLayer(name="process", available=True, detail="each side-effecting call runs in a fresh child"),
+            *(
+                IsolationLayer(name=name, available=state.startswith("on"), detail=state)
+                for name, state in sorted(self.layers.items())
+            ),
+        ]
+
+    async def probe(self, tool: Tool[Any]) -> dict[str, str]:
+        """Run ``tool`` (a no-op) in a child with the network cut, to learn which layers the
+        kernel grants; the answer goes into ``welcome`` and ``toold doctor``."""
+        ctx = ToolContext(call_id="probe", sandbox=None, config=self.config)  # type: ignore[arg-type]
+        me = Identity(uid=self._euid, gid=os.getegid(), pid=os.getpid())
+        outcome = await self._spawn(tool, tool.args_type(), ctx, me, probe=True)
+        self.layers = dict(outcome.layers)
+        return self.layers
+
+    async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
+        own_privilege = identity.uid in (self._euid, 0) and (self._euid != 0 or identity.uid == 0)
+        if not tool.side_effecting and own_privilege:
+            return await self._threads.run(tool, args, ctx, identity)
+        outcome = await self._spawn(tool, args, ctx, identity)
+        if not outcome.ok:
+            raise ToolError(
+                ToolErrorType(outcome.error_type) if outcome.error_type in _TYPES else ToolErrorType.EXECUTION_FAILED,
+                outcome.error_code or "TOOL_FAILED",
+                outcome.error_message,
+                output=outcome.content or None,
+                **{k: v for k, v in outcome.error_details.items() if k != "output"},
+            )
+        return ToolOutput(outcome.content, outcome.display, outcome.data, outcome.allow_truncation)
+
+    async def _spawn(
+        self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity, *, probe: bool = False
+    ) -> Outcome:
+        if self._euid not in (identity.uid, 0):
+            raise ToolError(
+                ToolErrorType.ISOLATION_UNAVAILABLE,
+                "ISOLATION_UNAVAILABLE",
+                f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid}",
+            )
+        token = secrets.token_hex(12)
+        temp = self._make_temp(identity)
+        try:
+            request = self._request(tool, args, ctx, identity=identity, token=token, temp=temp, probe=probe)
+            read_end, write_end = os.pipe()
+            try:
+                pid = await self._ask_spawner(request, write_end)
+            except BaseException:
+                os.close(read_end)
+                raise
+            finally:
+                os.close(write_end)
+            try:
+                return await self._collect(read_end, ctx)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._kill(pid, token)
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
+
+    def _make_temp(self, identity: Identity) -> str:
+        temp = tempfile.mkdtemp(prefix="call-", dir=self._temp_base)
+        if self._euid == 0 and identity.uid != 0:
+            os.chown(temp, identity.uid, identity.gid)
+        return temp
+
+    def _request(
+        self, tool: Tool[Any], args: Any, ctx: ToolContext, *, identity: Identity, token: str, temp: str, probe: bool
+    ) -> SpawnRequest:
+        isolation = self.config.tools.isolation
+        command: Command | None = None if probe else tool.command(args, ctx)
+        home, user = _home_and_user(identity.uid)
+        env = child_environment(
+            os.environ,
+            allow=self.config.tools.environment.allowlist,
+            deny=self.config.tools.environment.denylist,
+            set_vars={"HOME": home, "USER": user, "LOGNAME": user, "TMPDIR": temp},
+        )
+        # The call's own variables: chosen by the caller, so a name like MY_TOKEN is theirs
+        # to pass; only injection hooks (LD_PRELOAD, BASH_ENV, ...) are refused.
+        env.update({k: v for k, v in (command.env if command else {}).items() if not is_injection(k)})
+        env[sweeping.TOKEN_VARIABLE] = token  # set last: the sweep depends on it
+        argv = [a.replace("{tmp}", temp) for a in command.argv] if command else []
+        limits = Limits(
+            cpu_seconds=isolation.cpu_seconds,
+            address_space_bytes=isolation.address_space_mb * 1024 * 1024,
+            file_size_bytes=isolation.file_size_mb * 1024 * 1024,
+            open_files=isolation.open_files,
+            processes=isolation.processes,
+        )
+        roots = [] if probe else [str(r) for r in ctx.sandbox.roots]
+        return SpawnRequest(
+            call_id=ctx.call_id,
+            token=token,
+            tool=tool.name,
+            args=_encoder.encode(args),
+            config=self._config_bytes,
+            roots=roots,
+            resolved={k: str(v) for k, v in ctx.resolved.items()},
+            argv=argv,
+            cwd=command.cwd if command else "",
+            env=env,
+            files=dict(command.files) if command else {},
+            uid=identity.uid,
+            gid=identity.gid,
+            network=command.network if command else not probe,
+            writable=[temp],
+            limits=limits,
+            idle_timeout_s=command.idle_timeout_s if command else 0.0,
+            stream_limit_bytes=isolation.stream_limit_bytes,
+            keep_bytes=self.config.tools.output.max_bytes,
+            require=[] if probe else list(isolation.require),
+        )
+
+    async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int) -> int:
+        data = frame(request)
+        async with self._lock:
+            sent = await self._control.sendmsg(
+                [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [channel_write_end]))]
+            )
+            while sent < len(data):
+                sent += await self._control.send(data[sent:])
+            reply = _spawned_decoder.decode(await self._receive_frame())
+        if reply.error or reply.pid <= 0:
+            raise ToolError(
+                ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWN_FAILED", f"could not start a child: {reply.error}"
+            )
+        return reply.pid
+
+    async def _receive_frame(self) -> bytes:
+        header = await self._receive_exact(4)
+        return await self._receive_exact(int.from_bytes(header, "big"))
+
+    async def _receive_exact(self, size: int) -> bytes:
+        parts = bytearray()
+        while len(parts) < size:
+            data = await self._control.recv(size - len(parts))
+            if not data:
+                raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWNER_GONE", "the spawner process has exited")
+            parts += data
+        return bytes(parts)
+
+    async def _collect(self, read_end: int, ctx: ToolContext) -> Outcome:
+        """Frames until the outcome; streamed text goes to ``ctx.emit`` and (bounded) ``ctx.partial``."""
+        buffer = FrameBuffer()
+        kept = 0
+        keep = self.config.tools.output.max_bytes
+        async with trio.lowlevel.FdStream(read_end) as stream:
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
+                for body in buffer.feed(data):
+                    message = child_decoder.decode(body)
+                    if isinstance(message, Outcome):
+                        return message
+                    assert isinstance(message, Chunk)
+                    if kept < keep:
+                        ctx.partial.append(message.data[: keep - kept])
+                        kept += len(message.data)
+                    if ctx.emit is not None:
+                        ctx.emit(message.stream, message.data)
+        raise ChildFailed(
+            ToolErrorType.EXECUTION_FAILED,
+            "CHILD_DIED",
+            "Tool failed: the isolated child exited without a result (killed, or out of memory)",
+            output="".join(ctx.partial) or None,
+        )
+
+    async def _kill(self, pid: int, token: str) -> None:
+        grace = self.config.tools.isolation.kill_grace_seconds
+        if grace > 0 and _signal_group(pid, signal.SIGTERM):
+            with trio.move_on_after(grace):
+                while _signal_group(pid, 0):
+                    await trio.sleep(0.02)
+        await trio.to_thread.run_sync(sweeping.sweep, self.spawner_pid, pid, token)
+
+    def close(self) -> None:
+        self._control.close()
+        shutil.rmtree(self._temp_base, ignore_errors=True)
+
+
+_TYPES = {t.value for t in ToolErrorType}
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _home_and_user(uid: int) -> tuple[str, str]:
+    try:
+        entry = pwd.getpwuid(uid)
+        return entry.pw_dir, entry.pw_name
+    except KeyError:
+        return "/", str(uid)

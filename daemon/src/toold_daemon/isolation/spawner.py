@@ -1,0 +1,103 @@
+"""The fork server: a single-threaded process, started before trio, that forks children.
+
+``start()`` forks it from the daemon's main process while that is still single-threaded
+and has imported the tool modules, so each child costs about a fork. The spawner
+reads ``SpawnRequest`` frames from a Unix socket, each with one fd attached (the write
+end of the child's channel pipe), forks, and answers ``Spawned(pid)``. It ignores
+SIGCHLD, so finished children are reaped by the kernel, and it is a child subreaper,
+so anything a child leaves behind is reparented here rather than to init (and still
+carries the call's ``TOOLD_CALL`` token for the sweep).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import msgspec
+
+from ..tools._base import Tool
+from . import kernel
+from .child import run_child
+from .wire import Spawned, SpawnRequest, frame, read_exact
+
+_request_decoder = msgspec.msgpack.Decoder(SpawnRequest)
+
+
+def start(tools: list[Tool[Any]]) -> tuple[int, socket.socket]:
+    """Fork the spawner; return its pid and the daemon's end of the control socket."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        code = 0
+        try:
+            _serve(theirs, {tool.name: tool for tool in tools})
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    theirs.close()
+    return pid, ours
+
+
+def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
+    daemon_pid = os.getppid()
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != daemon_pid:
+        return
+    kernel.prctl(kernel.PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    my_pid = os.getpid()
+    while True:
+        received = _receive(control)
+        if received is None:
+            return  # the daemon closed its end
+        body, fds = received
+        try:
+            request = _request_decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            for fd in fds:
+                os.close(fd)
+            control.sendall(frame(Spawned(error=f"bad spawn request: {exc}")))
+            continue
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            control.sendall(frame(Spawned(error="a spawn request carries exactly one fd")))
+            continue
+        channel = fds[0]
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(channel)
+            control.sendall(frame(Spawned(error=f"fork failed: {exc.strerror}")))
+            continue
+        if pid == 0:
+            control.close()
+            run_child(request, channel, tools, my_pid)
+        os.close(channel)
+        control.sendall(frame(Spawned(pid=pid)))
+
+
+def _receive(control: socket.socket) -> tuple[bytes, list[int]] | None:
+    """One request: the 4-byte header arrives with the attached fd, then the body."""
+    header, fds, _flags, _addr = socket.recv_fds(control, 4, 4)
+    if not header:
+        return None
+    if len(header) < 4:
+        rest = read_exact(control.fileno(), 4 - len(header))
+        if rest is None:
+            return None
+        header += rest
+    size = int.from_bytes(header, "big")
+    body = read_exact(control.fileno(), size) if size else b""
+    if body is None:
+        return None
+    return body, fds

@@ -1,0 +1,137 @@
+"""Messages between the trio process, the spawner and a child, and how they are framed.
+
+Every frame is a 4-byte big-endian length and a msgpack body. The spawner's control
+socket carries ``SpawnRequest`` (with the write end of the child's channel pipe
+attached as SCM_RIGHTS) and ``Spawned`` back; the channel pipe carries ``Chunk``
+messages while the child runs and one ``Outcome`` at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Literal
+
+import msgspec
+
+MAX_FRAME = 64 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    cpu_seconds: int = 600
+    address_space_bytes: int = 4 * 1024**3
+    file_size_bytes: int = 1024**3
+    open_files: int = 1024
+    processes: int = 512
+
+
+class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
+    """Run ``tool`` (a registered Python tool) or, when ``argv`` is set, a command."""
+
+    call_id: str
+    token: str  # marks every process of the call (TOOLD_CALL) so a sweep can find escapees
+    tool: str = ""
+    args: bytes = b""  # the tool's argument struct, msgpack
+    config: bytes = b""  # the daemon Config, msgpack
+    roots: list[str] = []
+    resolved: dict[str, str] = {}
+    argv: list[str] = []
+    cwd: str = ""
+    env: dict[str, str] = {}
+    files: dict[str, str] = {}  # written into writable[0] (the private temp dir) before argv runs
+    uid: int = -1
+    gid: int = -1
+    network: bool = True
+    writable: list[str] = []  # read-write paths besides the roots (the private temp dir)
+    limits: Limits = Limits()
+    idle_timeout_s: float = 0.0
+    stream_limit_bytes: int = 1024 * 1024
+    keep_bytes: int = 102_400
+    require: list[str] = []
+
+
+class Spawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
+    pid: int = 0
+    error: str = ""
+
+
+class Chunk(msgspec.Struct, frozen=True, kw_only=True, tag="chunk"):
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome"):
+    """The child's last word: a tool output, or a ToolError's parts."""
+
+    ok: bool
+    content: str = ""
+    display: str | None = None
+    data: dict[str, Any] | None = None
+    allow_truncation: bool = True
+    error_type: str = ""
+    error_code: str = ""
+    error_message: str = ""
+    error_details: dict[str, Any] = {}
+    layers: dict[str, str] = {}  # isolation layer -> "on" or why it is off
+
+
+ChildMessage = Chunk | Outcome
+_encoder = msgspec.msgpack.Encoder()
+child_decoder = msgspec.msgpack.Decoder(ChildMessage)
+
+
+def frame(message: msgspec.Struct) -> bytes:
+    body = _encoder.encode(message)
+    return _HEADER.pack(len(body)) + body
+
+
+def write_frame(fd: int, message: msgspec.Struct) -> None:
+    """Write one whole frame to a blocking fd (in the spawner or a child)."""
+    view = memoryview(frame(message))
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def read_exact(fd: int, size: int) -> bytes | None:
+    """Read ``size`` bytes from a blocking fd, or None at end of file."""
+    parts: list[bytes] = []
+    while size:
+        data = os.read(fd, size)
+        if not data:
+            return None
+        parts.append(data)
+        size -= len(data)
+    return b"".join(parts)
+
+
+def read_frame(fd: int) -> bytes | None:
+    header = read_exact(fd, _HEADER.size)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes is over the limit")
+    return read_exact(fd, size)
+
+
+class FrameBuffer:
+    """Splits a byte stream into frame bodies (the trio side reads in arbitrary pieces)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        bodies: list[bytes] = []
+        while len(self._buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer)
+            if size > MAX_FRAME:
+                raise ValueError(f"frame of {size} bytes is over the limit")
+            end = _HEADER.size + size
+            if len(self._buffer) < end:
+                break
+            bodies.append(bytes(self._buffer[_HEADER.size : end]))
+            del self._buffer[:end]
+        return bodies

@@ -1,0 +1,65 @@
+"""shell (alias run_command): one command line through ``/bin/sh -c`` in an isolated child."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta
+
+from ..errors import bad_args
+from ._base import Command, Tool, ToolArgs, ToolContext, ToolOutput
+
+
+class ShellArgs(ToolArgs, frozen=True):
+    """Run a shell command."""
+
+    command: Annotated[str, Meta(min_length=1, max_length=65_536, description="Command line for /bin/sh -c")]
+    cwd: Annotated[str | None, Meta(description="Working directory inside the workspace (default: its root)")] = None
+    timeout_ms: Annotated[int, Meta(ge=1, le=3_600_000, description="Kill the command after this long")] | None = None
+    idle_timeout_ms: (
+        Annotated[int, Meta(ge=1, le=3_600_000, description="Kill the command after this long without output")] | None
+    ) = None
+    background: Annotated[bool, Meta(description="Not supported yet: must be false")] = False
+
+
+class Shell(Tool[ShellArgs]):
+    name = "shell"
+    aliases = ("run_command",)
+    description = (
+        "Run a command with /bin/sh -c in the workspace, in an isolated process. Output streams while it runs; "
+        "the result holds stdout, a [stderr] section and the exit code. A non-zero exit is an error result "
+        "that still carries the output."
+    )
+    args_type = ShellArgs
+    side_effecting = True
+    risk = "high"
+    timeout_kind = "shell"
+
+    def validate(self, args: ShellArgs) -> None:
+        if "\0" in args.command:
+            raise bad_args("command contains a NUL byte")
+        if args.background:
+            raise bad_args("background commands are not supported by this daemon yet; run it in the foreground")
+
+    def paths(self, args: ShellArgs) -> list[str]:
+        return [args.cwd] if args.cwd else []
+
+    def summary(self, args: ShellArgs) -> str:
+        where = f" (in {args.cwd[:60]})" if args.cwd else ""
+        line = args.command.replace("\n", " ⏎ ")
+        room = 200 - len("Run: ") - len(where)
+        return f"Run: {line if len(line) <= room else line[: room - 1] + '…'}{where}"
+
+    def timeout_seconds(self, args: ShellArgs) -> float | None:
+        return args.timeout_ms / 1000 if args.timeout_ms else None
+
+    def command(self, args: ShellArgs, ctx: ToolContext) -> Command:
+        cwd = ctx.resolve(args.cwd) if args.cwd else ctx.sandbox.roots[0]
+        return Command(
+            argv=["/bin/sh", "-c", args.command],
+            cwd=str(cwd),
+            idle_timeout_s=(args.idle_timeout_ms or 0) / 1000,
+        )
+
+    def run(self, args: ShellArgs, ctx: ToolContext) -> ToolOutput:
+        raise NotImplementedError("shell runs as a command in an isolated child")

@@ -1,0 +1,297 @@
+"""Isolated children for real: environment, Landlock, network, limits, killing, streaming.
+
+One daemon serves the module (starting one costs about half a second); each test uses
+its own files under the shared root.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+import pytest
+
+import toold_protocol as p
+from tests.conftest import DaemonProcess, start_daemon
+from tests.e2e.test_daemon import submit_raw
+from toold_client import Client
+from toold_daemon.isolation import kernel
+
+CONFIG = """
+[tools.approval]
+allowlist = ["shell", "run_code"]
+
+[tools.isolation]
+address_space_mb = 1024
+"""
+SECRETS = {
+    "ANTHROPIC_API_KEY": "sk-ant-leak",
+    "OPENAI_API_KEY": "sk-leak",
+    "github_token": "ghp-leak",
+    "MY_SERVICE_PASSWORD": "hunter2",
+    "AWS_SECRET_ACCESS_KEY": "aws-leak",
+    "BASH_ENV": "/tmp/evil-bash-env",
+    "PYTHONSTARTUP": "/tmp/evil-startup.py",
+}
+landlock = pytest.mark.skipif(kernel.landlock_abi() == 0, reason="kernel without Landlock")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    tmp = tmp_path_factory.mktemp("isolation")
+    root = tmp / "root"
+    root.mkdir()
+    d = start_daemon(tmp, root, config=CONFIG, env=SECRETS)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def client(daemon: DaemonProcess) -> Iterator[Client]:
+    with daemon.client(timeout=60) as c:
+        yield c
+
+
+def shell(client: Client, command: str, **extra: Any) -> p.ToolResult:
+    return client.call("shell", {"command": command, **extra})
+
+
+def run_code(client: Client, code: str, **extra: Any) -> p.ToolResult:
+    return client.call("run_code", {"language": "python", "code": code, **extra})
+
+
+def alive_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return [proc for proc in found if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_success_reports_stdout_stderr_and_exit_code(client: Client) -> None:
+    result = shell(client, "echo out; echo err >&2")
+    assert result.ok, result.content
+    assert result.content == "out\n[stderr]\nerr\n[exit code 0]"
+    assert result.data is not None and result.data["exit_code"] == 0
+
+
+def test_non_zero_exit_is_an_error_that_keeps_the_output(client: Client) -> None:
+    result = shell(client, "echo partial; exit 7")
+    assert not result.ok and result.error is not None
+    assert (result.error.type, result.error.code) == ("ExecutionFailed", "NON_ZERO_EXIT")
+    assert "partial" in result.content and "[exit code 7]" in result.content
+
+
+def test_secrets_and_injection_variables_never_reach_a_child(client: Client) -> None:
+    result = shell(client, "env")
+    assert result.ok
+    names = {line.split("=", 1)[0] for line in result.content.splitlines() if "=" in line}
+    for name, value in SECRETS.items():
+        assert name not in names and value not in result.content
+    assert {"PATH", "HOME", "TMPDIR"} <= names
+    coded = client.call(
+        "run_code",
+        {
+            "language": "bash",
+            "code": 'echo "$MY_TOKEN|${LD_PRELOAD:-unset}"',
+            "env": {"MY_TOKEN": "given-by-caller", "LD_PRELOAD": "/tmp/evil.so"},
+        },
+    )
+    assert coded.ok and coded.content.startswith("given-by-caller|unset")
+
+
+@landlock
+def test_landlock_keeps_writes_inside_the_roots(client: Client, daemon: DaemonProcess, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    name = f"inside-{uuid.uuid4().hex}.txt"
+    result = shell(client, f"echo x > {outside}; echo y > {name}; cat /etc/hostname >/dev/null && echo read-ok")
+    assert "Permission denied" in result.content
+    assert not outside.exists()
+    assert (daemon.root / name).read_text() == "y\n"
+    assert "read-ok" in result.content
+
+
+def test_run_code_network_is_off_by_default_and_on_when_asked(client: Client) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        server.settimeout(20)
+        try:
+            while True:
+                conn, _ = server.accept()
+                conn.sendall(b"hello from 127.0.0.1\n")
+                conn.close()
+        except OSError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=5)\nprint(s.recv(100).decode())"
+    try:
+        off = run_code(client, code)
+        on = run_code(client, code, network=True)
+    finally:
+        server.close()
+    assert not off.ok and "hello" not in off.content
+    assert "Network is unreachable" in off.content or "Operation not permitted" in off.content
+    assert on.ok and "hello from 127.0.0.1" in on.content
+
+
+def test_seccomp_refuses_ptrace(client: Client) -> None:
+    if kernel.seccomp_supported() is not None:
+        pytest.skip("no seccomp table for this machine")
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.ptrace(0, 0, 0, 0), os.strerror(ctypes.get_errno()))"
+    )
+    result = run_code(client, code)
+    assert result.ok and "-1 Operation not permitted" in result.content
+
+
+def test_memory_bomb_ends_in_an_error_and_the_daemon_keeps_serving(client: Client) -> None:
+    result = run_code(client, "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 * 1024))")
+    assert not result.ok and "MemoryError" in result.content
+    assert client.ping(timeout=5) > 0
+
+
+def test_timeout_kills_the_whole_tree_including_escapees(client: Client) -> None:
+    marker = f"31{uuid.uuid4().int % 10**6:06d}"
+    command = (
+        f"setsid sleep {marker}1 & nohup sleep {marker}2 >/dev/null 2>&1 & "
+        f"(trap '' TERM; sleep {marker}3) & sh -c 'sleep {marker}4 &' ; "
+        f"python3 -c 'import os; os.fork() or os.setsid(); import time; time.sleep({marker}5)' & "
+        "echo started; sleep 60"
+    )
+    started = time.monotonic()
+    result = shell(client, command, timeout_ms=1500)
+    assert time.monotonic() - started < 10
+    assert result.error is not None and result.error.type == "Timeout", result.content
+    assert "started" in result.content  # the partial output is kept
+    time.sleep(0.2)
+    assert alive_with(marker) == []
+
+
+def test_processes_left_behind_by_a_finished_command_are_killed(client: Client) -> None:
+    marker = f"32{uuid.uuid4().int % 10**6:06d}"
+    result = shell(client, f"setsid sleep {marker} > /dev/null 2>&1 < /dev/null & echo done")
+    assert result.ok and "done" in result.content
+    time.sleep(0.2)
+    assert alive_with(marker) == []
+
+
+def test_grandchild_holding_the_pipe_does_not_hang_the_call(client: Client) -> None:
+    marker = f"33{uuid.uuid4().int % 10**6:06d}"
+    started = time.monotonic()
+    result = shell(client, f"(sleep {marker} &) ; echo quick")
+    assert time.monotonic() - started < 5
+    assert result.ok and "quick" in result.content
+    assert alive_with(marker) == []
+
+
+def test_idle_timeout(client: Client) -> None:
+    result = shell(client, "echo a; sleep 30", idle_timeout_ms=500)
+    assert result.error is not None and result.error.code == "IDLE_TIMEOUT", result.content
+    assert "a" in result.content
+
+
+def test_cancel_kills_the_command(client: Client) -> None:
+    marker = f"34{uuid.uuid4().int % 10**6:06d}"
+    args = msgspec.Raw(p.encode_value({"command": f"echo begun; sleep {marker}"}))
+    accepted = submit_raw(client, [p.ToolCall(call_id="c", name="shell", arguments=args)])
+    time.sleep(0.5)
+    client.cancel(accepted.batch_id)
+    finished = client.wait_batch(accepted.batch_id)
+    result = finished.results[0]
+    assert result.error is not None and result.error.type == "Cancelled"
+    assert "begun" in result.content
+    time.sleep(0.2)
+    assert alive_with(marker) == []
+
+
+def test_streaming_chunks_arrive_before_the_command_ends(client: Client) -> None:
+    seen: list[tuple[float, Any]] = []
+    client.submit(
+        [{"name": "shell", "arguments": {"command": "echo first; sleep 1.5; echo second >&2"}}],
+        on_event=lambda event: seen.append((time.monotonic(), event)),
+    )
+    chunks = [(t, e) for t, e in seen if isinstance(e, p.OutputChunk)]
+    finished_at = next(t for t, e in seen if isinstance(e, p.CallFinished))
+    assert [(e.stream, e.data) for _, e in chunks] == [("stdout", "first\n"), ("stderr", "second\n")]
+    assert [e.seq for _, e in chunks] == [0, 1]
+    assert finished_at - chunks[0][0] > 1.0
+
+
+def test_a_gigabyte_of_output_is_truncated_and_the_daemon_stays_small(client: Client, daemon: DaemonProcess) -> None:
+    daemon_process = psutil.Process(daemon.proc.pid)
+    before = daemon_process.memory_info().rss
+    streamed = 0
+
+    def count(event: Any) -> None:
+        nonlocal streamed
+        if isinstance(event, p.OutputChunk):
+            streamed += len(event.data)
+
+    started = time.monotonic()
+    outcome = client.submit(
+        [
+            {
+                "name": "shell",
+                "arguments": {"command": "yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa | head -c 1000000000"},
+            }
+        ],
+        on_event=count,
+    )
+    elapsed = time.monotonic() - started
+    result = outcome.results[0]
+    grown = daemon_process.memory_info().rss - before
+    assert result.ok and result.truncated
+    assert len(result.content.encode()) <= 102_400
+    assert streamed <= 1_100_000  # streaming stops at the configured limit, with a note
+    assert grown < 64 * 1024 * 1024, f"daemon RSS grew by {grown / 1e6:.1f} MB"
+    assert elapsed < 60
+
+
+def test_binary_output_is_summarized(client: Client) -> None:
+    result = shell(client, "head -c 5000 /dev/urandom")
+    assert result.ok and "[binary output: 5000 bytes, not shown]" in result.content
+
+
+def test_cwd_must_be_inside_the_roots(client: Client, daemon: DaemonProcess) -> None:
+    (daemon.root / "sub").mkdir(exist_ok=True)
+    inside = shell(client, "pwd", cwd="sub")
+    assert inside.ok and inside.content.startswith(str(daemon.root / "sub"))
+    outside = shell(client, "pwd", cwd="../..")
+    assert outside.error is not None and outside.error.type == "SandboxViolation"
+
+
+def test_welcome_reports_every_layer(client: Client) -> None:
+    layers = {layer.name: layer for layer in client.hello().isolation}
+    assert layers["process"].available
+    for name in ("landlock", "seccomp", "network", "rlimits", "no_new_privs", "privilege"):
+        assert name in layers and layers[name].detail
+
+
+def test_a_required_layer_that_is_off_refuses_side_effecting_tools(tmp_path: Path, root: Path) -> None:
+    config = CONFIG + 'require = ["cgroup"]\n'
+    d = start_daemon(tmp_path, root, config=config)
+    try:
+        with d.client(timeout=30) as c:
+            result = c.call("shell", {"command": "echo should-not-run"})
+            read = c.call("list_directory", {"path": "."})
+    finally:
+        d.stop()
+    assert result.error is not None and result.error.type == "IsolationUnavailable"
+    assert "cgroup" in result.error.message and "should-not-run" not in result.content
+    assert read.ok
