@@ -295,3 +295,40 @@ def test_a_required_layer_that_is_off_refuses_side_effecting_tools(tmp_path: Pat
     assert result.error is not None and result.error.type == "IsolationUnavailable"
     assert "cgroup" in result.error.message and "should-not-run" not in result.content
     assert read.ok
+
+
+def test_daemon_shutdown_kills_running_commands(tmp_path: Path, root: Path) -> None:
+    marker = f"35{uuid.uuid4().int % 10**6:06d}"
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=30) as c:
+            args = msgspec.Raw(p.encode_value({"command": f"setsid sleep {marker} & sleep {marker}"}))
+            submit_raw(c, [p.ToolCall(call_id="c", name="shell", arguments=args)])
+            deadline = time.monotonic() + 5
+            while not alive_with(marker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert alive_with(marker)
+            assert d.stop() == 0
+    finally:
+        d.stop()
+    time.sleep(0.3)
+    assert alive_with(marker) == []
+
+
+def test_toold_doctor_reports_every_layer(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.conftest import BIN
+
+    done = subprocess.run([str(BIN / "toold"), "doctor"], capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()}
+    assert set(rows) == {"cgroup", "landlock", "network", "no_new_privs", "privilege", "rlimits", "seccomp"}
+    assert rows["landlock"] == ("on" if kernel.landlock_abi() else "off"), done.stdout
+    assert rows["no_new_privs"] == "on"
+    strict = tmp_path / "strict.toml"
+    strict.write_text('[tools.isolation]\nrequire = ["cgroup"]\n')
+    refused = subprocess.run(
+        [str(BIN / "toold"), "doctor", "--config", str(strict)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert refused.returncode == 1 and "required but off: cgroup" in refused.stderr

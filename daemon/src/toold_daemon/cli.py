@@ -1,21 +1,21 @@
-"""``toold``: the daemon's command line (``serve``; more subcommands join later)."""
+"""``toold``: the daemon's command line: ``serve``, ``doctor``.
+
+Imports are ordered on purpose: the fork server is started after only the tool modules
+are loaded, before trio, pyzmq and sqlite3, so it stays small and each fork stays cheap.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from pathlib import Path
 
-import trio
-
 from . import __version__
 from .config import Config, ConfigError, load_file
-from .ipc import EndpointInUse
 from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
-from .journal import JournalError
-from .server import ServeOptions, serve
 from .tools import builtin_tools
 
 
@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--state-dir", type=Path, default=None, help="where the daemon keeps its state")
     serve_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     serve_cmd.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    doctor_cmd = sub.add_parser("doctor", help="show which isolation layers this machine grants, and why not")
+    doctor_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
+    doctor_cmd.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
 
@@ -49,6 +52,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # The fork server starts now, while this process is single-threaded and trio not running.
     spawner = start_spawner([*builtin_tools(), Probe()])
+    if args.command == "doctor":
+        return doctor(config, spawner)
+    return run_serve(args, config, spawner)
+
+
+def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, socket.socket]) -> int:
+    import trio
+
+    from .ipc import EndpointInUse
+    from .journal import JournalError
+    from .server import ServeOptions, serve
+
     options = ServeOptions(roots=args.root, endpoint=args.endpoint, state_dir=args.state_dir, spawner=spawner)
     try:
         trio.run(serve, config, options)
@@ -61,4 +76,32 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def doctor(config: Config, spawner: tuple[int, socket.socket]) -> int:
+    """Print each isolation layer as on/off with the reason; exit 1 if a required one is off."""
+    import trio
+
+    from .isolation.runner import SpawnRunner
+
+    async def probe() -> dict[str, str]:
+        runner = SpawnRunner(*spawner, config)
+        try:
+            return await runner.probe(Probe())
+        finally:
+            runner.close()
+
+    layers = trio.run(probe)
+    width = max(map(len, layers))
+    for name, state in sorted(layers.items()):
+        on = state.startswith("on")
+        detail = (state[2:] if on else state[3:]).strip().removeprefix(":").strip()
+        if detail.startswith("(") and detail.endswith(")"):
+            detail = detail[1:-1]
+        print(f"{name:<{width}}  {'on ' if on else 'off'}  {detail}")
+    required_off = [n for n in config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
+    if required_off:
+        print(f"required but off: {', '.join(required_off)}", file=sys.stderr)
+        return 1
     return 0

@@ -18,29 +18,29 @@ from typing import Any
 
 import msgspec
 
-from ..config import Config
 from ..errors import ToolError, from_os_error
-from ..sandbox import build_sandbox
-from ..tools._base import Tool, ToolContext, ToolOutput
+from ..sandbox import Sandbox
+from ..tools._base import ToolContext, ToolOutput
 from .confine import ConfinementFailed, confine
+from .prepare import Work
 from .wire import Chunk, Outcome, SpawnRequest, write_frame
 
 _READ_SIZE = 65536
 DRAIN_AFTER_EXIT_S = 0.3  # grandchildren may hold the pipes open; stop reading after this
 
 
-def run_child(request: SpawnRequest, channel: int, tools: dict[str, Tool[Any]], spawner_pid: int) -> None:
+def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int) -> None:
     """Never returns: confines itself, does the work, writes the outcome, exits."""
     code = 0
     try:
         try:
-            layers = confine(request, [channel], spawner_pid)
+            layers = confine(request, [channel], spawner_pid, work.landlock)
         except ConfinementFailed as exc:
             write_frame(channel, _error("IsolationUnavailable", "ISOLATION_UNAVAILABLE", str(exc)))
             os._exit(0)
         os.environ.clear()
         os.environ.update(request.env)
-        outcome = _supervise(request, channel) if request.argv else _run_tool(request, channel, tools)
+        outcome = _supervise(request, channel) if request.argv else _run_tool(request, channel, work)
         write_frame(channel, msgspec.structs.replace(outcome, layers=layers))
     except BaseException as exc:  # the child must never fall back into the spawner's loop
         try:
@@ -57,17 +57,12 @@ def _error(type_: str, code: str, message: str, **details: Any) -> Outcome:
     return Outcome(ok=False, error_type=type_, error_code=code, error_message=message, error_details=details)
 
 
-def _run_tool(request: SpawnRequest, channel: int, tools: dict[str, Tool[Any]]) -> Outcome:
-    tool = tools.get(request.tool)
-    if tool is None:
+def _run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
+    tool, args, config, sandbox = work.tool, work.args, work.config, work.sandbox
+    if tool is None or config is None:
         return _error("UnknownTool", "UNKNOWN_TOOL", f"the spawner does not know {request.tool!r}")
-    config = msgspec.msgpack.decode(request.config, type=Config)
-    args = msgspec.msgpack.decode(request.args, type=tool.args_type)
-
-    try:
-        sandbox = build_sandbox(config, [Path(r) for r in request.roots])
-    except (OSError, ValueError) as exc:
-        return _error("PermissionDenied", "ROOT_UNREACHABLE", f"the workspace is not reachable for this user: {exc}")
+    if not isinstance(sandbox, Sandbox):
+        return _error("PermissionDenied", "ROOT_UNREACHABLE", f"the workspace is not reachable: {sandbox}")
     ctx = ToolContext(
         call_id=request.call_id,
         sandbox=sandbox,
@@ -131,21 +126,24 @@ def _supervise(request: SpawnRequest, channel: int) -> Outcome:
     timeout; then report stdout, a ``[stderr]`` section and the exit code."""
     started = time.monotonic()
     for name, text in request.files.items():
-        with open(os.path.join(request.writable[0], os.path.basename(name)), "w", encoding="utf-8") as f:
+        with open(os.path.join(request.temp, os.path.basename(name)), "w", encoding="utf-8") as f:
             f.write(text)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            if request.cwd:
-                os.chdir(request.cwd)
-            os.execve(request.argv[0], request.argv, request.env)  # noqa: S606 - the command was approved
-        except OSError as exc:
-            os.write(2, f"toold: cannot run {request.argv[0]}: {exc.strerror}\n".encode())
-        os._exit(127)
+    if request.cwd:
+        os.chdir(request.cwd)  # inherited by the command; this supervisor does not care
+    # posix_spawn (vfork + exec in glibc) rather than fork: forking this Python process
+    # would copy its page tables, which costs more than the whole command often does.
+    pid = os.posix_spawn(
+        request.argv[0],
+        request.argv,
+        request.env,
+        file_actions=[
+            (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2),
+        ],
+        setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD),
+    )
     os.close(out_w)
     os.close(err_w)
     captured = {"stdout": _Captured(request.keep_bytes), "stderr": _Captured(request.keep_bytes)}

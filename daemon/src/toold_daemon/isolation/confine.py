@@ -26,18 +26,19 @@ class ConfinementFailed(Exception):
 SYSTEM_READ_EXEC = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/nix/store")
 SYSTEM_READ = ("/etc", "/proc", "/sys/devices/system/cpu", "/run/systemd/resolve")
 DEVICES_RW = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx", "/dev/shm")
-DEVICES_READ = ("/dev/urandom", "/dev/random", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
+# Not /dev/stdin and friends: they resolve to the *spawner's* streams when the rule is made.
+DEVICES_READ = ("/dev/urandom", "/dev/random")
 
 
-def confine(request: SpawnRequest, keep_fds: list[int], parent_pid: int) -> dict[str, str]:
-    """Apply every layer to this process; return ``{layer: "on" | reason it is off}``."""
+def confine(request: SpawnRequest, keep_fds: list[int], parent_pid: int, landlock: int | str) -> dict[str, str]:
+    """Apply every layer to this process; return ``{layer: "on" | reason it is off}``.
+    ``landlock`` is a ruleset fd the spawner built (``landlock_ruleset``) or why there is none."""
     layers: dict[str, str] = {}
     os.setsid()
     kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the spawner died before the signal was armed
         os._exit(70)
-    os.closerange(3, min(keep_fds)) if keep_fds and min(keep_fds) > 3 else None
-    _close_other_fds(keep_fds)
+    _close_other_fds([*keep_fds, landlock] if isinstance(landlock, int) else keep_fds)
     devnull = os.open("/dev/null", os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -50,10 +51,10 @@ def confine(request: SpawnRequest, keep_fds: list[int], parent_pid: int) -> dict
     layers["no_new_privs"] = "on"
     _set_limits(request.limits)
     layers["rlimits"] = "on"
-    layers["landlock"] = _landlock(request)
-    layers["seccomp"] = _seccomp(request, network_cut=layers["network"] == "on")
-    if layers["network"] != "on" and not request.network and layers["seccomp"] == "on":
-        layers["network"] = "on (seccomp: AF_UNIX sockets only)"
+    layers["landlock"] = _apply_landlock(landlock)
+    layers["seccomp"] = _seccomp(request, network_cut=layers["network"].startswith("on"))
+    if not request.network and not layers["network"].startswith("on") and layers["seccomp"] == "on":
+        layers["network"] = "on (cut off: seccomp allows AF_UNIX sockets only)"
     for name in request.require:
         if not layers.get(name, "off").startswith("on"):
             raise ConfinementFailed(f"required isolation layer {name!r} is off: {layers.get(name, 'unknown layer')}")
@@ -107,7 +108,7 @@ def _cut_network(request: SpawnRequest) -> str:
             _write("/proc/self/setgroups", "deny")
             _write("/proc/self/uid_map", f"{uid} {uid} 1")
             _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        return "on"
+        return "on (cut off: new network namespace)"
     except OSError as exc:
         return f"off: network namespace refused ({exc.strerror})"
 
@@ -135,22 +136,40 @@ def _set_limits(limits: Limits) -> None:
         resource.setrlimit(which, (cap, cap))
 
 
-def _landlock(request: SpawnRequest) -> str:
+def landlock_ruleset(roots: list[str], writable: list[str]) -> int | str:
+    """Build the ruleset for these roots (in the spawner, cached): a fd, or why not."""
     abi = kernel.landlock_abi()
     if abi == 0:
         return "off: the kernel has no Landlock (needs Linux 5.13 with landlock in the LSM list)"
+    try:
+        return kernel.landlock_ruleset(landlock_rules(roots, writable, abi), abi)
+    except OSError as exc:
+        return f"off: Landlock refused the ruleset ({exc.strerror})"
+
+
+def _apply_landlock(ruleset: int | str) -> str:
+    if isinstance(ruleset, str):
+        return ruleset
+    try:
+        kernel.landlock_restrict_self(ruleset)
+    except OSError as exc:
+        return f"off: Landlock refused ({exc.strerror})"
+    finally:
+        os.close(ruleset)
+    return f"on (ABI {kernel.landlock_abi()})"
+
+
+def landlock_rules(roots: list[str], writable: list[str], abi: int) -> list[tuple[str, int]]:
+    """Read-write on the roots and the private temp dirs; read+execute on system
+    directories and the interpreter; read on /etc and /proc; the usual devices."""
     rw = kernel.fs_access_for_abi(abi) & ~(kernel.FS_MAKE_CHAR | kernel.FS_MAKE_BLOCK | kernel.FS_IOCTL_DEV)
-    rules: list[tuple[str, int]] = [(root, rw) for root in [*request.roots, *request.writable]]
+    rules: list[tuple[str, int]] = [(root, rw) for root in [*roots, *writable]]
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(__file__))}
     rules += [(p, kernel.READ_EXEC) for p in (*SYSTEM_READ_EXEC, *sorted(prefixes))]
     rules += [(p, kernel.READ) for p in SYSTEM_READ]
     rules += [(p, kernel.READ | kernel.FS_WRITE_FILE | kernel.FS_TRUNCATE) for p in DEVICES_RW]
     rules += [(p, kernel.READ) for p in DEVICES_READ]
-    try:
-        kernel.landlock_restrict(rules, abi)
-    except OSError as exc:
-        return f"off: Landlock refused ({exc.strerror})"
-    return f"on (ABI {abi})"
+    return rules
 
 
 def _seccomp(request: SpawnRequest, *, network_cut: bool) -> str:

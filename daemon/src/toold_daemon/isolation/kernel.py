@@ -7,6 +7,8 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import stat
+from typing import Any
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -94,9 +96,10 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def landlock_restrict(rules: list[tuple[str, int]], abi: int) -> None:
-    """Confine this process to ``rules`` (path, rights). Paths that do not exist are
-    skipped; a right the ABI lacks is dropped. Requires no_new_privs (or CAP_SYS_ADMIN)."""
+def landlock_ruleset(rules: list[tuple[str, int]], abi: int) -> int:
+    """A ruleset fd granting ``rules`` (path, rights) and denying every other handled right.
+    Paths that do not exist are skipped; a right the ABI lacks is dropped. Building one
+    costs about a millisecond, so the spawner builds it once and children only apply it."""
     handled = fs_access_for_abi(abi)
     attr = _RulesetAttr(handled, 0)
     ruleset = _check(
@@ -108,9 +111,13 @@ def landlock_restrict(rules: list[tuple[str, int]], abi: int) -> None:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 continue
+            mode = os.fstat(fd).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+                os.close(fd)  # a pipe or socket (Landlock refuses those with EBADFD)
+                continue
             try:
                 granted = rights & handled
-                if not os.path.isdir(f"/proc/self/fd/{fd}"):  # a file: only rights that apply to files
+                if not stat.S_ISDIR(mode):  # a file: only rights that apply to files
                     granted &= FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
                 beneath = _PathBeneath(granted, fd)
                 _check(
@@ -120,9 +127,15 @@ def landlock_restrict(rules: list[tuple[str, int]], abi: int) -> None:
                 )
             finally:
                 os.close(fd)
-        _check(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0))
-    finally:
+    except BaseException:
         os.close(ruleset)
+        raise
+    return ruleset
+
+
+def landlock_restrict_self(ruleset: int) -> None:
+    """Apply a ruleset to this process (and everything it will start). Needs no_new_privs."""
+    _check(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0))
 
 
 # ---- seccomp ---------------------------------------------------------------------------
@@ -173,10 +186,21 @@ def seccomp_supported() -> str | None:
     return None if machine in _AUDIT_ARCH else f"no syscall table for {machine}"
 
 
+_programs: dict[bool, tuple[Any, Any]] = {}
+
+
 def seccomp_filter(*, unix_sockets_only: bool) -> None:
     """Install a filter: EPERM for the denied syscalls, and with ``unix_sockets_only``
     EPERM for ``socket()`` of any family but AF_UNIX (stops TCP, UDP and raw sockets).
     Stacks under any filter already present (a container's). Needs no_new_privs."""
+    fprog, _filters = seccomp_program(unix_sockets_only=unix_sockets_only)
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0))
+
+
+def seccomp_program(*, unix_sockets_only: bool) -> tuple[Any, Any]:
+    """The BPF program, built once per process (the spawner warms it before forking)."""
+    if unix_sockets_only in _programs:
+        return _programs[unix_sockets_only]
     machine = platform.machine()
     nrs = sorted(_DENIED_SYSCALLS[machine].values())
     program: list[tuple[int, int, int, int]] = [
@@ -200,4 +224,5 @@ def seccomp_filter(*, unix_sockets_only: bool) -> None:
     program.append((_BPF_RET_K, 0, 0, _RET_ALLOW))
     filters = (_SockFilter * len(program))(*[_SockFilter(*ins) for ins in program])
     fprog = _SockFprog(len(program), filters)
-    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0))
+    _programs[unix_sockets_only] = (fprog, filters)  # filters: kept alive with the program
+    return fprog, filters

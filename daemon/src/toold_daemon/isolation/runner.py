@@ -31,6 +31,7 @@ from ..config import Config
 from ..errors import ToolError
 from ..runner import ThreadRunner
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
+from . import cgroup
 from . import sweep as sweeping
 from .environment import child_environment, is_injection
 from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
@@ -73,6 +74,7 @@ class SpawnRunner:
         me = Identity(uid=self._euid, gid=os.getegid(), pid=os.getpid())
         outcome = await self._spawn(tool, tool.args_type(), ctx, me, probe=True)
         self.layers = dict(outcome.layers)
+        self.layers["cgroup"] = cgroup.status()
         return self.layers
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
@@ -119,8 +121,18 @@ class SpawnRunner:
         finally:
             shutil.rmtree(temp, ignore_errors=True)
 
+    def _uid_base(self, identity: Identity) -> str:
+        """``<base>/u<uid>``, 0700 and owned by that uid: the one temp path its children may
+        write besides the roots (one path per uid keeps the spawner's ruleset cache warm)."""
+        base = os.path.join(self._temp_base, f"u{identity.uid}")
+        if not os.path.isdir(base):
+            os.mkdir(base, 0o700)
+            if self._euid == 0:
+                os.chown(base, identity.uid, identity.gid)
+        return base
+
     def _make_temp(self, identity: Identity) -> str:
-        temp = tempfile.mkdtemp(prefix="call-", dir=self._temp_base)
+        temp = tempfile.mkdtemp(prefix="call-", dir=self._uid_base(identity))
         if self._euid == 0 and identity.uid != 0:
             os.chown(temp, identity.uid, identity.gid)
         return temp
@@ -165,7 +177,8 @@ class SpawnRunner:
             uid=identity.uid,
             gid=identity.gid,
             network=command.network if command else not probe,
-            writable=[temp],
+            writable=[self._uid_base(identity)],
+            temp=temp,
             limits=limits,
             idle_timeout_s=command.idle_timeout_s if command else 0.0,
             stream_limit_bytes=isolation.stream_limit_bytes,
@@ -229,12 +242,18 @@ class SpawnRunner:
         )
 
     async def _kill(self, pid: int, token: str) -> None:
+        """SIGTERM first when a grace period is configured, then SIGKILL to the group and to
+        every escapee, until a sweep pass finds nothing left (at most a few seconds)."""
         grace = self.config.tools.isolation.kill_grace_seconds
         if grace > 0 and _signal_group(pid, signal.SIGTERM):
             with trio.move_on_after(grace):
                 while _signal_group(pid, 0):
                     await trio.sleep(0.02)
-        await trio.to_thread.run_sync(sweeping.sweep, self.spawner_pid, pid, token)
+        killed: set[int] = set()
+        for _ in range(1000):
+            if sweeping.sweep_once(self.spawner_pid, pid, token, killed) == 0:
+                return
+            await trio.sleep(0)
 
     def close(self) -> None:
         self._control.close()

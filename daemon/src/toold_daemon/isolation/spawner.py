@@ -22,6 +22,7 @@ import msgspec
 from ..tools._base import Tool
 from . import kernel
 from .child import run_child
+from .prepare import Preparer
 from .wire import Spawned, SpawnRequest, frame, read_exact
 
 _request_decoder = msgspec.msgpack.Decoder(SpawnRequest)
@@ -55,6 +56,7 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     my_pid = os.getpid()
+    preparer = Preparer(tools)
     while True:
         received = _receive(control)
         if received is None:
@@ -74,6 +76,12 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
             continue
         channel = fds[0]
         try:
+            work = preparer.prepare(request)
+        except (ValueError, msgspec.MsgspecError) as exc:
+            os.close(channel)
+            control.sendall(frame(Spawned(error=f"cannot prepare the call: {exc}")))
+            continue
+        try:
             pid = os.fork()
         except OSError as exc:
             os.close(channel)
@@ -81,7 +89,7 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
             continue
         if pid == 0:
             control.close()
-            run_child(request, channel, tools, my_pid)
+            run_child(request, channel, work, my_pid)
         os.close(channel)
         control.sendall(frame(Spawned(pid=pid)))
 

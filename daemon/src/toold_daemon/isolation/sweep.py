@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import psutil
 
@@ -58,31 +57,34 @@ def _token_of(pid: int) -> str | None:
     return None
 
 
-def _group_alive(pgid: int) -> bool:
+def sweep_once(spawner_pid: int, leader_pid: int, token: str, killed: set[int]) -> int:
+    """One pass: SIGKILL the group, then every spawner descendant carrying ``token`` that
+    is not in ``killed`` yet (added to it). Returns how many new processes were found.
+
+    A process with SIGKILL pending can no longer run or fork, so once a pass finds
+    nothing new, everything the call started is dead or dying. Cheap: /proc is read only
+    for the spawner's descendants."""
     try:
-        os.killpg(pgid, 0)
+        os.killpg(leader_pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def sweep(spawner_pid: int, leader_pid: int, token: str, *, passes: int = 100) -> int:
-    """Kill the call's group and every descendant of the spawner carrying ``token``.
-    Returns how many escaped processes were killed by token. Blocking (run in a thread)."""
-    killed = 0
-    for _ in range(passes):
+        pass
+    found = 0
+    for pid in _descendants(spawner_pid):
+        if pid in killed or _token_of(pid) != token:
+            continue
+        found += 1
+        killed.add(pid)
         try:
-            os.killpg(leader_pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
-        victims = [pid for pid in _descendants(spawner_pid) if _token_of(pid) == token]
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-        if not victims and not _group_alive(leader_pid):
-            return killed
-        time.sleep(0.005)
-    return killed
+    return found
+
+
+def sweep(spawner_pid: int, leader_pid: int, token: str, *, passes: int = 1000) -> int:
+    """Repeat ``sweep_once`` until a pass finds nothing new; returns how many were killed."""
+    killed: set[int] = set()
+    for _ in range(passes):
+        if sweep_once(spawner_pid, leader_pid, token, killed) == 0:
+            break
+    return len(killed)

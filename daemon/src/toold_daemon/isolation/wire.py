@@ -39,7 +39,8 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     argv: list[str] = []
     cwd: str = ""
     env: dict[str, str] = {}
-    files: dict[str, str] = {}  # written into writable[0] (the private temp dir) before argv runs
+    files: dict[str, str] = {}  # written into ``temp`` before argv runs
+    temp: str = ""  # the call's private temp dir (TMPDIR), inside one of ``writable``
     uid: int = -1
     gid: int = -1
     network: bool = True

@@ -1,0 +1,91 @@
+"""What the spawner works out before it forks, so that each child only applies it.
+
+Decoding the configuration, building the sandbox (compiled deny patterns), decoding a
+tool's arguments for the first time (msgspec builds its type info lazily) and building a
+Landlock ruleset each cost milliseconds. Done in the spawner and cached, they are
+inherited by every child through fork for free.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from ..config import Config
+from ..sandbox import Sandbox, build_sandbox
+from ..tools._base import Tool
+from . import kernel
+from .confine import landlock_ruleset
+from .wire import SpawnRequest
+
+_CACHE_SIZE = 16
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+@dataclass(slots=True)
+class Work:
+    tool: Tool[Any] | None
+    args: Any
+    config: Config | None
+    sandbox: Sandbox | str | None  # a string: why the roots could not be resolved
+    landlock: int | str  # a ruleset fd (the child's copy is closed after use) or why not
+
+
+class Preparer:
+    def __init__(self, tools: dict[str, Tool[Any]]) -> None:
+        self.tools = tools
+        self._configs: OrderedDict[bytes, Config] = OrderedDict()
+        self._sandboxes: OrderedDict[tuple[bytes, tuple[str, ...]], Sandbox | str] = OrderedDict()
+        self._rulesets: OrderedDict[tuple[tuple[str, ...], tuple[str, ...]], int | str] = OrderedDict()
+        if kernel.seccomp_supported() is None:
+            kernel.seccomp_program(unix_sockets_only=True)
+            kernel.seccomp_program(unix_sockets_only=False)
+        msgspec.msgpack.decode(msgspec.msgpack.encode(Config()), type=Config)
+
+    def prepare(self, request: SpawnRequest) -> Work:
+        """Raises ValueError (or msgspec errors) for a request the spawner cannot serve."""
+        tool = self.tools.get(request.tool) if not request.argv else None
+        if not request.argv and tool is None:
+            raise ValueError(f"unknown tool {request.tool!r}")
+        config = self._config(request.config) if request.config else None
+        args = msgspec.msgpack.decode(request.args, type=tool.args_type) if tool is not None else None
+        sandbox = self._sandbox(request.config, config, request.roots) if config is not None else None
+        return Work(tool, args, config, sandbox, self._ruleset(request.roots, request.writable))
+
+    def _config(self, data: bytes) -> Config:
+        return _cached(self._configs, data, lambda: msgspec.msgpack.decode(data, type=Config))
+
+    def _sandbox(self, key: bytes, config: Config, roots: list[str]) -> Sandbox | str:
+        def build() -> Sandbox | str:
+            try:
+                return build_sandbox(config, [Path(r) for r in roots])
+            except (OSError, ValueError) as exc:
+                return str(exc)
+
+        return _cached(self._sandboxes, (key, tuple(roots)), build)
+
+    def _ruleset(self, roots: list[str], writable: list[str]) -> int | str:
+        key = (tuple(roots), tuple(writable))
+        if key not in self._rulesets and len(self._rulesets) >= _CACHE_SIZE:
+            _, old = self._rulesets.popitem(last=False)
+            if isinstance(old, int):
+                os.close(old)
+        return _cached(self._rulesets, key, lambda: landlock_ruleset(roots, writable))
+
+
+def _cached(cache: OrderedDict[K, V], key: K, build: Callable[[], V]) -> V:
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = build()
+    cache[key] = value
+    while len(cache) > _CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
