@@ -21,6 +21,11 @@ EXAMPLES: dict[str, Any] = {
     "grep": lambda p: {"pattern": "x" * 300, "path": p},
     "shell": lambda p: {"command": "ls -la " + "x" * 300, "cwd": p},
     "run_code": lambda p: {"language": "python", "code": f"print({p!r})" + "x" * 300},
+    "write_file": lambda p: {"path": p, "content": "x" * 300},
+    "edit_file": lambda p: {"path": p, "edits": [{"target": "a" * 300, "replacement": "b"}]},
+    "apply_patch": lambda p: {"patch": f"LP1\nF {p}\nT\nline\n.\nEND\n"},
+    "delete_file": lambda p: {"path": p, "recursive": True},
+    "move_file": lambda p: {"source": p, "destination": p + "-moved" + "x" * 200},
 }
 WITHOUT_LOCATIONS = {"run_code"}
 

@@ -73,22 +73,28 @@ def test_tools_in_every_format(daemon: DaemonProcess) -> None:
     text = toolctl(daemon, "tools")
     assert text.returncode == 0
     assert [line.split()[0] for line in text.stdout.splitlines()] == [
+        "apply_patch",
+        "delete_file",
+        "edit_file",
         "glob",
         "grep",
         "list_directory",
+        "move_file",
         "read_file",
         "read_many_files",
         "run_code",
         "shell",
+        "write_file",
     ]
     openai = json.loads(toolctl(daemon, "tools", "--format", "openai").stdout)
-    assert openai[0]["type"] == "function" and openai[0]["function"]["name"] == "glob"
+    assert openai[0]["type"] == "function" and openai[0]["function"]["name"] == "apply_patch"
     anthropic = json.loads(toolctl(daemon, "tools", "--format", "anthropic").stdout)
-    assert "input_schema" in anthropic[3] and anthropic[3]["name"] == "read_file"
+    assert "input_schema" in anthropic[7] and anthropic[7]["name"] == "read_file"
     gemini = json.loads(toolctl(daemon, "tools", "--format", "gemini").stdout)
     assert "additionalProperties" not in json.dumps(gemini)
     native = json.loads(toolctl(daemon, "tools", "--format", "json").stdout)
-    assert native[0]["risk"] == "low" and native[0]["parameters"]["type"] == "object"
+    assert native[3]["risk"] == "low" and native[3]["parameters"]["type"] == "object"
+    assert {t["name"]: t["risk"] for t in native}["delete_file"] == "high"
 
 
 def test_no_daemon_is_exit_2(tmp_path: Path) -> None:

@@ -132,6 +132,12 @@ class ApplyPatchConfig(_Section, frozen=True):
     max_patch_bytes: PositiveInt = 524_288
 
 
+class EditConfig(_Section, frozen=True):
+    # edit_file and apply_patch refuse a file this client session has not read, or that
+    # changed since (StaleFile). Off: edits apply to whatever is on disk.
+    require_read: bool = True
+
+
 class ToolsConfig(_Section, frozen=True):
     mode: Literal["disabled", "parse_only", "enabled"] = "enabled"
     allow_parallel: bool = False
@@ -144,6 +150,7 @@ class ToolsConfig(_Section, frozen=True):
     environment: EnvironmentConfig = EnvironmentConfig()
     approval: ApprovalConfig = ApprovalConfig()
     isolation: IsolationConfig = IsolationConfig()
+    edit: EditConfig = EditConfig()
     read_file: ReadFileConfig = ReadFileConfig()
     apply_patch: ApplyPatchConfig = ApplyPatchConfig()
 

@@ -29,6 +29,7 @@ from . import results
 from .batches import Batch, PreparedCall
 from .config import Config
 from .errors import ToolError
+from .reads import ReadTracker
 from .runner import ToolRunner
 from .sandbox import Sandbox
 from .tools._base import Tool, ToolContext, _Cancelled
@@ -68,6 +69,7 @@ class Executor:
         self.sandbox = sandbox
         self.config = config
         self.recorder: Recorder = recorder or NoRecorder()
+        self.reads = ReadTracker()
 
     async def run(self, batch: Batch, emit: Emit) -> None:
         batch.state = "running"
@@ -121,6 +123,7 @@ class Executor:
             config=self.config,
             resolved=call.resolved,
             emit=_chunk_emitter(batch.batch_id, call.call_id, emit),
+            reads=self.reads.for_paths(batch.session_id, [str(p) for p in call.resolved.values()]),
         )
         timeout = tool.timeout_seconds(call.args) or self.timeout_for(tool)
         started = time.monotonic()
@@ -169,6 +172,7 @@ class Executor:
                 max_bytes=limits.max_bytes,
                 max_lines=limits.max_lines,
             )
+        self.reads.update(batch.session_id, output.records)
         return results.success(
             call.call_id,
             output.content,

@@ -131,8 +131,9 @@ def _check(
         tool=tool.name,
         arguments=msgspec.to_builtins(item.args),
         side_effecting=tool.side_effecting,
-        risk=tool.risk,
+        risk=tool.risk_for(item.args),
         requires_approval=tool.requires_approval(item.args),
+        prompts=tool.prompts(item.args, item.resolved),
     )
     verdict = policy.evaluate(facts, identity, client_name, tools.approval)
     item.risk = verdict.risk

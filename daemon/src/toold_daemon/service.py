@@ -178,12 +178,15 @@ class Service:
             if session.running == 0:
                 del self.sessions[peer]
                 self._forget(peer)
+                self.executor.reads.forget(session.session_id)
                 return True
         return False
 
     def _disconnected(self, peer: bytes) -> None:
         # Running batches go on; their results stay available through get_batch.
-        self.sessions.pop(peer, None)
+        session = self.sessions.pop(peer, None)
+        if session is not None:
+            self.executor.reads.forget(session.session_id)
 
     def _dispatch(self, session: Session, message: ClientMessage) -> None:
         match message:

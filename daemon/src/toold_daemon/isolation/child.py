@@ -68,6 +68,7 @@ def _run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
         sandbox=sandbox,
         config=config,
         resolved={k: Path(v) for k, v in request.resolved.items()},
+        reads=dict(request.reads),
         emit=lambda stream, data: write_frame(channel, Chunk(stream=stream, data=data)),  # type: ignore[arg-type]
     )
     try:
@@ -83,6 +84,7 @@ def _run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
         display=output.display,
         data=output.data,
         allow_truncation=output.allow_truncation,
+        records=output.records,
     )
 
 

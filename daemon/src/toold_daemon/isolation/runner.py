@@ -90,7 +90,7 @@ class SpawnRunner:
                 output=outcome.content or None,
                 **{k: v for k, v in outcome.error_details.items() if k != "output"},
             )
-        return ToolOutput(outcome.content, outcome.display, outcome.data, outcome.allow_truncation)
+        return ToolOutput(outcome.content, outcome.display, outcome.data, outcome.allow_truncation, outcome.records)
 
     async def _spawn(
         self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity, *, probe: bool = False
@@ -184,6 +184,7 @@ class SpawnRunner:
             stream_limit_bytes=isolation.stream_limit_bytes,
             keep_bytes=self.config.tools.output.max_bytes,
             require=[] if probe else list(isolation.require),
+            reads=dict(ctx.reads),
         )
 
     async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int) -> int:

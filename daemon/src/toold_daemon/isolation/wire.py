@@ -50,6 +50,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     stream_limit_bytes: int = 1024 * 1024
     keep_bytes: int = 102_400
     require: list[str] = []
+    reads: dict[str, str] = {}
 
 
 class Spawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
@@ -75,6 +76,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome"):
     error_message: str = ""
     error_details: dict[str, Any] = {}
     layers: dict[str, str] = {}  # isolation layer -> "on" or why it is off
+    records: dict[str, str] = {}  # read-tracking records (see ToolOutput.records)
 
 
 ChildMessage = Chunk | Outcome

@@ -38,6 +38,9 @@ class Facts:
     side_effecting: bool = False
     risk: Risk = "low"
     requires_approval: bool = False
+    #: Whether the default (mode ``prompt`` with ``prompt_side_effects``) asks for this
+    #: call: a tool may say no for harmless arguments (write_file creating a new file).
+    prompts: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,8 @@ def _by_mode(facts: Facts, approval: ApprovalConfig) -> Verdict:
         return Verdict(
             "allow", "allowlisted" if facts.tool in approval.allowlist else "approval mode is 'auto'", facts.risk
         )
-    if facts.side_effecting and approval.prompt_side_effects:
+    prompts = facts.side_effecting if facts.prompts is None else facts.prompts
+    if prompts and approval.prompt_side_effects:
         return Verdict("ask", f"{facts.tool} has side effects", facts.risk)
     return Verdict("allow", "read-only", facts.risk)
 

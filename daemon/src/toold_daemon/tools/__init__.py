@@ -5,17 +5,35 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from .apply_patch import ApplyPatch
+from .delete_file import DeleteFile
+from .edit_file import EditFile
 from .glob import Glob
 from .grep import Grep
 from .list_directory import ListDirectory
+from .move_file import MoveFile
 from .read_file import ReadFile
 from .read_many_files import ReadManyFiles
 from .run_code import RunCode
 from .shell import Shell
+from .write_file import WriteFile
 
 
 def builtin_tools() -> list[Tool[Any]]:
-    return [Glob(), Grep(), ListDirectory(), ReadFile(), ReadManyFiles(), RunCode(), Shell()]
+    return [
+        ApplyPatch(),
+        DeleteFile(),
+        EditFile(),
+        Glob(),
+        Grep(),
+        ListDirectory(),
+        MoveFile(),
+        ReadFile(),
+        ReadManyFiles(),
+        RunCode(),
+        Shell(),
+        WriteFile(),
+    ]
 
 
 __all__ = ["Tool", "ToolArgs", "ToolContext", "ToolOutput", "builtin_tools"]

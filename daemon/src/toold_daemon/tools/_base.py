@@ -34,6 +34,9 @@ class ToolOutput:
     display: str | None = None
     data: dict[str, Any] | None = None
     allow_truncation: bool = True
+    #: Read-tracking records to store for the session: canonical path -> record
+    #: (``sha256:HEX`` for whole-file reads and writes, ``stat:SIZE:MTIME_NS`` for ranges).
+    records: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,8 @@ class ToolContext:
     resolved: dict[str, Path] = field(default_factory=dict)
     #: Output streamed so far (bounded by the runner), kept for timeout and cancel results.
     partial: list[str] = field(default_factory=list)
+    #: What this client session has read (canonical path -> record), for stale-file checks.
+    reads: dict[str, str] = field(default_factory=dict)
 
     def resolve(self, raw: str) -> Path:
         """The canonical path of a path argument: the one the planner validated (FR-VAL-04a),
@@ -107,6 +112,16 @@ class Tool(Generic[A]):
         """Whether these arguments always need a person's yes (``write_file`` overwriting).
         Pure, like ``summary``: decided from the arguments alone."""
         return False
+
+    def risk_for(self, args: A) -> RiskLevel:
+        """The risk of this call (a patch that deletes files is riskier than one that edits)."""
+        return self.risk
+
+    def prompts(self, args: A, resolved: dict[str, Path]) -> bool:
+        """Whether the default policy asks before this call (seed 004's dynamic approval):
+        every side-effecting call unless the tool knows better for these arguments.
+        May look at the filesystem (``move_file``: does the destination exist?)."""
+        return self.side_effecting
 
     def runs_inline(self, args: A, ctx: ToolContext) -> bool:
         """True when this call is small, bounded, non-blocking work (a few kilobytes from a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import dataclasses
 import hashlib
 import os
 import stat
@@ -118,6 +119,9 @@ class ReadFile(Tool[ReadFileArgs]):
         }
         if not ranged:
             data["sha256"] = hashlib.sha256(raw).hexdigest()
+            records = {str(path): f"sha256:{data['sha256']}"}
+        else:  # a range: the file is known only by its size and modification time
+            records = {str(path): f"stat:{st.st_size}:{st.st_mtime_ns}"}
         if args.encoding == "base64":
             data["encoding"] = "base64"
             return ToolOutput(
@@ -125,15 +129,17 @@ class ReadFile(Tool[ReadFileArgs]):
                 f"{shown}: {len(raw)} bytes (base64)",
                 data,
                 allow_truncation=False,
+                records=records,
             )
         if is_binary(raw[:SNIFF_BYTES]) or not _decodes(raw):
-            return _binary_output(raw, shown, data, ctx.config.tools.output.max_bytes, args.path)
+            binary = _binary_output(raw, shown, data, ctx.config.tools.output.max_bytes, args.path)
+            return dataclasses.replace(binary, records=records)
         text = raw.decode("utf-8")
         if not ranged:
             last = data["total_lines"] = count_lines(text)
         data.update(encoding="utf-8", start_line=first, end_line=last)
         content = number_lines(text, first) if args.line_numbers else text
-        return ToolOutput(content, content, data)
+        return ToolOutput(content, content, data, records=records)
 
 
 def _regular_file_stat(fd: int, given: str) -> os.stat_result:

@@ -1,0 +1,214 @@
+"""Symlink-safe, atomic writes beneath a sandbox root.
+
+Every operation first opens the *parent directory* of its target component by
+component from the root with ``O_NOFOLLOW | O_DIRECTORY`` (creating missing
+directories the same way when asked), then acts on the last component relative to that
+directory fd. A symlink swapped in anywhere along the path after validation makes the
+walk fail with ``ELOOP``/``ENOTDIR`` instead of leading out of the roots, and a symlink
+at the target itself is never followed (it is replaced or refused, not written through).
+
+Writes go to a temp file in the same directory, are fsynced, take the original's
+permission bits, are renamed over the target, and the directory is fsynced.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from toold_protocol import ToolErrorType
+
+from ..errors import ToolError, from_os_error, sandbox_violation
+from .paths import Sandbox
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True)
+class Existing:
+    data: bytes
+    mode: int
+
+
+@contextmanager
+def parent_dir(sandbox: Sandbox, path: Path, *, create: bool = False, shown: str = "") -> Iterator[tuple[int, str]]:
+    """Yield (fd of the parent directory, last component) for validated ``path``."""
+    shown = shown or str(path)
+    root = sandbox.root_of(path)
+    if root is None:
+        raise sandbox_violation("PATH_OUTSIDE_SANDBOX", f"Path is outside the sandbox roots: {shown}")
+    relative = path.relative_to(root).parts
+    if not relative:
+        raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "ROOT_ITSELF", f"{shown} is a sandbox root itself")
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    try:
+        for part in relative[:-1]:
+            fd = _step(fd, part, create=create)
+        yield fd, relative[-1]
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    finally:
+        os.close(fd)
+
+
+def _step(fd: int, part: str, *, create: bool) -> int:
+    try:
+        next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        try:
+            os.mkdir(part, 0o777, dir_fd=fd)
+        except FileExistsError:
+            pass
+        next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+    os.close(fd)
+    return next_fd
+
+
+def read_existing(dir_fd: int, name: str, *, shown: str) -> Existing | None:
+    """The current bytes and mode of a regular file, None if there is none. Never follows
+    a symlink; a directory or other kind of file is an error."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_A_REGULAR_FILE", f"{shown} is {kind}", path=shown)
+        return Existing(f.read(), stat.S_IMODE(st.st_mode))
+
+
+def exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def atomic_write(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) -> None:
+    """Write ``data`` to ``name`` in ``dir_fd`` atomically: temp file, fsync, rename, fsync dir.
+    ``mode`` None means a new file (0666 minus umask)."""
+    temp = f".{name[:200]}.toold-{secrets.token_hex(6)}.tmp"
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if mode is not None:
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        _unlink_quietly(dir_fd, temp)
+        raise from_os_error(exc, shown) from None
+    os.fsync(dir_fd)
+
+
+def _unlink_quietly(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def delete(dir_fd: int, name: str, *, recursive: bool, shown: str, prefix: str) -> list[str]:
+    """Delete a file, symlink (not its target) or, with ``recursive``, a directory tree.
+    Returns the deleted paths (``prefix``-relative, deepest first, at most 1000 listed)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    if not stat.S_ISDIR(st.st_mode):
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError as exc:
+            raise from_os_error(exc, shown) from None
+        os.fsync(dir_fd)
+        return [prefix]
+    if not recursive:
+        raise ToolError(
+            ToolErrorType.EXECUTION_FAILED,
+            "IS_A_DIRECTORY",
+            f"{shown} is a directory; pass recursive=true to delete it and everything in it",
+            path=shown,
+        )
+    listed = _list_tree(dir_fd, name, prefix)
+    try:
+        shutil.rmtree(name, dir_fd=dir_fd)  # fd-based on Linux: does not follow symlinks
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    os.fsync(dir_fd)
+    return listed
+
+
+def _list_tree(dir_fd: int, name: str, prefix: str, limit: int = 1000) -> list[str]:
+    top = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    listed: list[str] = []
+    try:
+        for dirpath, dirnames, filenames, walk_fd in os.fwalk(".", dir_fd=top, topdown=False):
+            base = prefix if dirpath == "." else f"{prefix}/{dirpath[2:]}"
+            links = [d for d in dirnames if stat.S_ISLNK(os.stat(d, dir_fd=walk_fd, follow_symlinks=False).st_mode)]
+            for entry in [*filenames, *links]:
+                if len(listed) < limit:
+                    listed.append(f"{base}/{entry}")
+            if len(listed) < limit:
+                listed.append(base)
+    finally:
+        os.close(top)
+    return listed
+
+
+def move(
+    src_dir: int, src_name: str, dst_dir: int, dst_name: str, *, overwrite: bool, shown_src: str, shown_dst: str
+) -> None:
+    """Rename within or across directories; across filesystems copy then delete, so a crash
+    in between leaves the source intact (at worst both exist)."""
+    if not overwrite and exists(dst_dir, dst_name):
+        raise ToolError(
+            ToolErrorType.FILE_EXISTS,
+            "FILE_EXISTS",
+            f"{shown_dst} already exists; pass overwrite=true to replace it",
+            path=shown_dst,
+        )
+    try:
+        os.rename(src_name, dst_name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise from_os_error(exc, shown_src) from None
+        _copy_across(src_dir, src_name, dst_dir, dst_name, shown_src=shown_src, shown_dst=shown_dst)
+    os.fsync(dst_dir)
+    if src_dir != dst_dir:
+        os.fsync(src_dir)
+
+
+def _copy_across(src_dir: int, src_name: str, dst_dir: int, dst_name: str, *, shown_src: str, shown_dst: str) -> None:
+    existing = read_existing(src_dir, src_name, shown=shown_src)
+    if existing is None:
+        raise ToolError(ToolErrorType.FILE_NOT_FOUND, "FILE_NOT_FOUND", f"File not found: {shown_src}")
+    atomic_write(dst_dir, dst_name, existing.data, mode=existing.mode, shown=shown_dst)
+    try:
+        os.unlink(src_name, dir_fd=src_dir)
+    except OSError as exc:
+        raise from_os_error(exc, shown_src) from None

@@ -1,0 +1,151 @@
+"""apply_patch: an LP1 or ``*** Begin Patch`` patch, all files or none.
+
+Every path is sandbox-checked while planning; every file is read, checked against the
+session's reads (StaleFile) and patched in memory before the first write. Only then
+are the files written, each atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
+
+from toold_protocol import ToolErrorType
+
+from .. import patches
+from ..errors import ToolError, limits_exceeded
+from ..sandbox.writes import atomic_write, delete, parent_dir, read_existing
+from ._base import RiskLevel, Tool, ToolArgs, ToolContext, ToolOutput
+from ._mutate import check_fresh, gone, written
+from ._text import Text, decode, unified_diff
+
+
+class ApplyPatchArgs(ToolArgs, frozen=True):
+    """Apply a patch to one or more files."""
+
+    patch: Annotated[str, Meta(min_length=1, description="An LP1 patch or a '*** Begin Patch' patch")]
+
+
+def _patch_failed(path: str, reason: str) -> ToolError:
+    where = f"{path}: " if path else ""
+    return ToolError(ToolErrorType.PATCH_FAILED, "PATCH_FAILED", f"PatchFailed: {where}{reason}", path=path)
+
+
+class ApplyPatch(Tool[ApplyPatchArgs]):
+    name = "apply_patch"
+    description = (
+        "Apply a patch in LP1 format or the '*** Begin Patch' format (detected from the first line). "
+        "All files change or none do. Files being changed must have been read in this session."
+    )
+    args_type = ApplyPatchArgs
+    side_effecting = True
+    risk = "medium"
+
+    def validate(self, args: ApplyPatchArgs) -> None:
+        try:
+            patches.paths(args.patch)
+        except patches.PatchError as exc:
+            raise _patch_failed(exc.path, exc.reason) from None
+
+    def paths(self, args: ApplyPatchArgs) -> list[str]:
+        return list(dict.fromkeys(patches.paths(args.patch)))
+
+    def risk_for(self, args: ApplyPatchArgs) -> RiskLevel:
+        deletes = "*** Delete File:" in args.patch and patches.detect(args.patch) == "begin_patch"
+        return "high" if deletes else self.risk
+
+    def summary(self, args: ApplyPatchArgs) -> str:
+        files = self.paths(args)
+        return f"Patch {len(files)} file(s): {', '.join(files)}"[:200]
+
+    def run(self, args: ApplyPatchArgs, ctx: ToolContext) -> ToolOutput:
+        limit = ctx.config.tools.apply_patch.max_patch_bytes
+        if len(args.patch.encode()) > limit:
+            raise limits_exceeded(f"the patch is over max_patch_bytes ({limit})", limit=limit)
+        with ExitStack() as stack:
+            dirs: dict[str, tuple[Path, int, str]] = {}
+            for raw in self.paths(args):
+                path = ctx.resolve(raw)
+                try:
+                    dir_fd, name = stack.enter_context(parent_dir(ctx.sandbox, path, shown=raw))
+                except ToolError as exc:
+                    if exc.type != ToolErrorType.FILE_NOT_FOUND:
+                        raise
+                    # The parent directory does not exist yet: created at write time, only
+                    # once the whole patch is known to apply (a failed patch leaves no trace).
+                    dir_fd, name = -1, path.name
+                dirs[raw] = (path, dir_fd, name)
+            originals: dict[str, bytes] = {}
+
+            def load(raw: str) -> Text | None:
+                _, dir_fd, name = dirs[raw]
+                if dir_fd < 0:
+                    return None
+                existing = read_existing(dir_fd, name, shown=raw)
+                if existing is None:
+                    return None
+                originals[raw] = existing.data
+                return decode(existing.data, raw)
+
+            try:
+                changes = patches.apply(args.patch, load)
+            except patches.PatchError as exc:
+                raise _patch_failed(exc.path, exc.reason) from None
+            except ToolError as exc:
+                raise _patch_failed(str(exc.details.get("path", "")), exc.message) from None
+            for change in changes:
+                if change.action != "add":
+                    path, dir_fd, name = dirs[change.path]
+                    check_fresh(ctx, path, originals[change.path], dir_fd=dir_fd, name=name, shown=change.path)
+                if change.move_to and change.move_to != change.path:
+                    _, dst_fd, dst_name = dirs[change.move_to]
+                    if read_existing(dst_fd, dst_name, shown=change.move_to) is not None:
+                        raise _patch_failed(change.move_to, "Move to a file that exists")
+            for raw, (path, dir_fd, _) in list(dirs.items()):
+                if dir_fd < 0:
+                    dirs[raw] = (path, *stack.enter_context(parent_dir(ctx.sandbox, path, create=True, shown=raw)))
+            return self._write(changes, dirs)
+
+    def _write(self, changes: list[patches.FileChange], dirs: dict[str, tuple[Path, int, str]]) -> ToolOutput:
+        records: dict[str, str] = {}
+        summary: dict[str, str] = {}
+        diffs: list[str] = []
+        for change in changes:
+            path, dir_fd, name = dirs[change.path]
+            if change.after is None:
+                delete(dir_fd, name, recursive=False, shown=change.path, prefix=change.path)
+                records |= gone(path)
+                summary[change.path] = "deleted"
+                diffs.append(unified_diff(change.before.body if change.before else "", "", change.path))
+                continue
+            data = change.after.encode()
+            mode = _mode_of(dir_fd, name) if change.action == "update" else None
+            target = change.path
+            if change.move_to and change.move_to != change.path:
+                target = change.move_to
+                dst_path, dst_fd, dst_name = dirs[target]
+                atomic_write(dst_fd, dst_name, data, mode=mode, shown=target)
+                delete(dir_fd, name, recursive=False, shown=change.path, prefix=change.path)
+                records |= gone(path) | written(dst_path, data)
+                summary[change.path], summary[target] = "deleted", "moved"
+            else:
+                atomic_write(dir_fd, name, data, mode=mode, shown=target)
+                records |= written(path, data)
+                summary[target] = "created" if change.action == "add" else "modified"
+            before = change.before.body if change.before else ""
+            diffs.append(unified_diff(before, change.after.body, target))
+        diff = "".join(diffs)
+        listing = "\n".join(f"{kind} {path}" for path, kind in summary.items())
+        return ToolOutput(f"Patch applied:\n{listing}\n{diff}", diff or listing, {"changes": summary}, records=records)
+
+
+def _mode_of(dir_fd: int, name: str) -> int:
+    return stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+
+
+__all__ = ["ApplyPatch"]

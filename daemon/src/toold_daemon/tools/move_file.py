@@ -1,0 +1,69 @@
+"""move_file: rename a file or directory inside the roots (copy + delete across filesystems)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
+
+from ..errors import bad_args
+from ..sandbox.writes import move, parent_dir
+from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._mutate import gone
+
+
+class MoveFileArgs(ToolArgs, frozen=True):
+    """Move or rename a file."""
+
+    source: Annotated[str, Meta(description="Existing path relative to the workspace root")]
+    destination: Annotated[str, Meta(description="New path relative to the workspace root")]
+    overwrite: Annotated[bool, Meta(description="Replace an existing destination (default: refuse)")] = False
+
+
+class MoveFile(Tool[MoveFileArgs]):
+    name = "move_file"
+    description = (
+        "Move or rename a file or directory inside the workspace. Refuses to replace an existing destination "
+        "unless overwrite=true."
+    )
+    args_type = MoveFileArgs
+    side_effecting = True
+    risk = "medium"
+
+    def validate(self, args: MoveFileArgs) -> None:
+        if args.source.rstrip("/") == args.destination.rstrip("/"):
+            raise bad_args("source and destination are the same")
+
+    def paths(self, args: MoveFileArgs) -> list[str]:
+        return [args.source, args.destination]
+
+    def summary(self, args: MoveFileArgs) -> str:
+        return f"Move {args.source[:90]} to {args.destination[:90]}"
+
+    def prompts(self, args: MoveFileArgs, resolved: dict[str, Path]) -> bool:
+        destination = resolved.get(args.destination)
+        return destination is None or os.path.lexists(destination)  # asks only when replacing
+
+    def run(self, args: MoveFileArgs, ctx: ToolContext) -> ToolOutput:
+        source, destination = ctx.resolve(args.source), ctx.resolve(args.destination)
+        with (
+            parent_dir(ctx.sandbox, source, shown=args.source) as (src_fd, src_name),
+            parent_dir(ctx.sandbox, destination, create=True, shown=args.destination) as (dst_fd, dst_name),
+        ):
+            move(
+                src_fd,
+                src_name,
+                dst_fd,
+                dst_name,
+                overwrite=args.overwrite,
+                shown_src=args.source,
+                shown_dst=args.destination,
+            )
+        return ToolOutput(
+            f"Moved {args.source} to {args.destination}",
+            f"moved {args.source} → {args.destination}",
+            {"changes": {args.source: "deleted", args.destination: "moved"}},
+            records={**gone(source), **gone(destination)},
+        )
