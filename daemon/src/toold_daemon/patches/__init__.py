@@ -21,7 +21,7 @@ def detect(patch: str) -> str:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        return "begin_patch" if stripped.startswith("*** Begin Patch") else "lp1"
+        return "begin_patch" if stripped.startswith("***") else "lp1"
     raise PatchError("", "the patch is empty")
 
 

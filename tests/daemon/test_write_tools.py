@@ -1,0 +1,309 @@
+"""The mutating tools, run in-process on a real filesystem: atomicity, symlinks, modes,
+stale files, edits, patches, deletes and moves (the daemon tests run them isolated)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toold_daemon.config import Config, parse
+from toold_daemon.errors import ToolError
+from toold_daemon.reads import ReadTracker
+from toold_daemon.sandbox import Sandbox
+from toold_daemon.tools import ToolContext, ToolOutput, builtin_tools
+
+TOOLS = {tool.name: tool for tool in builtin_tools()}
+
+
+class Workspace:
+    """A root plus one client session's read records, like the executor keeps them."""
+
+    def __init__(self, root: Path, config: Config | None = None) -> None:
+        self.root = root
+        self.sandbox = Sandbox([root])
+        self.config = config or Config()
+        self.reads = ReadTracker()
+
+    def call(self, name: str, **arguments: Any) -> ToolOutput:
+        tool = TOOLS[name]
+        args = msgspec.convert(arguments, tool.args_type)
+        tool.validate(args)
+        resolved = {raw: self.sandbox.resolve(raw) for raw in tool.paths(args)}
+        ctx = ToolContext(
+            call_id="c",
+            sandbox=self.sandbox,
+            config=self.config,
+            resolved=resolved,
+            reads=self.reads.for_paths("s", [str(p) for p in resolved.values()]),
+        )
+        output = tool.run(args, ctx)
+        self.reads.update("s", output.records)
+        return output
+
+    def error(self, name: str, **arguments: Any) -> ToolError:
+        with pytest.raises(ToolError) as info:
+            self.call(name, **arguments)
+        return info.value
+
+
+@pytest.fixture
+def ws(root: Path) -> Workspace:
+    return Workspace(root)
+
+
+TEXTS = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=200)
+
+
+@given(text=TEXTS, crlf=st.booleans())
+def test_write_then_read_round_trips_any_text(tmp_path_factory: pytest.TempPathFactory, text: str, crlf: bool) -> None:
+    ws = Workspace(tmp_path_factory.mktemp("rt"))
+    content = text.replace("\n", "\r\n") if crlf else text
+    ws.call("write_file", path="d/f.txt", content=content)
+    assert (ws.root / "d/f.txt").read_bytes() == content.encode()
+    read = ws.call("read_file", path="d/f.txt")
+    if "\x00" not in content:
+        assert read.content == content
+
+
+@given(data=st.binary(max_size=300))
+def test_write_then_read_round_trips_bytes(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    ws = Workspace(tmp_path_factory.mktemp("bin"))
+    ws.call("write_file", path="blob.bin", content=base64.b64encode(data).decode(), encoding="base64")
+    assert (ws.root / "blob.bin").read_bytes() == data
+    read = ws.call("read_file", path="blob.bin", encoding="base64")
+    assert base64.b64decode(read.content) == data
+
+
+def test_existing_file_needs_overwrite_and_keeps_its_mode(ws: Workspace) -> None:
+    target = ws.root / "f.sh"
+    target.write_text("old\n")
+    os.chmod(target, 0o750)
+    error = ws.error("write_file", path="f.sh", content="new\n")
+    assert error.code == "FILE_EXISTS" and "overwrite" in error.message
+    assert target.read_text() == "old\n"
+    out = ws.call("write_file", path="f.sh", content="new\n", overwrite=True)
+    assert target.read_text() == "new\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o750
+    assert out.data == {"changes": {"f.sh": "modified"}, "bytes": 4}
+    assert "-old" in (out.display or "") and "+new" in (out.display or "")
+    assert [p.name for p in ws.root.iterdir()] == ["f.sh"]  # no temp file left
+
+
+def test_writes_never_follow_a_symlink_out_of_the_root(ws: Workspace, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("safe")
+    (ws.root / "link.txt").symlink_to(outside / "victim.txt")
+    (ws.root / "dirlink").symlink_to(outside)
+    for path in ("link.txt", "dirlink/victim.txt", "dirlink/new.txt"):
+        with pytest.raises(ToolError):
+            ws.call("write_file", path=path, content="pwned", overwrite=True)
+    assert (outside / "victim.txt").read_text() == "safe"
+    assert not (outside / "new.txt").exists()
+
+
+def test_a_directory_swapped_for_a_symlink_while_writing_never_escapes(ws: Workspace, tmp_path: Path) -> None:
+    """A racing thread replaces root/d with a symlink to an outside directory, over and
+    over, while write_file writes d/f.txt (validated before the swap, as the planner does)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    real = ws.root / "d"
+    real.mkdir()
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            try:
+                os.rename(real, ws.root / "d.real")
+                os.symlink(outside, real)
+                os.unlink(real)
+                os.rename(ws.root / "d.real", real)
+            except OSError:
+                pass
+
+    racer = threading.Thread(target=swap)
+    racer.start()
+    outcomes = {"ok": 0, "refused": 0}
+    try:
+        for i in range(400):
+            try:
+                ws.call("write_file", path="d/f.txt", content=str(i), overwrite=True)
+                outcomes["ok"] += 1
+            except ToolError:
+                outcomes["refused"] += 1
+    finally:
+        stop.set()
+        racer.join()
+    assert list(outside.iterdir()) == []
+    assert outcomes["ok"] > 0 and outcomes["refused"] > 0  # the race really happened both ways
+
+
+# ---- edit_file ----
+
+
+def read_then(ws: Workspace, path: str) -> None:
+    ws.call("read_file", path=path)
+
+
+def test_edit_requires_a_read_and_refuses_a_changed_file(ws: Workspace) -> None:
+    (ws.root / "f.txt").write_text("a\nb\n")
+    error = ws.error("edit_file", path="f.txt", edits=[{"target": "a", "replacement": "A"}])
+    assert error.type == "StaleFile" and "not been read" in error.message
+    read_then(ws, "f.txt")
+    (ws.root / "f.txt").write_text("a\nb\nchanged by someone else\n")
+    error = ws.error("edit_file", path="f.txt", edits=[{"target": "a", "replacement": "A"}])
+    assert error.type == "StaleFile" and "changed since" in error.message
+    read_then(ws, "f.txt")
+    ws.call("edit_file", path="f.txt", edits=[{"target": "a\n", "replacement": "A\n"}])
+    ws.call("edit_file", path="f.txt", edits=[{"target": "b\n", "replacement": "B\n"}])  # own write refreshed
+    assert (ws.root / "f.txt").read_text() == "A\nB\nchanged by someone else\n"
+
+
+def test_a_ranged_read_counts_until_the_file_changes(ws: Workspace) -> None:
+    (ws.root / "f.txt").write_text("1\n2\n3\n")
+    ws.call("read_file", path="f.txt", start_line=2, end_line=2)
+    ws.call("edit_file", path="f.txt", edits=[{"target": "2", "replacement": "two"}])
+    assert (ws.root / "f.txt").read_text() == "1\ntwo\n3\n"
+
+
+def test_stale_check_can_be_turned_off(root: Path) -> None:
+    ws = Workspace(root, parse("[tools.edit]\nrequire_read = false\n"))
+    (root / "f.txt").write_text("x\n")
+    ws.call("edit_file", path="f.txt", edits=[{"target": "x", "replacement": "y"}])
+    assert (root / "f.txt").read_text() == "y\n"
+
+
+def test_edit_errors_name_the_edit_and_change_nothing(ws: Workspace) -> None:
+    original = b"one\ntwo\ntwo\n"
+    (ws.root / "f.txt").write_bytes(original)
+    read_then(ws, "f.txt")
+    missing = ws.error(
+        "edit_file", path="f.txt", edits=[{"target": "one", "replacement": "1"}, {"target": "zzz", "replacement": "3"}]
+    )
+    assert missing.code == "EDIT_TARGET_NOT_FOUND" and missing.details["edit_index"] == 1
+    ambiguous = ws.error("edit_file", path="f.txt", edits=[{"target": "two", "replacement": "2"}])
+    assert ambiguous.code == "EDIT_TARGET_AMBIGUOUS" and ambiguous.details["count"] == 2
+    assert (ws.root / "f.txt").read_bytes() == original
+    ws.call("edit_file", path="f.txt", edits=[{"target": "two", "replacement": "2", "occurrence": 2}])
+    assert (ws.root / "f.txt").read_bytes() == b"one\ntwo\n2\n"
+
+
+def test_edit_keeps_crlf_and_bom(ws: Workspace) -> None:
+    (ws.root / "w.txt").write_bytes(b"\xef\xbb\xbfline one\r\nline two\r\n")
+    read_then(ws, "w.txt")
+    ws.call("edit_file", path="w.txt", edits=[{"target": "one\nline", "replacement": "1\nnew\nline"}])
+    assert (ws.root / "w.txt").read_bytes() == b"\xef\xbb\xbfline 1\r\nnew\r\nline two\r\n"
+
+
+@given(st.lists(st.sampled_from(["ab", "cd", "ef"]), min_size=1, max_size=10), st.sampled_from(["ab", "cd", "ef"]))
+def test_edit_uniqueness_property(tmp_path_factory: pytest.TempPathFactory, words: list[str], target: str) -> None:
+    ws = Workspace(tmp_path_factory.mktemp("e"))
+    text = " ".join(words)
+    (ws.root / "f.txt").write_text(text)
+    read_then(ws, "f.txt")
+    count = text.count(target)
+    if count == 1:
+        ws.call("edit_file", path="f.txt", edits=[{"target": target, "replacement": "XY"}])
+        assert (ws.root / "f.txt").read_text() == text.replace(target, "XY")
+    else:
+        error = ws.error("edit_file", path="f.txt", edits=[{"target": target, "replacement": "XY"}])
+        assert error.code == ("EDIT_TARGET_NOT_FOUND" if count == 0 else "EDIT_TARGET_AMBIGUOUS")
+        assert (ws.root / "f.txt").read_text() == text
+
+
+# ---- apply_patch ----
+
+
+def test_a_patch_whose_third_file_fails_changes_nothing(ws: Workspace) -> None:
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws.root / name).write_text(f"{name}\n")
+        read_then(ws, name)
+    patch = "LP1\nF a.txt\nT\nA\n.\nF b.txt\nT\nB\n.\nF new/dir/n.txt\nT\nN\n.\nF c.txt\nR\nmissing\n.\nx\n.\nEND\n"
+    error = ws.error("apply_patch", patch=patch)
+    assert error.type == "PatchFailed" and "c.txt" in error.message and "not found" in error.message
+    assert [(ws.root / n).read_text() for n in ("a.txt", "b.txt", "c.txt")] == ["a.txt\n", "b.txt\n", "c.txt\n"]
+    assert not (ws.root / "new").exists()
+
+
+def test_patch_applies_across_files_and_refreshes_reads(ws: Workspace) -> None:
+    (ws.root / "src").mkdir()
+    (ws.root / "src/app.py").write_text("def f():\n    return 1\n")
+    (ws.root / "old.txt").write_text("bye\n")
+    read_then(ws, "src/app.py")
+    read_then(ws, "old.txt")
+    patch = (
+        "*** Begin Patch\n*** Add File: docs/new.md\n+hi\n*** Update File: src/app.py\n*** Move to: src/main.py\n"
+        "@@ def f():\n-    return 1\n+    return 2\n*** Delete File: old.txt\n*** End Patch\n"
+    )
+    out = ws.call("apply_patch", patch=patch)
+    assert out.data == {
+        "changes": {"docs/new.md": "created", "src/app.py": "deleted", "src/main.py": "moved", "old.txt": "deleted"}
+    }
+    assert (ws.root / "docs/new.md").read_text() == "hi\n"
+    assert (ws.root / "src/main.py").read_text() == "def f():\n    return 2\n"
+    assert not (ws.root / "src/app.py").exists() and not (ws.root / "old.txt").exists()
+    ws.call("apply_patch", patch="LP1\nF src/main.py\nR\n    return 2\n.\n    return 3\n.\nEND\n")
+    assert "return 3" in (ws.root / "src/main.py").read_text()
+
+
+def test_patch_refuses_unread_files_and_paths_outside(ws: Workspace) -> None:
+    (ws.root / "f.txt").write_text("x\n")
+    assert ws.error("apply_patch", patch="LP1\nF f.txt\nT\ny\n.\nEND\n").type == "StaleFile"
+    outside = ws.error("apply_patch", patch="LP1\nF ../evil.txt\nT\ny\n.\nEND\n")
+    assert outside.type == "SandboxViolation"
+
+
+# ---- delete_file, move_file ----
+
+
+def test_delete(ws: Workspace, tmp_path: Path) -> None:
+    (ws.root / "d/e").mkdir(parents=True)
+    (ws.root / "d/e/f.txt").write_text("x")
+    (ws.root / "d/g.txt").write_text("y")
+    target = tmp_path / "target.txt"
+    target.write_text("keep")
+    (ws.root / "d/link").symlink_to(target)
+    assert ws.error("delete_file", path="d").code == "IS_A_DIRECTORY"
+    assert ws.error("delete_file", path=".").code == "ROOT_ITSELF"
+    out = ws.call("delete_file", path="d", recursive=True)
+    assert sorted(out.data["deleted"]) == sorted(["d/e/f.txt", "d/e", "d/g.txt", "d/link", "d"])  # type: ignore[index]
+    assert not (ws.root / "d").exists() and target.read_text() == "keep"
+
+
+def test_move(ws: Workspace) -> None:
+    (ws.root / "a.txt").write_text("a")
+    (ws.root / "b.txt").write_text("b")
+    assert ws.error("move_file", source="a.txt", destination="b.txt").code == "FILE_EXISTS"
+    ws.call("move_file", source="a.txt", destination="sub/c.txt")
+    assert (ws.root / "sub/c.txt").read_text() == "a" and not (ws.root / "a.txt").exists()
+    ws.call("move_file", source="sub/c.txt", destination="b.txt", overwrite=True)
+    assert (ws.root / "b.txt").read_text() == "a"
+
+
+def test_move_across_filesystems(ws: Workspace) -> None:
+    mount = ws.root / "mnt"
+    mount.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)], check=False).returncode != 0:
+        pytest.skip("tmpfs cannot be mounted here")
+    try:
+        (ws.root / "a.txt").write_text("across")
+        os.chmod(ws.root / "a.txt", 0o640)
+        ws.call("move_file", source="a.txt", destination="mnt/a.txt")
+        assert (mount / "a.txt").read_text() == "across" and not (ws.root / "a.txt").exists()
+        assert stat.S_IMODE((mount / "a.txt").stat().st_mode) == 0o640
+        assert os.stat(mount).st_dev != os.stat(ws.root).st_dev
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
