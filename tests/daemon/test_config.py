@@ -56,3 +56,16 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
         parse("[tools\n", "x.toml")
     with pytest.raises(ConfigError, match="cannot read"):
         load_file(tmp_path / "missing.toml")
+
+
+def test_every_toml_block_in_the_readme_is_a_valid_config() -> None:
+    import re
+    from pathlib import Path
+
+    from toold_daemon.config import parse as parse_config
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    blocks = re.findall(r"```toml\n(.*?)```", readme.read_text(), re.S)
+    assert len(blocks) >= 2
+    for index, block in enumerate(blocks):
+        parse_config(block, f"README.md toml block {index}")

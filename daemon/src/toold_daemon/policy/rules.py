@@ -2,7 +2,9 @@
 
 A rule may carry ``match = [{...arguments...}]`` and ``not_match = [...]``; they are run
 against the rule's conditions like unit tests, and a failing example is a load error,
-so a policy cannot silently mean something else than its author wrote.
+so a policy cannot silently mean something else than its author wrote. For a shell
+command, an allow rule matches when it covers every part of the command (as the engine
+judges it); a deny or ask rule when it matches any part.
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ def _example_matches(rule: Rule, example: dict[str, object]) -> bool:
     command = example.get("command")
     if isinstance(command, str) and any(c.param == "command" and c.operator == "prefix" for c in rule.conditions):
         parts = split_command(command)
-        return parts is not None and any(
-            conditions_hold(rule.conditions, {**example, "command": part.text}, part=part) for part in parts
-        )
+        if parts is None:
+            return False
+        hits = [conditions_hold(rule.conditions, {**example, "command": p.text}, part=p) for p in parts]
+        if rule.decision == "allow":  # an allow rule covers a command only if it covers every part
+            return all(hits) and not any(p.redirects or p.opaque for p in parts)
+        return any(hits)
     return conditions_hold(rule.conditions, example)
