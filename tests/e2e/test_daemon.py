@@ -53,7 +53,7 @@ def error_code(frame: bytes) -> tuple[str, int | None]:
         ([b"x" * (9 * 1024 * 1024)], "FRAME_TOO_LARGE", None),
         (
             [p.encode_value({"type": "confirm", "id": 11, "correlation_id": "c", "decision": "approve_all"})],
-            "UNSUPPORTED",
+            "NOT_AUTHORIZED",
             11,
         ),
     ],

@@ -72,15 +72,28 @@ def test_a_read_and_an_edit_in_one_batch(daemon: DaemonProcess) -> None:
 
 
 def test_default_policy_creates_without_asking_but_asks_to_overwrite(tmp_path: Path, root: Path) -> None:
+    from toold_client import DENY_ALL
+
+    asked: list[str] = []
+
+    def deny(request: object) -> object:
+        asked.extend(item.name for item in request.calls)  # type: ignore[attr-defined]
+        return DENY_ALL
+
     d = start_daemon(tmp_path, root)
     try:
         with d.client(timeout=30) as client:
-            created = client.call("write_file", {"path": "new.txt", "content": "1"})
-            overwrite = client.call("write_file", {"path": "new.txt", "content": "2", "overwrite": True})
-            delete = client.call("delete_file", {"path": "new.txt"})
+            created = client.call("write_file", {"path": "new.txt", "content": "1"}, on_confirm=deny)  # type: ignore[arg-type]
+            overwrite = client.call(
+                "write_file",
+                {"path": "new.txt", "content": "2", "overwrite": True},
+                on_confirm=deny,  # type: ignore[arg-type]
+            )
+            delete = client.call("delete_file", {"path": "new.txt"}, on_confirm=deny)  # type: ignore[arg-type]
     finally:
         d.stop()
     assert created.ok, created.content
-    assert overwrite.error is not None and overwrite.error.code == "CONFIRMATION_UNAVAILABLE"
-    assert delete.error is not None and delete.error.code == "CONFIRMATION_UNAVAILABLE"
+    assert asked == ["write_file", "delete_file"]
+    assert overwrite.error is not None and overwrite.error.code == "DENIED_BY_USER"
+    assert delete.error is not None and delete.error.code == "DENIED_BY_USER"
     assert (root / "new.txt").read_text() == "1"

@@ -1,8 +1,12 @@
 """Client library for the toold daemon. Depends on toold-protocol and pyzmq only."""
 
+from ._client import APPROVE_ALL as APPROVE_ALL
+from ._client import DENY_ALL as DENY_ALL
 from ._client import BatchOutcome as BatchOutcome
 from ._client import CallSpec as CallSpec
 from ._client import Client as Client
+from ._client import ConfirmHandler as ConfirmHandler
+from ._client import Decision as Decision
 from ._errors import DaemonUnavailable as DaemonUnavailable
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError
@@ -12,10 +16,14 @@ from ._transport import Transport as Transport
 from ._transport import ZmqTransport as ZmqTransport
 
 __all__ = [
+    "APPROVE_ALL",
+    "DENY_ALL",
     "BatchOutcome",
     "CallSpec",
     "Client",
+    "ConfirmHandler",
     "DaemonUnavailable",
+    "Decision",
     "ProtocolError",
     "RemoteError",
     "RequestTimeout",

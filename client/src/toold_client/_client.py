@@ -27,6 +27,8 @@ from toold_protocol import (
     BatchStatus,
     BatchSummary,
     Cancel,
+    Confirm,
+    ConfirmationRequested,
     DaemonMessage,
     DecodeFailure,
     Error,
@@ -41,6 +43,7 @@ from toold_protocol import (
     PruneJournal,
     Recover,
     SubmitBatch,
+    Subscribe,
     ToolCall,
     ToolDefinition,
     ToolList,
@@ -70,6 +73,25 @@ class CallSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Decision:
+    """An answer to a confirmation request. ``approve_selected`` approves only
+    ``approved_call_ids``; ``modified_arguments`` replaces a call's arguments (the daemon
+    re-validates them); ``remember_for_session`` grants the same tool and path (or the
+    same program, for shell) for the rest of the submitting session."""
+
+    decision: Literal["approve_all", "approve_selected", "deny_all"]
+    approved_call_ids: tuple[str, ...] = ()
+    modified_arguments: Mapping[str, Mapping[str, Any]] | None = None
+    remember_for_session: bool = False
+    reason: str = ""
+
+
+APPROVE_ALL = Decision("approve_all")
+DENY_ALL = Decision("deny_all")
+ConfirmHandler = Callable[[ConfirmationRequested], Decision | None]
+
+
+@dataclass(frozen=True, slots=True)
 class BatchOutcome:
     batch_id: str
     state: str
@@ -95,6 +117,8 @@ class Client:
         self._ids = itertools.count(1)
         self._replies: dict[int, DaemonMessage] = {}
         self._events: dict[str, collections.deque[DaemonMessage]] = collections.defaultdict(collections.deque)
+        # Confirmation requests as they arrive, for approvers (bounded; oldest dropped first).
+        self._confirmations: collections.deque[ConfirmationRequested] = collections.deque(maxlen=1000)
         self._welcome: Welcome | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -135,10 +159,18 @@ class Client:
         return reply.tools if format == "toold" else reply.formatted
 
     def call(
-        self, name: str, arguments: Mapping[str, Any] | None = None, *, call_id: str = "", timeout: float | None = None
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        call_id: str = "",
+        timeout: float | None = None,
+        on_confirm: ConfirmHandler | None = None,
     ) -> ToolResult:
         """Run one tool call and return its result (an error result is returned, not raised)."""
-        outcome = self.submit([CallSpec(name, arguments or {}, call_id)], events="results", timeout=timeout)
+        outcome = self.submit(
+            [CallSpec(name, arguments or {}, call_id)], events="results", timeout=timeout, on_confirm=on_confirm
+        )
         return outcome.results[0]
 
     def submit(
@@ -147,18 +179,25 @@ class Client:
         *,
         batch_id: str | None = None,
         on_event: EventHandler | None = None,
+        on_confirm: ConfirmHandler | None = None,
         events: EventMode = "all",
         timeout: float | None = None,
     ) -> BatchOutcome:
-        """Submit a batch and wait for it to finish; ``on_event`` sees every event as it arrives."""
+        """Submit a batch and wait for it to finish; ``on_event`` sees every event as it arrives.
+        ``on_confirm`` answers confirmation requests (return None to leave one to an approver)."""
         wire_calls = [_to_wire(call, index) for index, call in enumerate(calls)]
         request = lambda i: SubmitBatch(id=i, calls=wire_calls, batch_id=batch_id, events=events)  # noqa: E731
         accepted = _expect(self._request(request, timeout=timeout), BatchAccepted)
-        finished = self.wait_batch(accepted.batch_id, on_event=on_event, timeout=timeout)
+        finished = self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
         return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
 
     def wait_batch(
-        self, batch_id: str, *, on_event: EventHandler | None = None, timeout: float | None = None
+        self,
+        batch_id: str,
+        *,
+        on_event: EventHandler | None = None,
+        on_confirm: ConfirmHandler | None = None,
+        timeout: float | None = None,
     ) -> BatchFinished:
         """Deliver this batch's events until ``batch_finished``. ``timeout`` is per event (None: wait)."""
         queue = self._events[batch_id]
@@ -167,10 +206,52 @@ class Client:
                 event = queue.popleft()
                 if on_event is not None:
                     on_event(event)
+                if isinstance(event, ConfirmationRequested) and on_confirm is not None:
+                    decision = on_confirm(event)
+                    if decision is not None:
+                        self.confirm(event.correlation_id, decision)
                 if isinstance(event, BatchFinished):
                     del self._events[batch_id]
                     return event
             self._receive_one(timeout if timeout is not None else None)
+
+    # ------------------------------------------------------------------ confirmations
+
+    def confirm(self, correlation_id: str, decision: Decision) -> None:
+        """Answer a confirmation request (RemoteError NOT_AUTHORIZED if this session may not)."""
+        modified = {k: msgspec.Raw(encode_value(dict(v))) for k, v in (decision.modified_arguments or {}).items()}
+        request = lambda i: Confirm(  # noqa: E731
+            id=i,
+            correlation_id=correlation_id,
+            decision=decision.decision,
+            approved_call_ids=list(decision.approved_call_ids),
+            modified_arguments=modified,
+            remember_for_session=decision.remember_for_session,
+            reason=decision.reason,
+        )
+        _expect(self._request(request), Ack)
+
+    def subscribe(self) -> list[ConfirmationRequested]:
+        """Become an approver; returns the requests pending now that this session may answer.
+        Later ones arrive through ``next_confirmation``."""
+        self._confirmations.clear()
+        _expect(self._request(lambda i: Subscribe(id=i)), Ack)
+        pending = list(self._confirmations)
+        self._confirmations.clear()
+        return pending
+
+    def next_confirmation(self, timeout: float | None = None) -> ConfirmationRequested | None:
+        """The next confirmation request (after ``subscribe``), or None after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._confirmations:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                self._receive_one(remaining)
+            except RequestTimeout:
+                return None
+        return self._confirmations.popleft()
 
     def cancel(self, batch_id: str) -> None:
         _expect(self._request(lambda i: Cancel(id=i, batch_id=batch_id)), Ack)
@@ -229,7 +310,10 @@ class Client:
         except DecodeFailure as exc:
             raise ProtocolError(f"undecodable frame from the daemon: {exc.message}") from None
         tag = type(message).__struct_config__.tag
-        if tag in _BATCH_EVENT_TYPES:
+        if isinstance(message, ConfirmationRequested):
+            self._confirmations.append(message)
+            self._events[message.batch_id].append(message)
+        elif tag in _BATCH_EVENT_TYPES:
             self._events[message.batch_id].append(message)  # type: ignore[union-attr]
         elif isinstance(message, Error) and message.id is None:
             raise RemoteError(message.code, message.message, message.details)

@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from toold_protocol import ToolResult, default_endpoint, sanitize_for_terminal
+from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, sanitize_for_terminal
 
-from ._client import Client
+from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
 from ._errors import DaemonUnavailable, TooldError
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
@@ -43,11 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("name")
     call.add_argument("--args", default="{}", help="arguments as a JSON object")
     call.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    _confirmation_flags(call)
 
     batch = sub.add_parser("batch", help="run a batch: a JSON array of {id, name, arguments}")
     batch.add_argument("file", nargs="?", default="-", help="file with the batch (default: stdin)")
     batch.add_argument("--json", action="store_true", help="print the results as a JSON array")
     batch.add_argument("--batch-id", default=None, help="choose the batch id")
+    _confirmation_flags(batch)
+    pending = sub.add_parser("pending", help="confirmation requests you may answer")
+    pending.add_argument("--json", action="store_true")
+    approve = sub.add_parser("approve", help="approve a confirmation request")
+    approve.add_argument("request_id")
+    approve.add_argument("--calls", default="", help="approve only these call ids (comma-separated)")
+    approve.add_argument("--remember", action="store_true", help="allow the same again for that session")
+    deny = sub.add_parser("deny", help="deny a confirmation request")
+    deny.add_argument("request_id")
+    deny.add_argument("--reason", default="")
 
     journal = sub.add_parser("journal", help="the daemon's journal of batches")
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
@@ -81,9 +92,13 @@ def main(argv: list[str] | None = None) -> int:
             return _ping(endpoint, args.wait, args.timeout)
         with Client(endpoint, client_name="toolctl", timeout=args.timeout) as client:
             if args.command == "call":
-                return _call(client, args.name, args.args, args.json)
+                return _call(client, args.name, args.args, args.json, _confirm_handler(args))
             if args.command == "batch":
-                return _batch(client, args.file, args.json, args.batch_id)
+                return _batch(client, args.file, args.json, args.batch_id, _confirm_handler(args))
+            if args.command == "pending":
+                return _pending(client, args.json)
+            if args.command in ("approve", "deny"):
+                return _answer(client, args)
             if args.command == "journal":
                 return _journal(client, args)
             if args.command == "recover":
@@ -123,11 +138,90 @@ def _parse_json(text: str, what: str) -> Any:
         raise _UsageError(f"{what} is not valid JSON: {exc}") from None
 
 
-def _call(client: Client, name: str, raw_args: str, as_json: bool) -> int:
+def _confirmation_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--yes", action="store_true", help="approve this command's own confirmation requests")
+    group.add_argument("--no", action="store_true", help="deny this command's own confirmation requests")
+
+
+def _confirm_handler(args: argparse.Namespace) -> ConfirmHandler:
+    """--yes approves, --no denies; otherwise ask on a terminal, or (no terminal) leave the
+    request to an approver (toolctl approve / watch) until the daemon's timeout."""
+    if args.yes:
+        return lambda request: APPROVE_ALL
+    if args.no:
+        return lambda request: Decision("deny_all", reason="denied with toolctl --no")
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        return _prompt
+    return _leave_to_approver
+
+
+def _leave_to_approver(request: ConfirmationRequested) -> None:
+    print(
+        f"toolctl: waiting for approval of {request.correlation_id} "
+        f"(toolctl approve {request.correlation_id}); {request.expires_in_ms // 1000}s left",
+        file=sys.stderr,
+    )
+
+
+def _prompt(request: ConfirmationRequested) -> Decision:
+    _describe(request, sys.stderr)
+    answer = input("approve? [y]es all / [n]o / comma-separated call ids: ").strip()
+    if answer.lower() in ("y", "yes"):
+        return APPROVE_ALL
+    if not answer or answer.lower() in ("n", "no"):
+        return Decision("deny_all", reason="denied at the terminal")
+    return Decision("approve_selected", approved_call_ids=tuple(c.strip() for c in answer.split(",") if c.strip()))
+
+
+def _describe(request: ConfirmationRequested, out: Any) -> None:
+    print(f"confirmation {request.correlation_id} for batch {sanitize_for_terminal(request.batch_id)}:", file=out)
+    for item in request.calls:
+        print(f"  [{item.risk}] {sanitize_for_terminal(item.call_id)}: {sanitize_for_terminal(item.summary)}", file=out)
+
+
+def _pending(client: Client, as_json: bool) -> int:
+    requests = client.subscribe()
+    if as_json:
+        rows = [
+            {
+                "request_id": r.correlation_id,
+                "batch_id": r.batch_id,
+                "expires_in_ms": r.expires_in_ms,
+                "calls": [
+                    {"call_id": c.call_id, "tool": c.name, "summary": c.summary, "risk": c.risk} for c in r.calls
+                ],
+            }
+            for r in requests
+        ]
+        print(json.dumps(rows, ensure_ascii=False))
+    else:
+        for request in requests:
+            _describe(request, sys.stdout)
+        if not requests:
+            print("no pending confirmation requests")
+    return EXIT_OK
+
+
+def _answer(client: Client, args: argparse.Namespace) -> int:
+    client.subscribe()  # an approver session may answer its uid's (or its group's) requests
+    if args.command == "deny":
+        decision = Decision("deny_all", reason=args.reason or "denied with toolctl deny")
+    elif args.calls:
+        ids = tuple(c.strip() for c in args.calls.split(",") if c.strip())
+        decision = Decision("approve_selected", approved_call_ids=ids, remember_for_session=args.remember)
+    else:
+        decision = Decision("approve_all", remember_for_session=args.remember)
+    client.confirm(args.request_id, decision)
+    print(f"{'denied' if args.command == 'deny' else 'approved'} {sanitize_for_terminal(args.request_id)}")
+    return EXIT_OK
+
+
+def _call(client: Client, name: str, raw_args: str, as_json: bool, on_confirm: ConfirmHandler) -> int:
     arguments = _parse_json(raw_args, "--args")
     if not isinstance(arguments, dict):
         raise _UsageError("--args must be a JSON object")
-    result = client.call(name, arguments)
+    result = client.call(name, arguments, on_confirm=on_confirm)
     if as_json:
         print(json.dumps(result_json(result), ensure_ascii=False))
     else:
@@ -135,12 +229,12 @@ def _call(client: Client, name: str, raw_args: str, as_json: bool) -> int:
     return EXIT_OK if result.ok else EXIT_TOOL_ERROR
 
 
-def _batch(client: Client, source: str, as_json: bool, batch_id: str | None) -> int:
+def _batch(client: Client, source: str, as_json: bool, batch_id: str | None, on_confirm: ConfirmHandler) -> int:
     text = sys.stdin.read() if source == "-" else _read(source)
     calls = _parse_json(text, "the batch")
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         raise _UsageError("the batch must be a JSON array of objects {id, name, arguments}")
-    outcome = client.submit(calls, batch_id=batch_id, events="results")
+    outcome = client.submit(calls, batch_id=batch_id, events="results", on_confirm=on_confirm)
     if as_json:
         print(json.dumps([result_json(r) for r in outcome.results], ensure_ascii=False))
     else:

@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from toold_protocol import BatchState, Identity, PlannedCall, ToolResult
+from toold_protocol import BatchState, Disposition, Identity, PlannedCall, ToolResult
 
 from .tools._base import Tool
 
@@ -31,17 +31,22 @@ class PreparedCall:
     locations: list[str] = field(default_factory=list)
     result: ToolResult | None = None  # set when pre-resolved by the planner
     resolved: dict[str, Path] = field(default_factory=dict)  # path argument -> canonical path (FR-VAL-04a)
+    needs_confirmation: bool = False  # the policy asks; a person answers before the batch runs
+    ask_reason: str = ""
+    denial: ToolResult | None = None  # the result of a call a person denied (journaled when reached)
 
     @property
-    def disposition(self) -> str:
-        return "resolved" if self.result is not None else "run"
+    def disposition(self) -> Disposition:
+        if self.result is not None:
+            return "resolved"
+        return "confirm" if self.needs_confirmation else "run"
 
     def planned(self) -> PlannedCall:
         return PlannedCall(
             index=self.index,
             call_id=self.call_id,
             name=self.name,
-            disposition="resolved" if self.result is not None else "run",
+            disposition=self.disposition,
             summary=self.summary,
             risk=self.risk,  # type: ignore[arg-type]
             locations=self.locations,

@@ -106,6 +106,10 @@ class ApprovalConfig(_Section, frozen=True):
     denylist: list[str] = []
     prompt_side_effects: bool = True
     rules: list[Rule] = []
+    # How long a confirmation waits for an answer before its calls are denied.
+    timeout_seconds: Annotated[float, Meta(gt=0, le=86_400)] = 300.0
+    # Besides the submitting uid, members of these groups may answer its confirmations.
+    approver_gids: list[int] = []
 
 
 class IsolationConfig(_Section, frozen=True):

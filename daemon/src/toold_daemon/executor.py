@@ -108,6 +108,12 @@ class Executor:
             return call.result
         if batch.cancel_reason is not None:
             return _cancelled(call.call_id, batch.cancel_reason)
+        if call.denial is not None:
+            return call.denial
+        if call.needs_confirmation:  # never run what nobody approved, whatever path led here
+            return results.failure(
+                call.call_id, ToolError(ToolErrorType.DENIED, "NOT_CONFIRMED", "Denied: the call was not confirmed")
+            )
         assert call.tool is not None
         if call.tool.side_effecting:
             # Only a call that may have side effects needs the mark that forbids running it again

@@ -44,9 +44,12 @@ def plan(
     identity: Identity,
     client_name: str = "",
     turn_iteration: int = 1,
+    grants: frozenset[str] = frozenset(),
 ) -> list[PreparedCall]:
     """Plan every call in order. ``turn_iteration`` counts this batch among the batches of
-    its user turn (FR-LIM-02); past the limit every call is pre-resolved."""
+    its user turn (FR-LIM-02); past the limit every call is pre-resolved. A call the
+    policy asks about is marked ``needs_confirmation`` unless one of the session's
+    ``grants`` ("allow for this session") covers it."""
     seen: set[str] = set()
     prepared: list[PreparedCall] = []
     max_iterations = config.tools.max_tool_iterations_per_user_turn
@@ -68,6 +71,7 @@ def plan(
                 config=config,
                 identity=identity,
                 client_name=client_name,
+                grants=grants,
             )
         except ToolError as exc:
             item.result = results.failure(call.call_id, exc)
@@ -86,6 +90,8 @@ def _check(
     config: Config,
     identity: Identity,
     client_name: str,
+    grants: frozenset[str] = frozenset(),
+    approved: bool = False,
 ) -> None:
     tools = config.tools
     if item.index >= tools.max_tool_calls_per_batch:
@@ -141,11 +147,54 @@ def _check(
         raise ToolError(
             ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}", rule=verdict.rule
         )
-    if verdict.decision == "ask":
-        raise ToolError(
-            ToolErrorType.DENIED,
-            "CONFIRMATION_UNAVAILABLE",
-            f"{verdict.reason}; this daemon cannot ask for confirmation yet. Allow it with a rule or "
-            f"[tools.approval] allowlist = [{tool.name!r}]",
-            rule=verdict.rule,
+    item.needs_confirmation = verdict.decision == "ask" and not approved and grant_key(item) not in grants
+    item.ask_reason = verdict.reason if item.needs_confirmation else ""
+
+
+def replan(
+    item: PreparedCall,
+    arguments: msgspec.Raw,
+    registry: Registry,
+    sandbox: Sandbox,
+    config: Config,
+    *,
+    identity: Identity,
+    client_name: str,
+) -> None:
+    """Re-plan a call with arguments a person supplied while approving it (seed 004):
+    decoded, validated and sandbox-checked like the original; a policy deny still denies,
+    an ask does not ask again (the person has just answered). Errors become its result."""
+    call = ToolCall(call_id=item.call_id, name=item.name, arguments=arguments)
+    item.resolved = {}
+    try:
+        _check(
+            item,
+            call,
+            seen=set(),
+            registry=registry,
+            sandbox=sandbox,
+            config=config,
+            identity=identity,
+            client_name=client_name,
+            approved=True,
         )
+    except ToolError as exc:
+        item.result = None
+        item.denial = results.failure(call.call_id, exc)
+
+
+def grant_key(item: PreparedCall) -> str:
+    """What an "allow for this session" answer covers, never broader: the tool plus its
+    exact canonical paths, or for a shell command the one program every part runs."""
+    if item.tool is None:
+        return ""
+    arguments = msgspec.to_builtins(item.args)
+    command = arguments.get("command") if isinstance(arguments, dict) else None
+    if item.tool.name in policy.SHELL_TOOLS and isinstance(command, str):
+        parts = policy.split_command(command)
+        if not parts or any(p.opaque or p.redirects for p in parts):
+            return ""
+        programs = {p.words[0] for p in parts}
+        return f"shell:{programs.pop()}" if len(programs) == 1 else ""
+    paths = sorted(str(p) for p in item.resolved.values())
+    return f"{item.tool.name}:" + "\0".join(paths) if paths else ""

@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import trio
@@ -34,6 +34,8 @@ from toold_protocol import (
     Cancel,
     ClientMessage,
     Confirm,
+    ConfirmationItem,
+    ConfirmationRequested,
     DecodeFailure,
     Error,
     GetBatch,
@@ -52,15 +54,19 @@ from toold_protocol import (
     SubmitBatch,
     Subscribe,
     SupplyResult,
+    ToolErrorType,
     ToolList,
+    ToolResult,
     Welcome,
     decode_client_message,
     encode,
 )
 
-from . import __version__, planner
-from .batches import Batch
+from . import __version__, planner, results
+from .batches import Batch, PreparedCall
 from .config import Config
+from .confirmations import Confirmations, Pending
+from .errors import ToolError
 from .executor import Executor
 from .ipc import Inbound
 from .journal import Journal, fingerprint
@@ -82,6 +88,7 @@ class Session:
     client_name: str = ""
     protocol_version: int = PROTOCOL_VERSION
     running: int = 0
+    grants: set[str] = field(default_factory=set)  # "allow for this session" answers
 
 
 class Service:
@@ -110,6 +117,7 @@ class Service:
         self.batches: collections.OrderedDict[str, Batch] = collections.OrderedDict()
         self.accepting = True
         self._turns: dict[tuple[int, str], int] = {}
+        self.confirmations = Confirmations()
         self._nursery: trio.Nursery | None = None
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
@@ -177,6 +185,7 @@ class Service:
         for peer, session in self.sessions.items():
             if session.running == 0:
                 del self.sessions[peer]
+                self.confirmations.approvers.pop(peer, None)
                 self._forget(peer)
                 self.executor.reads.forget(session.session_id)
                 return True
@@ -185,6 +194,7 @@ class Service:
     def _disconnected(self, peer: bytes) -> None:
         # Running batches go on; their results stay available through get_batch.
         session = self.sessions.pop(peer, None)
+        self.confirmations.approvers.pop(peer, None)
         if session is not None:
             self.executor.reads.forget(session.session_id)
 
@@ -208,7 +218,11 @@ class Service:
                 self._recover(session, message)
             case PruneJournal():
                 self._prune(session, message)
-            case Confirm() | Subscribe() | SupplyResult():
+            case Confirm():
+                self._answer(session, message)
+            case Subscribe():
+                self._subscribe(session, message)
+            case SupplyResult():
                 self._error(
                     session.peer,
                     message.id,
@@ -281,6 +295,7 @@ class Service:
             identity=session.identity,
             client_name=session.client_name,
             turn_iteration=self._count_turn(session, message.turn_id),
+            grants=frozenset(session.grants),
         )
         batch = Batch(
             batch_id=batch_id,
@@ -378,6 +393,8 @@ class Service:
                     self._send(peer, frame)
 
         try:
+            if any(c.needs_confirmation and c.result is None for c in batch.calls):
+                await self._confirm_batch(session, batch, emit)
             await self.executor.run(batch, emit)
         except Exception:
             # A failed journal write must not take the daemon down with it; the batch's
@@ -386,6 +403,134 @@ class Service:
             emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
         finally:
             session.running -= 1
+
+    # ------------------------------------------------------------------ confirmations
+
+    async def _confirm_batch(self, session: Session, batch: Batch, emit: Callable[[msgspec.Struct], None]) -> None:
+        """Ask once for every call that needs it, wait for an authorized answer (or the
+        timeout, or a cancel), and apply it before anything in the batch runs."""
+        approval = self.config.tools.approval
+        asked = [c for c in batch.calls if c.needs_confirmation and c.result is None]
+        items = [
+            ConfirmationItem(
+                call_id=c.call_id,
+                name=c.name,
+                summary=c.summary,
+                risk=c.risk,  # type: ignore[arg-type]
+                locations=c.locations,
+                arguments=msgspec.to_builtins(c.args),
+            )
+            for c in asked
+        ]
+        pending = self.confirmations.open(
+            batch_id=batch.batch_id,
+            owner=batch.identity,
+            submitter=session.peer,
+            items=items,
+            timeout=approval.timeout_seconds,
+        )
+        batch.state = "awaiting_confirmation"
+        request = ConfirmationRequested(
+            batch_id=batch.batch_id,
+            correlation_id=pending.correlation_id,
+            calls=items,
+            expires_in_ms=pending.remaining_ms(),
+        )
+        emit(request)
+        frame = encode(request)
+        for peer in self.confirmations.approver_peers(pending, approval.approver_gids):
+            self._send(peer, frame)
+        try:
+            with trio.move_on_at(trio.current_time() + approval.timeout_seconds) as scope:
+                batch.current_scope = scope
+                if batch.cancel_reason is None:
+                    await pending.decided.wait()
+        finally:
+            batch.current_scope = None
+            self.confirmations.close(pending)
+        self._apply_answer(session, batch, asked, pending)
+        batch.state = "running"
+
+    def _apply_answer(self, session: Session, batch: Batch, asked: list[PreparedCall], pending: Pending) -> None:
+        answer, by = pending.answer, pending.answered_by
+        for call in asked:
+            if batch.cancel_reason is not None:
+                return  # the executor gives every remaining call its Cancelled result
+            if answer is None:
+                call.denial = _denied(call, f"no answer within {self.config.tools.approval.timeout_seconds:g}s")
+                continue
+            approved = answer.decision == "approve_all" or (
+                answer.decision == "approve_selected" and call.call_id in answer.approved_call_ids
+            )
+            if not approved:
+                who = f"uid {by.uid}" if by is not None else "the approver"
+                call.denial = _denied(call, f"denied by {who}" + (f": {answer.reason}" if answer.reason else ""))
+                continue
+            call.needs_confirmation = False
+            modified = answer.modified_arguments.get(call.call_id)
+            if modified is not None:
+                planner.replan(
+                    call,
+                    modified,
+                    self.registry,
+                    self.sandbox,
+                    self.config,
+                    identity=batch.identity,
+                    client_name=session.client_name,
+                )
+            if answer.remember_for_session and call.denial is None:
+                key = planner.grant_key(call)
+                if key:
+                    session.grants.add(key)
+
+    def _answer(self, session: Session, message: Confirm) -> None:
+        approval = self.config.tools.approval
+        pending = self.confirmations.pending.get(message.correlation_id)
+        if pending is None or not self.confirmations.may_answer(
+            session.peer, session.identity, pending, approval.approver_gids
+        ):
+            # The same answer whether the id does not exist or belongs to someone else:
+            # another user learns nothing about other users' requests.
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.NOT_AUTHORIZED,
+                f"no pending confirmation {message.correlation_id[:64]!r} that this session may answer",
+            )
+            return
+        if pending.decided.is_set():
+            self._error(session.peer, message.id, ProtocolErrorCode.NOT_AUTHORIZED, "already answered")
+            return
+        known = {item.call_id for item in pending.items}
+        unknown = [c for c in [*message.approved_call_ids, *message.modified_arguments] if c not in known]
+        if unknown:
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.INVALID_MESSAGE,
+                f"call ids not in this confirmation: {', '.join(map(repr, unknown[:10]))}",
+            )
+            return
+        pending.answer, pending.answered_by = message, session.identity
+        pending.decided.set()
+        self._reply(session, Ack(id=message.id))
+
+    def _subscribe(self, session: Session, message: Subscribe) -> None:
+        """Become an approver: the pending requests this session may answer come first,
+        then the ``ack``; new ones follow as they are made."""
+        self.confirmations.approvers[session.peer] = session.identity
+        approval = self.config.tools.approval
+        for pending in self.confirmations.visible_to(session.peer, session.identity, approval.approver_gids):
+            self._reply(
+                session,
+                ConfirmationRequested(
+                    batch_id=pending.batch_id,
+                    correlation_id=pending.correlation_id,
+                    calls=pending.items,
+                    expires_in_ms=pending.remaining_ms(),
+                ),
+            )
+        self._reply(session, Ack(id=message.id))
 
     def _count_turn(self, session: Session, turn_id: str | None) -> int:
         """How many batches this uid has submitted for ``turn_id`` (1 for this one). Bounded memory:
@@ -565,3 +710,10 @@ class Service:
         self, peer: bytes, request_id: int | None, code: ProtocolErrorCode, message: str, **details: object
     ) -> None:
         self._send(peer, encode(Error(id=request_id, code=str(code), message=message, details=details)))
+
+
+def _denied(call: PreparedCall, why: str) -> ToolResult:
+    return results.failure(
+        call.call_id,
+        ToolError(ToolErrorType.DENIED, "DENIED_BY_USER", f"Denied: {call.name} was not approved ({why})"),
+    )

@@ -251,6 +251,17 @@ class SpawnRunner:
                 while _signal_group(pid, 0):
                     await trio.sleep(0.02)
         killed: set[int] = set()
+        await self._sweep_until_quiet(pid, token, killed)
+        # A process being reparented while its parent exits can be missing from both
+        # parents' /proc children lists for an instant: once the whole group is gone (no
+        # more reparenting), look once more.
+        with trio.move_on_after(2.0):
+            await _wait_exit(pid)
+            while _signal_group(pid, 0):
+                await trio.sleep(0.0005)
+        await self._sweep_until_quiet(pid, token, killed)
+
+    async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
         for _ in range(1000):
             if sweeping.sweep_once(self.spawner_pid, pid, token, killed) == 0:
                 return
@@ -262,6 +273,18 @@ class SpawnRunner:
 
 
 _TYPES = {t.value for t in ToolErrorType}
+
+
+async def _wait_exit(pid: int) -> None:
+    """Until ``pid`` has exited: a pidfd becomes readable then (no polling)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return  # already gone, or no pidfd support (the caller polls the group anyway)
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
