@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import toold_protocol as p
@@ -237,3 +238,60 @@ def test_resubmitting_a_running_batch_joins_its_live_events(daemon: DaemonProces
     with daemon.client() as client:  # ran once: three started marks, three results
         status = client.get_batch("shared")
         assert [r.call_id for r in status.results] == ["c0", "c1", "c2"]
+
+
+MARK_CONFIG = '[tools.approval]\nallowlist = ["shell"]\n'
+
+
+def mark_calls(count: int) -> list[p.ToolCall]:
+    """Shell calls that each append their own line to marks.txt, then take a moment."""
+    return [
+        p.ToolCall(
+            call_id=f"m{i}",
+            name="shell",
+            arguments=msgspec.Raw(p.encode_value({"command": f"echo m{i} >> marks.txt; sleep 0.08"})),
+        )
+        for i in range(count)
+    ]
+
+
+def test_randomized_kills_with_side_effects_never_run_a_call_twice(tmp_path: Path, root: Path) -> None:
+    """kill -9 at random points of a batch whose calls leave marks on disk; after restart
+    and a random resume or discard, every call has one result and no mark exists twice."""
+    rng = random.Random(7)
+    for round_ in range(5):
+        state = tmp_path / f"marks{round_}"
+        state.mkdir()
+        workspace = root / f"w{round_}"
+        workspace.mkdir()
+        daemon = start_daemon(state, workspace, config=MARK_CONFIG)
+        with daemon.client() as client:
+            accepted = submit_raw(client, mark_calls(CALLS), batch_id=f"marks{round_}")
+            time.sleep(rng.uniform(0.0, 0.7))
+            daemon.proc.send_signal(signal.SIGKILL)
+            daemon.proc.wait()
+        marks_file = workspace / "marks.txt"
+        marked_before = marks_file.read_text().split() if marks_file.exists() else []
+        daemon = start_daemon(state, workspace, config=MARK_CONFIG)
+        try:
+            with daemon.client() as client:
+                status = client.get_batch(accepted.batch_id)
+                done = {r.call_id: r for r in status.results}
+                for call_id, result in done.items():
+                    if result.ok:
+                        assert marked_before.count(call_id) == 1
+                    else:
+                        assert result.error is not None and result.error.code == "INTERRUPTED"
+                never_started = [c.call_id for c in status.calls if c.call_id not in done]
+                assert not any(c in marked_before for c in never_started)
+                resumed = status.state == "interrupted" and round_ % 2 == 0
+                if status.state == "interrupted":
+                    client.recover(accepted.batch_id, "resume" if resumed else "discard")
+                final = client.get_batch(accepted.batch_id)
+        finally:
+            daemon.stop()
+        marks = marks_file.read_text().split() if marks_file.exists() else []
+        assert len(final.results) == CALLS and len({r.call_id for r in final.results}) == CALLS
+        assert all(marks.count(f"m{i}") <= 1 for i in range(CALLS)), marks
+        for call_id in never_started:
+            assert marks.count(call_id) == (1 if resumed else 0), (call_id, marks, resumed)
