@@ -162,7 +162,9 @@ def test_another_uid_can_neither_see_nor_answer(shared_daemon: DaemonProcess) ->
     with daemon.client() as agent:
         args = msgspec.Raw(p.encode_value(DELETE["arguments"]))
         accepted = submit_raw(agent, [p.ToolCall(call_id="rm", name="delete_file", arguments=args)])
-        request = next(e for e in agent.subscribe() if e.batch_id == accepted.batch_id)
+        pending = [e for e in agent.subscribe() if e.batch_id == accepted.batch_id]
+        request = pending[0] if pending else agent.next_confirmation(timeout=10)
+        assert request is not None and request.batch_id == accepted.batch_id
 
         def act(client: Client) -> dict[str, Any]:
             pending = client.subscribe()
@@ -261,3 +263,37 @@ def test_toolctl_yes_no_pending_and_approve(daemon: DaemonProcess) -> None:
     assert waiting.wait(timeout=30) == 0, waiting.stderr.read()  # type: ignore[union-attr]
     assert "waiting for approval" in waiting.stderr.read()  # type: ignore[union-attr]
     assert not (daemon.root / "d.txt").exists()
+
+
+def test_confirmation_shows_the_diff_of_edits_and_patches(daemon: DaemonProcess) -> None:
+    (daemon.root / "code.py").write_text("x = 1\ny = 2\n")
+    requests: list[p.ConfirmationRequested] = []
+
+    def look(request: p.ConfirmationRequested) -> Decision:
+        requests.append(request)
+        return DENY_ALL
+
+    with daemon.client() as client:
+        client.submit(
+            [
+                {"name": "read_file", "arguments": {"path": "code.py"}},
+                {
+                    "name": "edit_file",
+                    "arguments": {"path": "code.py", "edits": [{"target": "x = 1", "replacement": "x = 10"}]},
+                },
+                {"name": "apply_patch", "arguments": {"patch": "LP1\nF code.py\nR\ny = 2\n.\ny = 20\n.\nEND\n"}},
+                WRITE,
+                {
+                    "name": "edit_file",
+                    "arguments": {"path": "code.py", "edits": [{"target": "nope", "replacement": "z"}]},
+                },
+            ],
+            on_confirm=look,
+        )
+    [request] = requests
+    edit, patch, write, broken = request.calls
+    assert edit.diff is not None and "-x = 1\n+x = 10\n" in edit.diff
+    assert patch.diff is not None and "-y = 2\n+y = 20\n" in patch.diff
+    assert write.diff is not None and "-w.txt" in write.diff and "+new" in write.diff
+    assert broken.diff is not None and "no preview" in broken.diff and "not found" in broken.diff
+    assert (daemon.root / "code.py").read_text() == "x = 1\ny = 2\n"  # previews change nothing

@@ -26,6 +26,8 @@ from .tools._base import Tool, ToolContext, ToolOutput
 class ToolRunner(Protocol):
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput: ...
 
+    async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None: ...
+
 
 class ThreadRunner:
     #: What this runner gives, reported in ``welcome`` (and by ``toold doctor`` once it exists).
@@ -65,3 +67,9 @@ class ThreadRunner:
         except BaseException:
             ctx.cancelled.set()  # an abandoned thread stops at its next check
             raise
+
+    async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
+        """A diff preview, only for clients with the daemon's own privileges (else None)."""
+        if identity.uid not in (self._euid, 0):
+            return None
+        return await trio.to_thread.run_sync(tool.preview, args, ctx, limiter=self._limiter, abandon_on_cancel=True)

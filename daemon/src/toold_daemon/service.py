@@ -72,6 +72,7 @@ from .ipc import Inbound
 from .journal import Journal, fingerprint
 from .registry import Registry
 from .sandbox import Sandbox
+from .tools import ToolContext
 
 log = logging.getLogger(__name__)
 
@@ -418,6 +419,7 @@ class Service:
                 summary=c.summary,
                 risk=c.risk,  # type: ignore[arg-type]
                 locations=c.locations,
+                diff=await self._preview(batch, c),
                 arguments=msgspec.to_builtins(c.args),
             )
             for c in asked
@@ -450,6 +452,20 @@ class Service:
             self.confirmations.close(pending)
         self._apply_answer(session, batch, asked, pending)
         batch.state = "running"
+
+    async def _preview(self, batch: Batch, call: PreparedCall) -> str | None:
+        """The diff a person should see before approving an edit (None when there is none,
+        or when it cannot be made quickly: a preview never blocks the request)."""
+        if call.tool is None:
+            return None
+        ctx = ToolContext(call_id=call.call_id, sandbox=self.sandbox, config=self.config, resolved=call.resolved)
+        with trio.move_on_after(5):
+            try:
+                diff = await self.executor.runner.preview(call.tool, call.args, ctx, batch.identity)
+            except Exception as exc:  # a failing edit shows why in the request instead of a diff
+                return f"[no preview: {type(exc).__name__}: {str(exc)[:300]}]"
+            return diff[:50_000] if diff else None
+        return None
 
     def _apply_answer(self, session: Session, batch: Batch, asked: list[PreparedCall], pending: Pending) -> None:
         answer, by = pending.answer, pending.answered_by

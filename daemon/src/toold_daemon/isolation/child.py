@@ -72,6 +72,8 @@ def _run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
         emit=lambda stream, data: write_frame(channel, Chunk(stream=stream, data=data)),  # type: ignore[arg-type]
     )
     try:
+        if request.preview:
+            return Outcome(ok=True, content=tool.preview(args, ctx) or "")
         output: ToolOutput = tool.run(args, ctx)
     except ToolError as exc:
         return _error(str(exc.type), exc.code, exc.message, **exc.details)

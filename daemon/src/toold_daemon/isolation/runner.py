@@ -92,8 +92,24 @@ class SpawnRunner:
             )
         return ToolOutput(outcome.content, outcome.display, outcome.data, outcome.allow_truncation, outcome.records)
 
+    async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
+        """The call's diff preview, computed with the client's privileges: on a thread for
+        a client of the daemon's own uid, else in a child (``preview`` request)."""
+        own_privilege = identity.uid in (self._euid, 0) and (self._euid != 0 or identity.uid == 0)
+        if own_privilege:
+            return await self._threads.preview(tool, args, ctx, identity)
+        outcome = await self._spawn(tool, args, ctx, identity, preview=True)
+        return outcome.content if outcome.ok and outcome.content else None
+
     async def _spawn(
-        self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity, *, probe: bool = False
+        self,
+        tool: Tool[Any],
+        args: Any,
+        ctx: ToolContext,
+        identity: Identity,
+        *,
+        probe: bool = False,
+        preview: bool = False,
     ) -> Outcome:
         if self._euid not in (identity.uid, 0):
             raise ToolError(
@@ -105,6 +121,8 @@ class SpawnRunner:
         temp = self._make_temp(identity)
         try:
             request = self._request(tool, args, ctx, identity=identity, token=token, temp=temp, probe=probe)
+            if preview:
+                request = msgspec.structs.replace(request, preview=True, argv=[])
             read_end, write_end = os.pipe()
             try:
                 pid = await self._ask_spawner(request, write_end)

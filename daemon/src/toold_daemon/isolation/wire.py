@@ -51,6 +51,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     keep_bytes: int = 102_400
     require: list[str] = []
     reads: dict[str, str] = {}
+    preview: bool = False  # run the tool's ``preview`` (a diff) instead of ``run``
 
 
 class Spawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):

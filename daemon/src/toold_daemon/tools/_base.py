@@ -138,6 +138,11 @@ class Tool(Generic[A]):
         """A per-call timeout from the arguments (``timeout_ms``), or None for the config's."""
         return None
 
+    def preview(self, args: A, ctx: ToolContext) -> str | None:
+        """What the call would change, as a unified diff, without changing anything: shown
+        with its confirmation request. Runs with the client's privileges, like ``run``."""
+        return None
+
     def run(self, args: A, ctx: ToolContext) -> ToolOutput:
         raise NotImplementedError
 

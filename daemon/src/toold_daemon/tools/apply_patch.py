@@ -63,6 +63,25 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
         files = self.paths(args)
         return f"Patch {len(files)} file(s): {', '.join(files)}"[:200]
 
+    def preview(self, args: ApplyPatchArgs, ctx: ToolContext) -> str | None:
+        def load(raw: str) -> Text | None:
+            path = ctx.resolve(raw)
+            try:
+                with parent_dir(ctx.sandbox, path, shown=raw) as (dir_fd, name):
+                    existing = read_existing(dir_fd, name, shown=raw)
+            except ToolError as exc:
+                if exc.type == ToolErrorType.FILE_NOT_FOUND:
+                    return None
+                raise
+            return None if existing is None else decode(existing.data, raw)
+
+        diffs = []
+        for change in patches.apply(args.patch, load):
+            before = change.before.body if change.before else ""
+            after = change.after.body if change.after else ""
+            diffs.append(unified_diff(before, after, change.move_to or change.path))
+        return "".join(diffs)
+
     def run(self, args: ApplyPatchArgs, ctx: ToolContext) -> ToolOutput:
         limit = ctx.config.tools.apply_patch.max_patch_bytes
         if len(args.patch.encode()) > limit:

@@ -106,6 +106,15 @@ class EditFile(Tool[EditFileArgs]):
     def summary(self, args: EditFileArgs) -> str:
         return f"Edit {args.path[:150]} ({len(args.edits)} edit{'s' if len(args.edits) != 1 else ''})"
 
+    def preview(self, args: EditFileArgs, ctx: ToolContext) -> str | None:
+        path = ctx.resolve(args.path)
+        with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
+            existing = read_existing(dir_fd, name, shown=args.path)
+        if existing is None:
+            return None
+        before = decode(existing.data, args.path)
+        return unified_diff(before.body, apply_edits(before.body, args.edits), args.path)
+
     def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolOutput:
         path = ctx.resolve(args.path)
         with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):

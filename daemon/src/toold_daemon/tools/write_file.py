@@ -52,6 +52,16 @@ class WriteFile(Tool[WriteFileArgs]):
     def prompts(self, args: WriteFileArgs, resolved: dict[str, Path]) -> bool:
         return args.overwrite  # creating a new file does not ask under the default policy
 
+    def preview(self, args: WriteFileArgs, ctx: ToolContext) -> str | None:
+        if not args.overwrite or args.encoding != "utf-8":
+            return None
+        path = ctx.resolve(args.path)
+        with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
+            existing = read_existing(dir_fd, name, shown=args.path)
+        if existing is None:
+            return None
+        return unified_diff(existing.data.decode("utf-8", errors="replace"), args.content, args.path)
+
     def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolOutput:
         path = ctx.resolve(args.path)
         data = _decode_base64(args.content) if args.encoding == "base64" else args.content.encode("utf-8")
