@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 import toold_protocol as p
 
 CLIENT_TAGS = {
+    "explain_policy",
+    "reload_policy",
     "hello",
     "list_tools",
     "submit_batch",
@@ -24,6 +26,7 @@ CLIENT_TAGS = {
     "prune_journal",
 }
 DAEMON_TAGS = {
+    "policy_explanation",
     "welcome",
     "tool_list",
     "batch_accepted",

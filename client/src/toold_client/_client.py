@@ -33,15 +33,18 @@ from toold_protocol import (
     DecodeFailure,
     Error,
     EventMode,
+    ExplainPolicy,
     GetBatch,
     Hello,
     ListBatches,
     ListTools,
     Ping,
+    PolicyExplanation,
     Pong,
     Pruned,
     PruneJournal,
     Recover,
+    ReloadPolicy,
     SubmitBatch,
     Subscribe,
     ToolCall,
@@ -252,6 +255,17 @@ class Client:
             except RequestTimeout:
                 return None
         return self._confirmations.popleft()
+
+    # ------------------------------------------------------------------ policy
+
+    def explain(self, name: str, arguments: Mapping[str, Any] | None = None) -> PolicyExplanation:
+        """What the daemon's policy would decide for this call from this session (nothing runs)."""
+        raw = msgspec.Raw(encode_value(dict(arguments or {})))
+        return _expect(self._request(lambda i: ExplainPolicy(id=i, name=name, arguments=raw)), PolicyExplanation)
+
+    def reload_policy(self) -> None:
+        """Ask the daemon to reread its policy (administrators: the daemon's uid or root)."""
+        _expect(self._request(lambda i: ReloadPolicy(id=i)), Ack)
 
     def cancel(self, batch_id: str) -> None:
         _expect(self._request(lambda i: Cancel(id=i, batch_id=batch_id)), Ack)

@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--discard", action="store_true", help="fail the calls that never started")
     recover.add_argument("--json", action="store_true")
 
+    policy = sub.add_parser("policy", help="ask the daemon's policy")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    explain = policy_sub.add_parser("explain", help="the decision for a call, and the rule that made it")
+    explain.add_argument("name")
+    explain.add_argument("--args", default="{}", help="arguments as a JSON object")
+    explain.add_argument("--json", action="store_true")
+    policy_sub.add_parser("reload", help="reread the policy from the daemon's config file")
+
     tools = sub.add_parser("tools", help="list the daemon's tools")
     tools.add_argument("--format", default="text", choices=["text", "json", "openai", "anthropic", "gemini"])
     return parser
@@ -99,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                 return _pending(client, args.json)
             if args.command in ("approve", "deny"):
                 return _answer(client, args)
+            if args.command == "policy":
+                return _policy(client, args)
             if args.command == "journal":
                 return _journal(client, args)
             if args.command == "recover":
@@ -200,6 +210,24 @@ def _pending(client: Client, as_json: bool) -> int:
             _describe(request, sys.stdout)
         if not requests:
             print("no pending confirmation requests")
+    return EXIT_OK
+
+
+def _policy(client: Client, args: argparse.Namespace) -> int:
+    if args.policy_command == "reload":
+        client.reload_policy()
+        print("policy reloaded")
+        return EXIT_OK
+    arguments = _parse_json(args.args, "--args")
+    if not isinstance(arguments, dict):
+        raise _UsageError("--args must be a JSON object")
+    answer = client.explain(args.name, arguments)
+    if args.json:
+        row = {"tool": answer.tool, "decision": answer.decision, "reason": answer.reason}
+        print(json.dumps(row | {"risk": answer.risk, "rule": answer.rule}, ensure_ascii=False))
+    else:
+        rule = f" (rule {answer.rule})" if answer.rule is not None else ""
+        print(f"{answer.decision}{rule}: {sanitize_for_terminal(answer.reason)} [risk {answer.risk}]")
     return EXIT_OK
 
 

@@ -32,7 +32,8 @@ class PreparedCall:
     result: ToolResult | None = None  # set when pre-resolved by the planner
     resolved: dict[str, Path] = field(default_factory=dict)  # path argument -> canonical path (FR-VAL-04a)
     needs_confirmation: bool = False  # the policy asks; a person answers before the batch runs
-    ask_reason: str = ""
+    policy_reason: str = ""  # why the policy decided as it did (toolctl policy explain)
+    policy_rule: int | None = None
     denial: ToolResult | None = None  # the result of a call a person denied (journaled when reached)
 
     @property

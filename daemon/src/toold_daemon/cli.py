@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--state-dir", type=Path, default=None, help="where the daemon keeps its state")
     serve_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     serve_cmd.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    check = sub.add_parser("check-config", help="validate a configuration file (and its policy) without starting")
+    check.add_argument("file", type=Path)
+    check.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     doctor_cmd = sub.add_parser("doctor", help="show which isolation layers this machine grants, and why not")
     doctor_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     doctor_cmd.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -45,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="toold: %(levelname)s %(message)s", stream=sys.stderr)
+    if args.command == "check-config":
+        return check_config(args.file)
     try:
         config = load_file(args.config) if args.config else Config()
     except ConfigError as exc:
@@ -64,7 +69,13 @@ def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, sock
     from .journal import JournalError
     from .server import ServeOptions, serve
 
-    options = ServeOptions(roots=args.root, endpoint=args.endpoint, state_dir=args.state_dir, spawner=spawner)
+    options = ServeOptions(
+        roots=args.root,
+        endpoint=args.endpoint,
+        state_dir=args.state_dir,
+        spawner=spawner,
+        config_path=args.config.resolve() if args.config else None,
+    )
     try:
         trio.run(serve, config, options)
     except EndpointInUse as exc:
@@ -104,4 +115,18 @@ def doctor(config: Config, spawner: tuple[int, socket.socket]) -> int:
     if required_off:
         print(f"required but off: {', '.join(required_off)}", file=sys.stderr)
         return 1
+    return 0
+
+
+def check_config(path: Path) -> int:
+    """Exit 0 and a one-line summary for a usable file; 2 and file:line: what is wrong."""
+    try:
+        config = load_file(path)
+    except ConfigError as exc:
+        print(f"toold: {exc}", file=sys.stderr)
+        return 2
+    approval = config.tools.approval
+    policy = approval.preset or approval.mode
+    examples = sum(len(r.match) + len(r.not_match) for r in approval.rules)
+    print(f"{path}: ok ({len(approval.rules)} policy rules, {examples} rule examples checked, policy {policy})")
     return 0

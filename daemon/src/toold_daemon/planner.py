@@ -147,8 +147,35 @@ def _check(
         raise ToolError(
             ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}", rule=verdict.rule
         )
-    item.needs_confirmation = verdict.decision == "ask" and not approved and grant_key(item) not in grants
-    item.ask_reason = verdict.reason if item.needs_confirmation else ""
+    granted = verdict.decision == "ask" and grant_key(item) in grants
+    item.needs_confirmation = verdict.decision == "ask" and not approved and not granted
+    item.policy_reason = "allowed for this session by an earlier answer" if granted else verdict.reason
+    item.policy_rule = verdict.rule
+
+
+def explain(
+    call: ToolCall, registry: Registry, sandbox: Sandbox, config: Config, *, identity: Identity, client_name: str
+) -> tuple[str, str, str, int | None]:
+    """(decision, reason, risk, rule) for one call, planned exactly as a batch would be;
+    decision ``invalid`` when the call would not get as far as the policy."""
+    item = PreparedCall(index=0, call_id=call.call_id, name=call.name, tool=None, args=None)
+    try:
+        _check(
+            item,
+            call,
+            seen=set(),
+            registry=registry,
+            sandbox=sandbox,
+            config=config,
+            identity=identity,
+            client_name=client_name,
+        )
+    except ToolError as exc:
+        if exc.code == "DENIED_BY_POLICY":
+            return "deny", exc.message, item.risk, exc.details.get("rule")
+        return "invalid", exc.message, item.risk, None
+    decision = "ask" if item.needs_confirmation else "allow"
+    return decision, item.policy_reason, item.risk, item.policy_rule
 
 
 def replan(

@@ -45,6 +45,7 @@ class ServeOptions:
     #: The fork server (pid, control socket), started before trio by ``toold serve``.
     #: Without one, side-effecting tools are refused (IsolationUnavailable).
     spawner: tuple[int, socket.socket] | None = None
+    config_path: Path | None = None  # reread on SIGHUP (the policy part)
 
 
 async def build_runner(config: Config, options: ServeOptions) -> ThreadRunner | SpawnRunner:
@@ -141,10 +142,11 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         forget=ipc.forget,
         isolation=runner.isolation if isinstance(runner, SpawnRunner) else list(ThreadRunner.ISOLATION),
         journal=journal,
+        config_path=options.config_path,
     )
     try:
         ipc.bind()
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 service.bind_nursery(nursery)
                 await nursery.start(ipc.serve, service.handle)
@@ -152,6 +154,9 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 if ready is not None:
                     ready(endpoint)
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        service.reload_policy()  # logs the outcome; a bad policy keeps the old
+                        continue
                     log.info("received %s; shutting down", signal.Signals(signum).name)
                     break
                 await service.shutdown(config.daemon.shutdown_grace_seconds)

@@ -16,6 +16,7 @@ import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 import trio
@@ -38,6 +39,7 @@ from toold_protocol import (
     ConfirmationRequested,
     DecodeFailure,
     Error,
+    ExplainPolicy,
     GetBatch,
     Hello,
     Identity,
@@ -46,14 +48,17 @@ from toold_protocol import (
     ListTools,
     OutputChunk,
     Ping,
+    PolicyExplanation,
     Pong,
     ProtocolErrorCode,
     Pruned,
     PruneJournal,
     Recover,
+    ReloadPolicy,
     SubmitBatch,
     Subscribe,
     SupplyResult,
+    ToolCall,
     ToolErrorType,
     ToolList,
     ToolResult,
@@ -64,7 +69,7 @@ from toold_protocol import (
 
 from . import __version__, planner, results
 from .batches import Batch, PreparedCall
-from .config import Config
+from .config import Config, ConfigError, load_file
 from .confirmations import Confirmations, Pending
 from .errors import ToolError
 from .executor import Executor
@@ -104,8 +109,10 @@ class Service:
         forget: Callable[[bytes], None] | None = None,
         isolation: list[IsolationLayer] | None = None,
         journal: Journal | None = None,
+        config_path: Path | None = None,
     ) -> None:
         self.config = config
+        self.config_path = config_path
         self.registry = registry
         self.sandbox = sandbox
         self.executor = executor
@@ -223,6 +230,10 @@ class Service:
                 self._answer(session, message)
             case Subscribe():
                 self._subscribe(session, message)
+            case ExplainPolicy():
+                self._explain(session, message)
+            case ReloadPolicy():
+                self._reload(session, message)
             case SupplyResult():
                 self._error(
                     session.peer,
@@ -547,6 +558,56 @@ class Service:
                 ),
             )
         self._reply(session, Ack(id=message.id))
+
+    # ------------------------------------------------------------------ policy
+
+    def _explain(self, session: Session, message: ExplainPolicy) -> None:
+        call = ToolCall(call_id="explain", name=message.name, arguments=message.arguments)
+        decision, reason, risk, rule = planner.explain(
+            call,
+            self.registry,
+            self.sandbox,
+            self.config,
+            identity=session.identity,
+            client_name=session.client_name,
+        )
+        self._reply(
+            session,
+            PolicyExplanation(
+                id=message.id,
+                tool=message.name,
+                decision=decision,  # type: ignore[arg-type]
+                reason=reason,
+                risk=risk,  # type: ignore[arg-type]
+                rule=rule,
+            ),
+        )
+
+    def _reload(self, session: Session, message: ReloadPolicy) -> None:
+        if session.identity.uid not in (0, self._daemon_uid):
+            self._error(session.peer, message.id, ProtocolErrorCode.NOT_AUTHORIZED, "only an administrator may reload")
+            return
+        problem = self.reload_policy()
+        if problem is not None:
+            self._error(session.peer, message.id, ProtocolErrorCode.INVALID_MESSAGE, problem)
+            return
+        self._reply(session, Ack(id=message.id))
+
+    def reload_policy(self) -> str | None:
+        """Swap in ``[tools.approval]`` from the config file, atomically; None on success,
+        else why the new policy was refused (the old one stays). Batches already planned
+        keep the decisions they were planned with."""
+        if self.config_path is None:
+            return "the daemon was started without --config; there is no policy file to reload"
+        try:
+            fresh = load_file(self.config_path)
+        except ConfigError as exc:
+            log.error("policy reload refused, keeping the old policy: %s", exc)
+            return f"policy reload refused, keeping the old policy: {exc}"
+        tools = msgspec.structs.replace(self.config.tools, approval=fresh.tools.approval)
+        self.config = msgspec.structs.replace(self.config, tools=tools)
+        log.info("policy reloaded from %s (%d rules)", self.config_path, len(fresh.tools.approval.rules))
+        return None
 
     def _count_turn(self, session: Session, turn_id: str | None) -> int:
         """How many batches this uid has submitted for ``turn_id`` (1 for this one). Bounded memory:

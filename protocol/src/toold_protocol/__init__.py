@@ -29,6 +29,7 @@ from ._messages import DaemonMessage as DaemonMessage
 from ._messages import Disposition as Disposition
 from ._messages import Error as Error
 from ._messages import EventMode as EventMode
+from ._messages import ExplainPolicy as ExplainPolicy
 from ._messages import GetBatch as GetBatch
 from ._messages import Hello as Hello
 from ._messages import Identity as Identity
@@ -38,10 +39,12 @@ from ._messages import ListTools as ListTools
 from ._messages import OutputChunk as OutputChunk
 from ._messages import Ping as Ping
 from ._messages import PlannedCall as PlannedCall
+from ._messages import PolicyExplanation as PolicyExplanation
 from ._messages import Pong as Pong
 from ._messages import Pruned as Pruned
 from ._messages import PruneJournal as PruneJournal
 from ._messages import Recover as Recover
+from ._messages import ReloadPolicy as ReloadPolicy
 from ._messages import RiskLevel as RiskLevel
 from ._messages import Stream as Stream
 from ._messages import SubmitBatch as SubmitBatch
@@ -83,6 +86,7 @@ __all__ = [
     "Disposition",
     "Error",
     "EventMode",
+    "ExplainPolicy",
     "GetBatch",
     "Hello",
     "Identity",
@@ -92,11 +96,13 @@ __all__ = [
     "OutputChunk",
     "Ping",
     "PlannedCall",
+    "PolicyExplanation",
     "Pong",
     "ProtocolErrorCode",
     "PruneJournal",
     "Pruned",
     "Recover",
+    "ReloadPolicy",
     "RiskLevel",
     "Stream",
     "SubmitBatch",

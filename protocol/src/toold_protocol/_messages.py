@@ -226,6 +226,22 @@ class PruneJournal(_Message, tag="prune_journal", frozen=True):
     older_than_seconds: Annotated[float, Meta(ge=0)]
 
 
+class ExplainPolicy(_Message, tag="explain_policy", frozen=True):
+    """What the policy would decide for this call from this session, and which rule decided.
+    Nothing runs."""
+
+    id: RequestId
+    name: Annotated[str, Meta(max_length=128)]
+    arguments: msgspec.Raw = msgspec.Raw(b"\x80")
+
+
+class ReloadPolicy(_Message, tag="reload_policy", frozen=True):
+    """Re-read ``[tools.approval]`` from the daemon's config file (as SIGHUP does). Only a
+    session of the daemon's own uid, or root, may ask. A bad new policy keeps the old."""
+
+    id: RequestId
+
+
 ClientMessage = (
     Hello
     | ListTools
@@ -239,6 +255,8 @@ ClientMessage = (
     | ListBatches
     | Recover
     | PruneJournal
+    | ExplainPolicy
+    | ReloadPolicy
 )
 
 
@@ -358,6 +376,19 @@ class Pruned(_Message, tag="pruned", frozen=True):
     removed: int
 
 
+class PolicyExplanation(_Message, tag="policy_explanation", frozen=True):
+    """``decision``: allow, deny or ask, or ``invalid`` when the call would not even be
+    planned (unknown tool, bad arguments, outside the sandbox: ``reason`` says why).
+    ``rule`` is the index in ``[[tools.approval.rules]]`` of the rule that decided."""
+
+    id: RequestId
+    tool: str
+    decision: Literal["allow", "deny", "ask", "invalid"]
+    reason: str
+    risk: RiskLevel = "low"
+    rule: int | None = None
+
+
 DaemonMessage = (
     Welcome
     | ToolList
@@ -373,4 +404,5 @@ DaemonMessage = (
     | Pong
     | BatchList
     | Pruned
+    | PolicyExplanation
 )
