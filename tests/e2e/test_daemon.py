@@ -263,10 +263,10 @@ def test_a_vanished_client_loses_nothing_and_disturbs_nobody(daemon: DaemonProce
     assert all(r.ok for r in status.results)
 
 
-def test_bad_config_and_unsupported_mode_exit_2(tmp_path: Path, root: Path) -> None:
+def test_bad_config_exits_2(tmp_path: Path, root: Path) -> None:
     for text, words in [
         ("[tools]\nmax_tool_calls_per_bach = 1\n", "toold.toml:2:"),
-        ("[tools]\nmode = 'parse_only'\n", "parse_only"),
+        ("[tools]\nmode = 'parse_everything'\n", "parse_everything"),
     ]:
         cfg = tmp_path / "toold.toml"
         cfg.write_text(text)

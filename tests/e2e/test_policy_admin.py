@@ -102,3 +102,41 @@ def test_check_config(tmp_path: Path) -> None:
     assert failing.returncode == 2 and "should match but does not" in failing.stderr
     unknown = check(typo)
     assert unknown.returncode == 2 and f"{typo}:4" in unknown.stderr and "aproval" in unknown.stderr
+
+
+def test_parse_only_mode_records_calls_and_people_supply_results(tmp_path: Path, root: Path) -> None:
+    import msgspec
+
+    import toold_protocol as p
+    from tests.e2e.test_daemon import submit_raw
+
+    d = start_daemon(tmp_path, root, config='[tools]\nmode = "parse_only"\n')
+
+    def call(call_id: str, name: str, **arguments: object) -> p.ToolCall:
+        return p.ToolCall(call_id=call_id, name=name, arguments=msgspec.Raw(p.encode_value(arguments)))
+
+    try:
+        with d.client() as client:
+            accepted = submit_raw(
+                client,
+                [
+                    call("c0", "read_file", path="a.txt"),
+                    call("c1", "shell", command="touch made-by-shell"),
+                    call("c2", "no_such_tool"),
+                ],
+                batch_id="parsed",
+            )
+            assert [c.disposition for c in accepted.calls] == ["pending", "pending", "resolved"]
+            supplied = toolctl(d, "result", "c1", "--batch", "parsed", "--content", "it failed", "--error")
+            assert supplied.returncode == 0, supplied.stderr
+            with pytest.raises(RemoteError, match="not waiting"):
+                client.supply_result("parsed", "c1", "twice")
+            client.supply_result("parsed", "c0", "contents from a person")
+            finished = client.wait_batch("parsed", timeout=10)
+    finally:
+        d.stop()
+    first, second, third = finished.results
+    assert first.ok and first.content == "contents from a person"
+    assert second.error is not None and second.error.code == "SUPPLIED_ERROR" and "it failed" in second.content
+    assert third.error is not None and third.error.type == "UnknownTool"
+    assert not (root / "made-by-shell").exists()

@@ -47,6 +47,7 @@ from toold_protocol import (
     ReloadPolicy,
     SubmitBatch,
     Subscribe,
+    SupplyResult,
     ToolCall,
     ToolDefinition,
     ToolList,
@@ -255,6 +256,11 @@ class Client:
             except RequestTimeout:
                 return None
         return self._confirmations.popleft()
+
+    def supply_result(self, batch_id: str, call_id: str, content: str, *, ok: bool = True) -> None:
+        """Parse-only mode: give a pending call its result (``ok=False``: an error result)."""
+        request = lambda i: SupplyResult(id=i, batch_id=batch_id, call_id=call_id, ok=ok, content=content)  # noqa: E731
+        _expect(self._request(request), Ack)
 
     # ------------------------------------------------------------------ policy
 

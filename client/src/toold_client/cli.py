@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--discard", action="store_true", help="fail the calls that never started")
     recover.add_argument("--json", action="store_true")
 
+    supplied = sub.add_parser("result", help="parse-only mode: supply the result of a pending call")
+    supplied.add_argument("call_id")
+    supplied.add_argument("--batch", required=True, help="the batch the call belongs to")
+    supplied.add_argument("--content", required=True, help="the result text ('-' reads stdin)")
+    supplied.add_argument("--error", action="store_true", help="supply an error result")
+
     policy = sub.add_parser("policy", help="ask the daemon's policy")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
     explain = policy_sub.add_parser("explain", help="the decision for a call, and the rule that made it")
@@ -109,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                 return _answer(client, args)
             if args.command == "policy":
                 return _policy(client, args)
+            if args.command == "result":
+                content = sys.stdin.read() if args.content == "-" else args.content
+                client.supply_result(args.batch, args.call_id, content, ok=not args.error)
+                print(f"result supplied for {sanitize_for_terminal(args.call_id)}")
+                return EXIT_OK
             if args.command == "journal":
                 return _journal(client, args)
             if args.command == "recover":

@@ -32,6 +32,9 @@ class PreparedCall:
     result: ToolResult | None = None  # set when pre-resolved by the planner
     resolved: dict[str, Path] = field(default_factory=dict)  # path argument -> canonical path (FR-VAL-04a)
     needs_confirmation: bool = False  # the policy asks; a person answers before the batch runs
+    awaiting_result: bool = False  # parse-only mode: waits for a person's supply_result
+    supplied: ToolResult | None = None
+    supplied_event: trio.Event = field(default_factory=trio.Event)
     policy_reason: str = ""  # why the policy decided as it did (toolctl policy explain)
     policy_rule: int | None = None
     denial: ToolResult | None = None  # the result of a call a person denied (journaled when reached)
@@ -40,6 +43,8 @@ class PreparedCall:
     def disposition(self) -> Disposition:
         if self.result is not None:
             return "resolved"
+        if self.awaiting_result:
+            return "pending"
         return "confirm" if self.needs_confirmation else "run"
 
     def planned(self) -> PlannedCall:

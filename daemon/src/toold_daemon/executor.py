@@ -110,6 +110,8 @@ class Executor:
             return _cancelled(call.call_id, batch.cancel_reason)
         if call.denial is not None:
             return call.denial
+        if call.awaiting_result:
+            return await self._wait_supplied(batch, call)
         if call.needs_confirmation:  # never run what nobody approved, whatever path led here
             return results.failure(
                 call.call_id, ToolError(ToolErrorType.DENIED, "NOT_CONFIRMED", "Denied: the call was not confirmed")
@@ -188,6 +190,24 @@ class Executor:
             max_bytes=limits.max_bytes,
             max_lines=limits.max_lines,
             duration_ms=_ms(started),
+        )
+
+    async def _wait_supplied(self, batch: Batch, call: PreparedCall) -> ToolResult:
+        """Parse-only mode: the result a person supplies, or a timeout/cancel error."""
+        timeout = self.config.tools.approval.timeout_seconds
+        with trio.move_on_after(timeout) as scope:
+            batch.current_scope = scope
+            try:
+                await call.supplied_event.wait()
+            finally:
+                batch.current_scope = None
+        if call.supplied is not None:
+            return call.supplied
+        if batch.cancel_reason is not None:
+            return _cancelled(call.call_id, batch.cancel_reason)
+        return results.failure(
+            call.call_id,
+            ToolError(ToolErrorType.TIMEOUT, "NO_RESULT_SUPPLIED", f"no result was supplied within {timeout:g}s"),
         )
 
     def timeout_for(self, tool: Tool[Any]) -> float:

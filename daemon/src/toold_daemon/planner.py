@@ -133,6 +133,9 @@ def _check(
     item.locations = tool.locations(item.args)
     for raw in tool.paths(item.args):
         item.resolved[raw] = sandbox.resolve(raw)
+    if tools.mode == "parse_only":
+        item.awaiting_result = True  # nothing runs: a person supplies the result (supply_result)
+        return
     facts = policy.Facts(
         tool=tool.name,
         arguments=msgspec.to_builtins(item.args),

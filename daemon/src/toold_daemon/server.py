@@ -120,9 +120,6 @@ def resolve_endpoint(config: Config, options: ServeOptions) -> str:
 
 
 async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str], None] | None = None) -> None:
-    if config.tools.mode == "parse_only":
-        # Rather than silently executing: parse-only needs supply_result, which lands with the policy issue.
-        raise ValueError("tools.mode = 'parse_only' is not supported by this daemon yet; use 'enabled' or 'disabled'")
     sandbox = build_sandbox(config, options.roots)
     registry = Registry()
     for tool in builtin_tools():

@@ -70,7 +70,7 @@ from toold_protocol import (
 from . import __version__, planner, results
 from .batches import Batch, PreparedCall
 from .config import Config, ConfigError, load_file
-from .confirmations import Confirmations, Pending
+from .confirmations import Confirmations, Pending, peer_groups
 from .errors import ToolError
 from .executor import Executor
 from .ipc import Inbound
@@ -235,12 +235,7 @@ class Service:
             case ReloadPolicy():
                 self._reload(session, message)
             case SupplyResult():
-                self._error(
-                    session.peer,
-                    message.id,
-                    ProtocolErrorCode.UNSUPPORTED,
-                    f"{type(message).__name__.lower()} is not supported by this daemon yet",
-                )
+                self._supply(session, message)
 
     # ------------------------------------------------------------------ requests
 
@@ -557,6 +552,48 @@ class Service:
                     expires_in_ms=pending.remaining_ms(),
                 ),
             )
+        self._reply(session, Ack(id=message.id))
+
+    def _supply(self, session: Session, message: SupplyResult) -> None:
+        """Parse-only mode: a person's result for a pending call, from the batch's own uid
+        (or an approver group). The result is bounded and sanitized like a tool's."""
+        batch = self.batches.get(message.batch_id)
+        approver_gids = self.config.tools.approval.approver_gids
+        allowed = batch is not None and (
+            session.identity.uid == batch.identity.uid
+            or (
+                session.peer in self.confirmations.approvers
+                and bool(peer_groups(session.identity) & set(approver_gids))
+            )
+        )
+        if batch is None or not allowed:
+            self._error(session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}")
+            return
+        call = next((c for c in batch.calls if c.call_id == message.call_id), None)
+        if call is None or not call.awaiting_result or call.supplied is not None:
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.INVALID_MESSAGE,
+                f"call {message.call_id[:128]!r} of batch {message.batch_id!r} is not waiting for a result",
+            )
+            return
+        limits = self.config.tools.output
+        if message.ok:
+            call.supplied = results.success(
+                call.call_id,
+                message.content,
+                None,
+                {"supplied_by_uid": session.identity.uid},
+                allow_truncation=True,
+                max_bytes=limits.max_bytes,
+                max_lines=limits.max_lines,
+                duration_ms=0.0,
+            )
+        else:
+            error = ToolError(ToolErrorType.EXECUTION_FAILED, "SUPPLIED_ERROR", message.content[:2000] or "failed")
+            call.supplied = results.failure(call.call_id, error)
+        call.supplied_event.set()
         self._reply(session, Ack(id=message.id))
 
     # ------------------------------------------------------------------ policy
