@@ -123,6 +123,9 @@ class Client:
         self._events: dict[str, collections.deque[DaemonMessage]] = collections.defaultdict(collections.deque)
         # Confirmation requests as they arrive, for approvers (bounded; oldest dropped first).
         self._confirmations: collections.deque[ConfirmationRequested] = collections.deque(maxlen=1000)
+        # After ``watch``: every unsolicited message in arrival order (bounded).
+        self._watching = False
+        self._watch_queue: collections.deque[DaemonMessage] = collections.deque(maxlen=10_000)
         self._welcome: Welcome | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -244,6 +247,28 @@ class Client:
         self._confirmations.clear()
         return pending
 
+    def watch(self) -> list[ConfirmationRequested]:
+        """Subscribe as a watcher: from now on every event of the batches this session may
+        see (a ``batch_status`` with id 0 when one starts, then its events and confirmation
+        requests) arrives through ``next_event``. Returns the requests pending now."""
+        self._watching = True
+        pending = self.subscribe()
+        self._watch_queue = collections.deque(m for m in self._watch_queue if not isinstance(m, ConfirmationRequested))
+        return pending
+
+    def next_event(self, timeout: float | None = None) -> DaemonMessage | None:
+        """The next unsolicited message after ``watch``, or None after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._watch_queue:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                self._receive_one(remaining)
+            except RequestTimeout:
+                return None
+        return self._watch_queue.popleft()
+
     def next_confirmation(self, timeout: float | None = None) -> ConfirmationRequested | None:
         """The next confirmation request (after ``subscribe``), or None after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -330,7 +355,12 @@ class Client:
         except DecodeFailure as exc:
             raise ProtocolError(f"undecodable frame from the daemon: {exc.message}") from None
         tag = type(message).__struct_config__.tag
-        if isinstance(message, ConfirmationRequested):
+        unsolicited = tag in _BATCH_EVENT_TYPES or (isinstance(message, BatchStatus) and message.id == 0)
+        if self._watching and unsolicited:
+            self._watch_queue.append(message)
+            if isinstance(message, ConfirmationRequested):
+                self._confirmations.append(message)
+        elif isinstance(message, ConfirmationRequested):
             self._confirmations.append(message)
             self._events[message.batch_id].append(message)
         elif tag in _BATCH_EVENT_TYPES:

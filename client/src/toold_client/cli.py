@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--discard", action="store_true", help="fail the calls that never started")
     recover.add_argument("--json", action="store_true")
 
+    sub.add_parser("watch", help="terminal view for approvers: live batches, approvals, output")
     supplied = sub.add_parser("result", help="parse-only mode: supply the result of a pending call")
     supplied.add_argument("call_id")
     supplied.add_argument("--batch", required=True, help="the batch the call belongs to")
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                 return _answer(client, args)
             if args.command == "policy":
                 return _policy(client, args)
+            if args.command == "watch":
+                from .watch import run as watch
+
+                return watch(client)
             if args.command == "result":
                 content = sys.stdin.read() if args.content == "-" else args.content
                 client.supply_result(args.batch, args.call_id, content, ok=not args.error)

@@ -49,10 +49,29 @@ def peer_groups(identity: Identity) -> set[int]:
     return groups
 
 
+@dataclass(frozen=True, slots=True)
+class Approver:
+    identity: Identity
+    groups: frozenset[int]  # read once, when it subscribed
+
+
 class Confirmations:
     def __init__(self) -> None:
         self.pending: dict[str, Pending] = {}
-        self.approvers: dict[bytes, Identity] = {}  # subscribed sessions (peer -> identity)
+        self.approvers: dict[bytes, Approver] = {}  # subscribed sessions (peer -> who)
+
+    def subscribe(self, peer: bytes, identity: Identity) -> None:
+        self.approvers[peer] = Approver(identity, frozenset(peer_groups(identity)))
+
+    def may_watch(self, peer: bytes, owner: Identity, approver_gids: list[int]) -> bool:
+        """May this subscribed session see (and answer for) batches of ``owner``?"""
+        approver = self.approvers.get(peer)
+        if approver is None:
+            return False
+        return approver.identity.uid == owner.uid or bool(approver.groups & set(approver_gids))
+
+    def watchers(self, owner: Identity, approver_gids: list[int]) -> list[bytes]:
+        return [peer for peer in self.approvers if self.may_watch(peer, owner, approver_gids)]
 
     def open(
         self, *, batch_id: str, owner: Identity, submitter: bytes, items: list[ConfirmationItem], timeout: float
@@ -72,18 +91,10 @@ class Confirmations:
         self.pending.pop(pending.correlation_id, None)
 
     def may_answer(self, peer: bytes, identity: Identity, pending: Pending, approver_gids: list[int]) -> bool:
-        if peer == pending.submitter:
-            return True
-        if peer not in self.approvers:
-            return False
-        return identity.uid == pending.owner.uid or bool(peer_groups(identity) & set(approver_gids))
+        return peer == pending.submitter or self.may_watch(peer, pending.owner, approver_gids)
 
     def visible_to(self, peer: bytes, identity: Identity, approver_gids: list[int]) -> list[Pending]:
         return [p for p in self.pending.values() if self.may_answer(peer, identity, p, approver_gids)]
 
     def approver_peers(self, pending: Pending, approver_gids: list[int]) -> list[bytes]:
-        return [
-            peer
-            for peer, identity in self.approvers.items()
-            if peer != pending.submitter and self.may_answer(peer, identity, pending, approver_gids)
-        ]
+        return [peer for peer in self.watchers(pending.owner, approver_gids) if peer != pending.submitter]

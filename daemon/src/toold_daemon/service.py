@@ -70,7 +70,7 @@ from toold_protocol import (
 from . import __version__, planner, results
 from .batches import Batch, PreparedCall
 from .config import Config, ConfigError, load_file
-from .confirmations import Confirmations, Pending, peer_groups
+from .confirmations import Confirmations, Pending
 from .errors import ToolError
 from .executor import Executor
 from .ipc import Inbound
@@ -393,11 +393,31 @@ class Service:
         self._nursery.start_soon(self._run_batch, session, batch)
 
     async def _run_batch(self, session: Session, batch: Batch) -> None:
+        approver_gids = self.config.tools.approval.approver_gids
+
         def emit(event: msgspec.Struct) -> None:
             frame = encode(event)
+            listening = set()
             for peer, all_events in batch.listeners:
+                listening.add(peer)
                 if all_events or not isinstance(event, _PER_CALL_EVENTS):
                     self._send(peer, frame)
+            if not isinstance(event, ConfirmationRequested):  # approvers get those on their own
+                for peer in self.confirmations.watchers(batch.identity, approver_gids):
+                    if peer not in listening:
+                        self._send(peer, frame)
+
+        # Watchers (subscribed approvers of this uid) learn of the batch, then see its events.
+        status = BatchStatus(
+            id=0,
+            batch_id=batch.batch_id,
+            state=batch.state,
+            calls=[c.planned() for c in batch.calls],
+            results=batch.finished_results(),
+        )
+        for peer in self.confirmations.watchers(batch.identity, approver_gids):
+            if peer != session.peer:
+                self._send(peer, encode(status))
 
         try:
             if any(c.needs_confirmation and c.result is None for c in batch.calls):
@@ -540,7 +560,7 @@ class Service:
     def _subscribe(self, session: Session, message: Subscribe) -> None:
         """Become an approver: the pending requests this session may answer come first,
         then the ``ack``; new ones follow as they are made."""
-        self.confirmations.approvers[session.peer] = session.identity
+        self.confirmations.subscribe(session.peer, session.identity)
         approval = self.config.tools.approval
         for pending in self.confirmations.visible_to(session.peer, session.identity, approval.approver_gids):
             self._reply(
@@ -561,10 +581,7 @@ class Service:
         approver_gids = self.config.tools.approval.approver_gids
         allowed = batch is not None and (
             session.identity.uid == batch.identity.uid
-            or (
-                session.peer in self.confirmations.approvers
-                and bool(peer_groups(session.identity) & set(approver_gids))
-            )
+            or self.confirmations.may_watch(session.peer, batch.identity, approver_gids)
         )
         if batch is None or not allowed:
             self._error(session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}")

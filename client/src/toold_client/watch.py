@@ -1,0 +1,222 @@
+"""``toolctl watch``: a terminal view for approvers.
+
+Live batches of the watcher's uid (or approver groups) with each call's state, the
+confirmation requests waiting for an answer (tool, summary, risk in colour, diff) and
+the last lines of output of running calls. Keys: ``a`` approve all, ``d`` deny all,
+``p`` pick calls (type ids, Enter), ``q`` quit. Everything from the daemon is passed
+through ``sanitize_for_terminal`` before it reaches the screen.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import select
+import shutil
+import sys
+import termios
+import tty
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from toold_protocol import (
+    BatchFinished,
+    BatchStatus,
+    CallFinished,
+    CallStarted,
+    ConfirmationRequested,
+    DaemonMessage,
+    OutputChunk,
+    sanitize_for_terminal,
+)
+
+from ._client import APPROVE_ALL, Client, Decision
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+RISK_COLOURS = {"low": "\x1b[32m", "medium": "\x1b[33m", "high": "\x1b[31m"}
+RESET, BOLD, DIM = "\x1b[0m", "\x1b[1m", "\x1b[2m"
+OUTPUT_LINES = 50
+BATCHES_SHOWN = 6
+
+
+@dataclass
+class CallView:
+    call_id: str
+    name: str
+    summary: str
+    state: str = "pending"  # pending, running, ok, error, denied
+    note: str = ""
+
+
+@dataclass
+class BatchView:
+    batch_id: str
+    state: str
+    calls: list[CallView]
+    output: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=OUTPUT_LINES))
+    partial: str = ""
+
+
+class WatchState:
+    """What the screen shows, updated from daemon messages (no I/O: testable alone)."""
+
+    def __init__(self) -> None:
+        self.batches: collections.OrderedDict[str, BatchView] = collections.OrderedDict()
+        self.requests: list[ConfirmationRequested] = []
+        self.ticks = 0
+        self.status = ""
+
+    def apply(self, message: DaemonMessage) -> None:
+        match message:
+            case BatchStatus():
+                calls = [CallView(c.call_id, c.name, c.summary) for c in message.calls]
+                for view, planned in zip(calls, message.calls, strict=True):
+                    if planned.result is not None:
+                        view.state, view.note = _finished_state(planned.result.ok, planned.result.error)
+                self.batches[message.batch_id] = BatchView(message.batch_id, message.state, calls)
+                while len(self.batches) > 50:
+                    self.batches.popitem(last=False)
+            case ConfirmationRequested():
+                self.requests.append(message)
+            case CallStarted():
+                started = self._call(message.batch_id, message.call_id)
+                if started is not None:
+                    started.state = "running"
+                self._drop_requests_of(message.batch_id)
+            case OutputChunk():
+                batch = self.batches.get(message.batch_id)
+                if batch is not None:
+                    text = batch.partial + message.data
+                    *lines, batch.partial = text.split("\n")
+                    batch.output.extend(lines)
+            case CallFinished():
+                batch = self.batches.get(message.batch_id)
+                if batch is not None and message.index < len(batch.calls):
+                    result = message.result
+                    batch.calls[message.index].state, batch.calls[message.index].note = _finished_state(
+                        result.ok, result.error
+                    )
+                self._drop_requests_of(message.batch_id)
+            case BatchFinished():
+                batch = self.batches.get(message.batch_id)
+                if batch is not None:
+                    batch.state = message.state
+                self._drop_requests_of(message.batch_id)
+            case _:
+                pass
+
+    def _call(self, batch_id: str, call_id: str) -> CallView | None:
+        batch = self.batches.get(batch_id)
+        return next((c for c in batch.calls if c.call_id == call_id), None) if batch else None
+
+    def _drop_requests_of(self, batch_id: str) -> None:
+        self.requests = [r for r in self.requests if r.batch_id != batch_id]
+
+    def render(self, width: int, height: int) -> list[str]:
+        """The screen as lines (with colour escapes of our own; daemon text sanitized)."""
+        s = sanitize_for_terminal
+        lines = [f"{BOLD}toold watch{RESET}  a: approve all  d: deny all  p: pick calls  q: quit   {s(self.status)}"]
+        spinner = SPINNER[self.ticks % len(SPINNER)]
+        for batch in list(self.batches.values())[-BATCHES_SHOWN:]:
+            lines.append(f"{BOLD}batch {s(batch.batch_id)}{RESET} [{s(batch.state)}]")
+            for call in batch.calls:
+                glyph = {"pending": "·", "running": spinner, "ok": "✓", "error": "✗", "denied": "⊘"}[call.state]
+                note = f" — {s(call.note)}" if call.note else ""
+                lines.append(f"  {glyph} {s(call.call_id)} {s(call.name)}: {s(call.summary)}{note}")
+            if any(c.state == "running" for c in batch.calls) and batch.output:
+                lines += [f"    {DIM}│ {s(line)}{RESET}" for line in list(batch.output)[-10:]]
+        if self.requests:
+            request = self.requests[0]
+            lines.append("")
+            lines.append(
+                f"{BOLD}APPROVAL {s(request.correlation_id)}{RESET} for batch {s(request.batch_id)} "
+                f"({request.expires_in_ms // 1000}s to answer; {len(self.requests)} waiting)"
+            )
+            for item in request.calls:
+                colour = RISK_COLOURS.get(item.risk, "")
+                lines.append(f"  {colour}[{item.risk}]{RESET} {s(item.call_id)} {s(item.name)}: {s(item.summary)}")
+                for diff_line in (item.diff or "").splitlines()[:20]:
+                    colour = (
+                        "\x1b[32m" if diff_line.startswith("+") else "\x1b[31m" if diff_line.startswith("-") else ""
+                    )
+                    lines.append(f"      {colour}{s(diff_line)}{RESET}")
+        return [line[: width * 3] for line in lines[:height]]
+
+
+def _finished_state(ok: bool, error: object) -> tuple[str, str]:
+    if ok:
+        return "ok", ""
+    kind = getattr(error, "type", "")
+    message = str(getattr(error, "message", ""))[:80]
+    return ("denied" if kind in ("Denied", "Cancelled") else "error"), message
+
+
+def run(client: Client, out: TextIO = sys.stdout) -> int:
+    state = WatchState()
+    state.requests.extend(client.watch())
+    interactive = sys.stdin.isatty()
+    saved = termios.tcgetattr(sys.stdin) if interactive else None
+    if interactive:
+        tty.setcbreak(sys.stdin.fileno())
+    picking: str | None = None
+    try:
+        while True:
+            size = shutil.get_terminal_size((100, 40))
+            out.write("\x1b[H\x1b[2J" + "\n".join(state.render(size.columns, size.lines - 1)))
+            if picking is not None:
+                out.write(f"\ncall ids to approve (comma-separated), Enter: {sanitize_for_terminal(picking)}")
+            out.flush()
+            message = client.next_event(timeout=0.1)
+            while message is not None:
+                state.apply(message)
+                message = client.next_event(timeout=0)
+            state.ticks += 1
+            key = _key(interactive)
+            if key is None:
+                continue
+            if picking is not None:
+                if key in ("\r", "\n"):
+                    ids = tuple(c.strip() for c in picking.split(",") if c.strip())
+                    _answer(client, state, Decision("approve_selected", approved_call_ids=ids))
+                    picking = None
+                elif key in ("\x7f", "\b"):
+                    picking = picking[:-1]
+                elif key == "\x1b":
+                    picking = None
+                elif key.isprintable():
+                    picking += key
+                continue
+            if key == "q":
+                return 0
+            if key == "a":
+                _answer(client, state, APPROVE_ALL)
+            elif key == "d":
+                _answer(client, state, Decision("deny_all", reason="denied in toolctl watch"))
+            elif key == "p" and state.requests:
+                picking = ""
+    finally:
+        if saved is not None:
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, saved)
+        out.write("\n")
+
+
+def _answer(client: Client, state: WatchState, decision: Decision) -> None:
+    if not state.requests:
+        state.status = "nothing to answer"
+        return
+    request = state.requests.pop(0)
+    try:
+        client.confirm(request.correlation_id, decision)
+        state.status = f"{decision.decision} {request.correlation_id}"
+    except Exception as exc:  # an expired or already answered request: say so, keep watching
+        state.status = f"could not answer: {exc}"
+
+
+def _key(interactive: bool) -> str | None:
+    if not interactive:
+        return None
+    ready, _, _ = select.select([sys.stdin], [], [], 0)
+    if not ready:
+        return None
+    data = os.read(sys.stdin.fileno(), 1)
+    return data.decode(errors="replace") if data else None

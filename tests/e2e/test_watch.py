@@ -1,0 +1,92 @@
+"""``toolctl watch`` for real, in tmux: it shows the request, takes a key, shows the result."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import toold_protocol as p
+from tests.conftest import BIN, DaemonProcess, start_daemon
+from tests.e2e.test_daemon import submit_raw
+from toold_client.watch import WatchState
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (scripts/bootstrap --dev)")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, root: Path) -> Iterator[DaemonProcess]:
+    d = start_daemon(tmp_path, root)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def pane(session: str) -> str:
+    return subprocess.run(
+        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=False
+    ).stdout
+
+
+def wait_for(session: str, condition: Callable[[str], bool], timeout: float = 15) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        text = pane(session)
+        if condition(text):
+            return text
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pane never matched; last capture:\n{text}")
+        time.sleep(0.1)
+
+
+def test_watch_shows_approves_and_follows_a_batch(daemon: DaemonProcess) -> None:
+    session = f"toold-watch-{uuid.uuid4().hex[:8]}"
+    command = f"env TOOLD_ENDPOINT={daemon.endpoint} {BIN / 'toolctl'} watch"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50", command], check=True)
+    try:
+        wait_for(session, lambda t: "toold watch" in t)
+        with daemon.client() as agent:
+            args = {"command": "echo line-one; echo line-two; sleep 1.5; echo finished"}
+            call = p.ToolCall(call_id="sh", name="shell", arguments=msgspec.Raw(p.encode_value(args)))
+            accepted = submit_raw(agent, [call])
+            shown = wait_for(session, lambda t: "APPROVAL" in t)
+            assert "[high]" in shown and "Run: echo line-one" in shown
+            subprocess.run(["tmux", "send-keys", "-t", session, "a"], check=True)
+            running = wait_for(session, lambda t: "│ line-two" in t)
+            assert "APPROVAL" not in running
+            finished = agent.wait_batch(accepted.batch_id, timeout=30)
+            assert finished.results[0].ok
+        done = wait_for(session, lambda t: "✓ sh shell" in t and "[finished]" in t)
+        assert "batch " + accepted.batch_id in done
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        deadline = time.monotonic() + 10
+        while subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "watch did not quit on q"
+            time.sleep(0.1)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+
+
+def test_watch_screen_neutralizes_control_sequences() -> None:
+    state = WatchState()
+    evil = "\x1b]0;pwned\x07\x1b[2J"
+    state.apply(
+        p.BatchStatus(
+            id=0,
+            batch_id="b" + evil,
+            state="running",
+            calls=[p.PlannedCall(index=0, call_id="c", name="shell", disposition="run", summary="Run: " + evil)],
+            results=[],
+        )
+    )
+    state.apply(p.OutputChunk(batch_id="b" + evil, call_id="c", stream="stdout", data=evil + "\n", seq=0))
+    state.apply(p.CallStarted(batch_id="b" + evil, call_id="c", index=0, name="shell"))
+    screen = "\n".join(state.render(120, 40))
+    assert "\x1b]" not in screen and "\x1b[2J" not in screen and "\x07" not in screen
