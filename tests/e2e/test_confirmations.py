@@ -297,3 +297,13 @@ def test_confirmation_shows_the_diff_of_edits_and_patches(daemon: DaemonProcess)
     assert write.diff is not None and "-w.txt" in write.diff and "+new" in write.diff
     assert broken.diff is not None and "no preview" in broken.diff and "not found" in broken.diff
     assert (daemon.root / "code.py").read_text() == "x = 1\ny = 2\n"  # previews change nothing
+
+
+def test_toolctl_approval_timeout_overrides_the_daemons(daemon: DaemonProcess) -> None:
+    started = time.monotonic()
+    waited = toolctl(
+        daemon, "call", "delete_file", "--args", json.dumps(DELETE["arguments"]), "--approval-timeout", "0.5"
+    )
+    assert waited.returncode == 1 and time.monotonic() - started < 10  # the daemon's own timeout is 20 s
+    assert "no answer within 0.5s" in waited.stdout.read() + waited.stderr.read()  # type: ignore[union-attr,operator]
+    assert (daemon.root / "d.txt").exists()

@@ -173,10 +173,15 @@ class Client:
         call_id: str = "",
         timeout: float | None = None,
         on_confirm: ConfirmHandler | None = None,
+        approval_timeout: float | None = None,
     ) -> ToolResult:
         """Run one tool call and return its result (an error result is returned, not raised)."""
         outcome = self.submit(
-            [CallSpec(name, arguments or {}, call_id)], events="results", timeout=timeout, on_confirm=on_confirm
+            [CallSpec(name, arguments or {}, call_id)],
+            events="results",
+            timeout=timeout,
+            on_confirm=on_confirm,
+            approval_timeout=approval_timeout,
         )
         return outcome.results[0]
 
@@ -189,11 +194,14 @@ class Client:
         on_confirm: ConfirmHandler | None = None,
         events: EventMode = "all",
         timeout: float | None = None,
+        approval_timeout: float | None = None,
     ) -> BatchOutcome:
         """Submit a batch and wait for it to finish; ``on_event`` sees every event as it arrives.
         ``on_confirm`` answers confirmation requests (return None to leave one to an approver)."""
         wire_calls = [_to_wire(call, index) for index, call in enumerate(calls)]
-        request = lambda i: SubmitBatch(id=i, calls=wire_calls, batch_id=batch_id, events=events)  # noqa: E731
+        request = lambda i: SubmitBatch(  # noqa: E731
+            id=i, calls=wire_calls, batch_id=batch_id, events=events, approval_timeout_seconds=approval_timeout
+        )
         accepted = _expect(self._request(request, timeout=timeout), BatchAccepted)
         finished = self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
         return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)

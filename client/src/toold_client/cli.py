@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             return _ping(endpoint, args.wait, args.timeout)
         with Client(endpoint, client_name="toolctl", timeout=args.timeout) as client:
             if args.command == "call":
-                return _call(client, args.name, args.args, args.json, _confirm_handler(args))
+                return _call(client, args, _confirm_handler(args))
             if args.command == "batch":
-                return _batch(client, args.file, args.json, args.batch_id, _confirm_handler(args))
+                return _batch(client, args, _confirm_handler(args))
             if args.command == "pending":
                 return _pending(client, args.json)
             if args.command in ("approve", "deny"):
@@ -168,6 +168,9 @@ def _confirmation_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--yes", action="store_true", help="approve this command's own confirmation requests")
     group.add_argument("--no", action="store_true", help="deny this command's own confirmation requests")
+    parser.add_argument(
+        "--approval-timeout", type=float, default=None, metavar="SECONDS", help="how long to wait for an approver"
+    )
 
 
 def _confirm_handler(args: argparse.Namespace) -> ConfirmHandler:
@@ -261,25 +264,31 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _call(client: Client, name: str, raw_args: str, as_json: bool, on_confirm: ConfirmHandler) -> int:
-    arguments = _parse_json(raw_args, "--args")
+def _call(client: Client, args: argparse.Namespace, on_confirm: ConfirmHandler) -> int:
+    arguments = _parse_json(args.args, "--args")
     if not isinstance(arguments, dict):
         raise _UsageError("--args must be a JSON object")
-    result = client.call(name, arguments, on_confirm=on_confirm)
-    if as_json:
+    result = client.call(args.name, arguments, on_confirm=on_confirm, approval_timeout=args.approval_timeout)
+    if args.json:
         print(json.dumps(result_json(result), ensure_ascii=False))
     else:
         _print_result(result)
     return EXIT_OK if result.ok else EXIT_TOOL_ERROR
 
 
-def _batch(client: Client, source: str, as_json: bool, batch_id: str | None, on_confirm: ConfirmHandler) -> int:
-    text = sys.stdin.read() if source == "-" else _read(source)
+def _batch(client: Client, args: argparse.Namespace, on_confirm: ConfirmHandler) -> int:
+    text = sys.stdin.read() if args.file == "-" else _read(args.file)
     calls = _parse_json(text, "the batch")
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         raise _UsageError("the batch must be a JSON array of objects {id, name, arguments}")
-    outcome = client.submit(calls, batch_id=batch_id, events="results", on_confirm=on_confirm)
-    if as_json:
+    outcome = client.submit(
+        calls,
+        batch_id=args.batch_id,
+        events="results",
+        on_confirm=on_confirm,
+        approval_timeout=args.approval_timeout,
+    )
+    if args.json:
         print(json.dumps([result_json(r) for r in outcome.results], ensure_ascii=False))
     else:
         for result in outcome.results:

@@ -73,6 +73,7 @@ class Batch:
     done: trio.Event = field(default_factory=trio.Event)
     digest: str = ""  # journal.fingerprint of the submitted calls: same id + same digest = same batch
     listeners: list[tuple[bytes, bool]] = field(default_factory=list)  # (peer, wants per-call events)
+    approval_timeout: float | None = None  # the submitter's override of approval.timeout_seconds
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:

@@ -311,6 +311,7 @@ class Service:
             calls=calls,
             results=[None] * len(calls),
             digest=fingerprint(message.calls),
+            approval_timeout=message.approval_timeout_seconds,
         )
         planned = [c.planned() for c in calls]
         if self.journal is not None:  # journaled before it is acknowledged (FR-RES-04b)
@@ -455,7 +456,7 @@ class Service:
             owner=batch.identity,
             submitter=session.peer,
             items=items,
-            timeout=approval.timeout_seconds,
+            timeout=batch.approval_timeout or approval.timeout_seconds,
         )
         batch.state = "awaiting_confirmation"
         request = ConfirmationRequested(
@@ -469,7 +470,7 @@ class Service:
         for peer in self.confirmations.approver_peers(pending, approval.approver_gids):
             self._send(peer, frame)
         try:
-            with trio.move_on_at(trio.current_time() + approval.timeout_seconds) as scope:
+            with trio.move_on_at(trio.current_time() + (batch.approval_timeout or approval.timeout_seconds)) as scope:
                 batch.current_scope = scope
                 if batch.cancel_reason is None:
                     await pending.decided.wait()
@@ -499,7 +500,8 @@ class Service:
             if batch.cancel_reason is not None:
                 return  # the executor gives every remaining call its Cancelled result
             if answer is None:
-                call.denial = _denied(call, f"no answer within {self.config.tools.approval.timeout_seconds:g}s")
+                waited = batch.approval_timeout or self.config.tools.approval.timeout_seconds
+                call.denial = _denied(call, f"no answer within {waited:g}s")
                 continue
             approved = answer.decision == "approve_all" or (
                 answer.decision == "approve_selected" and call.call_id in answer.approved_call_ids

@@ -155,6 +155,9 @@ class SubmitBatch(_Message, tag="submit_batch", frozen=True):
     batch_id: BatchId | None = None
     turn_id: Annotated[str, Meta(max_length=128)] | None = None
     events: EventMode = "all"
+    #: How long this batch's confirmation may wait for an answer, instead of the
+    #: daemon's ``timeout_seconds`` (bounded by the daemon to a day).
+    approval_timeout_seconds: Annotated[float, Meta(gt=0, le=86_400)] | None = None
 
 
 class Confirm(_Message, tag="confirm", frozen=True):
