@@ -140,3 +140,23 @@ def test_parse_only_mode_records_calls_and_people_supply_results(tmp_path: Path,
     assert second.error is not None and second.error.code == "SUPPLIED_ERROR" and "it failed" in second.content
     assert third.error is not None and third.error.type == "UnknownTool"
     assert not (root / "made-by-shell").exists()
+
+
+def test_policy_in_its_own_file_with_line_numbers_and_reload(tmp_path: Path, root: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        'mode = "prompt"\n\n[[rules]]\ntool = "read_file"\ndecision = "deny"\n'
+        'conditions = [{param = "path", operator = "contains", value = "private"}]\n'
+        'match = [{path = "private/x"}]\n'
+    )
+    d = start_daemon(tmp_path, root, config='[daemon]\npolicy_file = "policy.toml"\n')
+    try:
+        with d.client() as client:
+            assert client.explain("read_file", {"path": "private/a"}).decision == "deny"
+            policy.write_text(policy.read_text().replace('"private/x"', '"public/x"'))
+            with pytest.raises(RemoteError) as info:
+                client.reload_policy()
+            assert f"{policy}:3:" in info.value.message and "should match but does not" in info.value.message
+            assert client.explain("read_file", {"path": "private/a"}).decision == "deny"  # old policy kept
+    finally:
+        d.stop()

@@ -167,6 +167,9 @@ class DaemonConfig(_Section, frozen=True):
     max_sessions: PositiveInt = 1024
     finished_batches_kept: PositiveInt = 1000
     shutdown_grace_seconds: Annotated[float, Meta(ge=0, le=600)] = 5.0
+    # A separate policy file (the keys of [tools.approval] at top level, rules as [[rules]]);
+    # when set it replaces [tools.approval]. Relative to this file's directory.
+    policy_file: str = ""
 
 
 class JournalConfig(_Section, frozen=True):
@@ -193,20 +196,50 @@ def parse(text: str, source: str = "<config>") -> Config:
         raise ConfigError(_locate(text, source, str(exc))) from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    from .policy import problems  # the policy module builds on these types
-
-    found = problems(config.tools.approval)
-    if found:
-        raise ConfigError(f"{source}: [tools.approval] policy: " + "; ".join(found))
+    check_policy(config.tools.approval, text, source, header="[[tools.approval.rules]]")
     return config
 
 
-def load_file(path: Path) -> Config:
+def check_policy(approval: ApprovalConfig, text: str, source: str, *, header: str) -> None:
+    """Raise ConfigError naming ``source:line`` of each rule whose regexes or examples fail."""
+    from .policy import problems  # the policy module builds on these types
+
+    found = problems(approval)
+    if not found:
+        return
+    starts = [n for n, line in enumerate(text.splitlines(), start=1) if line.strip().replace(" ", "") == header]
+    located = [f"{source}:{starts[i] if i < len(starts) else '?'}: {message}" for i, message in found]
+    raise ConfigError("policy refused: " + "; ".join(located))
+
+
+def parse_policy(text: str, source: str) -> ApprovalConfig:
+    """A policy file: the keys of ``[tools.approval]`` at top level, rules as ``[[rules]]``."""
     try:
-        text = path.read_text(encoding="utf-8")
+        approval = msgspec.toml.decode(text, type=ApprovalConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_locate(text, source, str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    check_policy(approval, text, source, header="[[rules]]")
+    return approval
+
+
+def load_file(path: Path) -> Config:
+    """The configuration in ``path``, and the policy file it names (``[daemon] policy_file``,
+    relative to the configuration's directory), which then replaces ``[tools.approval]``."""
+    config = parse(_read(path), str(path))
+    if not config.daemon.policy_file:
+        return config
+    policy_path = path.parent / config.daemon.policy_file
+    approval = parse_policy(_read(policy_path), str(policy_path))
+    return msgspec.structs.replace(config, tools=msgspec.structs.replace(config.tools, approval=approval))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse(text, str(path))
 
 
 def _locate(text: str, source: str, message: str) -> str:

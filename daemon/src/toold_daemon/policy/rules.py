@@ -15,11 +15,11 @@ from .engine import conditions_hold
 from .shell import split_command
 
 
-def problems(approval: ApprovalConfig) -> list[str]:
-    """Everything wrong with the policy, one message per problem (empty: usable)."""
-    found: list[str] = []
+def problems(approval: ApprovalConfig) -> list[tuple[int, str]]:
+    """Everything wrong with the policy as (rule index, message) pairs (empty: usable)."""
+    found: list[tuple[int, str]] = []
     for index, rule in enumerate(approval.rules):
-        found.extend(f"rule {index} ({rule.decision} {rule.tool}): {p}" for p in _rule_problems(rule))
+        found.extend((index, f"rule {index} ({rule.decision} {rule.tool}): {p}") for p in _rule_problems(rule))
     return found
 
 
