@@ -160,3 +160,20 @@ def test_policy_in_its_own_file_with_line_numbers_and_reload(tmp_path: Path, roo
             assert client.explain("read_file", {"path": "private/a"}).decision == "deny"  # old policy kept
     finally:
         d.stop()
+
+
+def test_dynamic_approval_of_write_and_move(tmp_path: Path, root: Path) -> None:
+    (root / "exists.txt").write_text("x")
+    d = start_daemon(tmp_path, root)
+    try:
+        with d.client() as client:
+            decide = lambda name, **args: client.explain(name, args).decision  # noqa: E731
+            assert decide("write_file", path="new.txt", content="1") == "allow"
+            assert decide("write_file", path="exists.txt", content="1", overwrite=True) == "ask"
+            assert decide("move_file", source="exists.txt", destination="fresh.txt") == "allow"
+            assert decide("move_file", source="exists.txt", destination="exists.txt2") == "allow"
+            (root / "taken.txt").write_text("y")
+            assert decide("move_file", source="exists.txt", destination="taken.txt", overwrite=True) == "ask"
+            assert decide("delete_file", path="exists.txt") == "ask"
+    finally:
+        d.stop()
