@@ -26,8 +26,9 @@ EXAMPLES: dict[str, Any] = {
     "apply_patch": lambda p: {"patch": f"LP1\nF {p}\nT\nline\n.\nEND\n"},
     "delete_file": lambda p: {"path": p, "recursive": True},
     "move_file": lambda p: {"source": p, "destination": p + "-moved" + "x" * 200},
+    "shell_jobs": lambda p: {"action": "output", "job_id": "job_1"},
 }
-WITHOUT_LOCATIONS = {"run_code"}
+WITHOUT_LOCATIONS = {"run_code", "shell_jobs"}
 
 
 @given(paths)

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -133,18 +134,23 @@ def test_a_directory_swapped_for_a_symlink_while_writing_never_escapes(ws: Works
                 pass
 
     racer = threading.Thread(target=swap)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # let the racer interleave with the writer often
     racer.start()
     outcomes = {"ok": 0, "refused": 0}
     try:
-        for i in range(400):
+        for i in range(20_000):
             try:
-                ws.call("write_file", path="d/f.txt", content=str(i), overwrite=True)
+                ws.call("write_file", path="d/f.txt", content=str(i), overwrite=True, create_dirs=False)
                 outcomes["ok"] += 1
             except ToolError:
                 outcomes["refused"] += 1
+            if i >= 400 and outcomes["ok"] and outcomes["refused"]:
+                break
     finally:
         stop.set()
         racer.join()
+        sys.setswitchinterval(switch)
     assert list(outside.iterdir()) == []
     assert outcomes["ok"] > 0 and outcomes["refused"] > 0  # the race really happened both ways
 

@@ -332,3 +332,40 @@ def test_toold_doctor_reports_every_layer(tmp_path: Path) -> None:
         [str(BIN / "toold"), "doctor", "--config", str(strict)], capture_output=True, text=True, timeout=30, check=False
     )
     assert refused.returncode == 1 and "required but off: cgroup" in refused.stderr
+
+
+def test_background_jobs_list_read_kill_and_die_with_the_daemon(tmp_path: Path, root: Path) -> None:
+    marker = f"36{uuid.uuid4().int % 10**6:06d}"  # the job that shell_jobs kills
+    other = f"37{uuid.uuid4().int % 10**6:06d}"  # the job the daemon's shutdown kills
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=30) as c:
+            quick = c.call("shell", {"command": "echo hello-from-bg; echo err >&2", "background": True})
+            assert quick.ok and quick.data is not None
+            quick_id = quick.data["job_id"]
+            slow = c.call("shell", {"command": f"echo begun; sleep {marker}", "background": True})
+            slow_id = slow.data["job_id"]  # type: ignore[index]
+            survivor = c.call("shell", {"command": f"setsid sleep {other}1 & sleep {other}2", "background": True})
+            assert survivor.ok
+            deadline = time.monotonic() + 10
+            while True:
+                read = c.call("shell_jobs", {"action": "output", "job_id": quick_id})
+                if "[exited, exit code 0]" in read.content or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert "hello-from-bg" in read.content and "[exited, exit code 0]" in read.content
+            listed = c.call("shell_jobs", {"action": "list"})
+            assert {quick_id, slow_id} <= {j["job_id"] for j in listed.data["jobs"]}  # type: ignore[index]
+            assert alive_with(marker)
+            c.call("shell_jobs", {"action": "kill", "job_id": slow_id})
+            time.sleep(0.5)
+            assert alive_with(marker) == []
+            state = c.call("shell_jobs", {"action": "output", "job_id": slow_id})
+            assert "[killed" in state.content and "begun" in state.content
+            unknown = c.call("shell_jobs", {"action": "output", "job_id": "job_999"})
+            assert unknown.error is not None and unknown.error.code == "UNKNOWN_JOB"
+            assert alive_with(f"{other}1") and alive_with(f"{other}2")
+    finally:
+        assert d.stop() == 0
+    time.sleep(0.3)
+    assert alive_with(other) == []  # the daemon's shutdown killed the rest, escapee included

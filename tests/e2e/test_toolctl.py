@@ -84,6 +84,7 @@ def test_tools_in_every_format(daemon: DaemonProcess) -> None:
         "read_many_files",
         "run_code",
         "shell",
+        "shell_jobs",
         "write_file",
     ]
     openai = json.loads(toolctl(daemon, "tools", "--format", "openai").stdout)

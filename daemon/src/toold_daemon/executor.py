@@ -132,6 +132,7 @@ class Executor:
             resolved=call.resolved,
             emit=_chunk_emitter(batch.batch_id, call.call_id, emit),
             reads=self.reads.for_paths(batch.session_id, [str(p) for p in call.resolved.values()]),
+            identity=batch.identity,
         )
         timeout = tool.timeout_seconds(call.args) or self.timeout_for(tool)
         started = time.monotonic()

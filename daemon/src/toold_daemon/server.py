@@ -146,6 +146,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 service.bind_nursery(nursery)
+                if isinstance(runner, SpawnRunner):
+                    runner.bind_nursery(nursery)
                 await nursery.start(ipc.serve, service.handle)
                 log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
                 if ready is not None:

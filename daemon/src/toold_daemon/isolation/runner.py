@@ -34,9 +34,11 @@ from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import cgroup
 from . import sweep as sweeping
 from .environment import child_environment, is_injection
+from .jobs import Job, Jobs
 from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
 
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
+BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed after an hour
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -56,6 +58,12 @@ class SpawnRunner:
         self._temp_base = tempfile.mkdtemp(prefix=f"toold-{self._euid}-")
         os.chmod(self._temp_base, 0o711)  # noqa: S103 - other uids may only traverse to their own dir
         self.layers: dict[str, str] = {}
+        self.jobs = Jobs()
+        self._nursery: trio.Nursery | None = None
+
+    def bind_nursery(self, nursery: trio.Nursery) -> None:
+        """Where background jobs are followed; cancelling it (shutdown) kills them all."""
+        self._nursery = nursery
 
     @property
     def isolation(self) -> list[IsolationLayer]:
@@ -78,6 +86,12 @@ class SpawnRunner:
         return self.layers
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
+        if tool.in_daemon:
+            ctx.jobs, ctx.identity = self.jobs, identity
+            return await trio.to_thread.run_sync(tool.run, args, ctx)
+        command = tool.command(args, ctx)
+        if command is not None and command.background:
+            return await self._start_background(tool, args, ctx, identity)
         own_privilege = identity.uid in (self._euid, 0) and (self._euid != 0 or identity.uid == 0)
         if not tool.side_effecting and own_privilege:
             return await self._threads.run(tool, args, ctx, identity)
@@ -100,6 +114,70 @@ class SpawnRunner:
             return await self._threads.preview(tool, args, ctx, identity)
         outcome = await self._spawn(tool, args, ctx, identity, preview=True)
         return outcome.content if outcome.ok and outcome.content else None
+
+    async def _start_background(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
+        if self._nursery is None:
+            raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "NO_JOBS", "this daemon runs no background jobs")
+        if self._euid not in (identity.uid, 0):
+            raise ToolError(
+                ToolErrorType.ISOLATION_UNAVAILABLE,
+                "ISOLATION_UNAVAILABLE",
+                f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid}",
+            )
+        token = secrets.token_hex(12)
+        temp = self._make_temp(identity)
+        request = self._request(tool, args, ctx, identity=identity, token=token, temp=temp, probe=False)
+        read_end, write_end = os.pipe()
+        try:
+            pid = await self._ask_spawner(request, write_end)
+        except BaseException:
+            os.close(read_end)
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        finally:
+            os.close(write_end)
+        try:
+            job = self.jobs.add(identity.uid, tool.summary(args), pid)
+        except ValueError as exc:
+            os.close(read_end)
+            await self._kill(pid, token)
+            shutil.rmtree(temp, ignore_errors=True)
+            raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "LIMITS_EXCEEDED", str(exc)) from None
+
+        def kill() -> None:  # from shell_jobs' worker thread; the follower then sweeps
+            _signal_group(pid, signal.SIGKILL)
+
+        job.kill = kill
+        limit = tool.timeout_seconds(args) or BACKGROUND_TIMEOUT_S
+        self._nursery.start_soon(self._follow, job, read_end, token, temp, limit)
+        return ToolOutput(
+            f"started {job.job_id} (pid {pid}) in the background; read or kill it with shell_jobs",
+            data={"job_id": job.job_id, "pid": pid},
+        )
+
+    async def _follow(self, job: Job, read_end: int, token: str, temp: str, limit: float) -> None:
+        """Read a background job's frames into its bounded buffer until it ends, its time
+        limit passes, or the daemon stops; then kill what is left and clean up."""
+        keep = self.config.tools.output.max_bytes
+        buffer = FrameBuffer()
+        try:
+            with trio.move_on_after(limit):
+                async with trio.lowlevel.FdStream(read_end) as stream:
+                    while data := await stream.receive_some(65536):
+                        for body in buffer.feed(data):
+                            message = child_decoder.decode(body)
+                            if isinstance(message, Chunk):
+                                job.add_output(message.data, keep)
+                            elif isinstance(message, Outcome):
+                                exit_code = (message.data or {}).get("exit_code")
+                                job.exit_code = exit_code if isinstance(exit_code, int) else None
+                                job.state = "exited"
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._kill(job.pid, token)
+            shutil.rmtree(temp, ignore_errors=True)
+            if job.state == "running":
+                job.state = "killed"
 
     async def _spawn(
         self,

@@ -16,6 +16,7 @@ from .read_file import ReadFile
 from .read_many_files import ReadManyFiles
 from .run_code import RunCode
 from .shell import Shell
+from .shell_jobs import ShellJobs
 from .write_file import WriteFile
 
 
@@ -32,6 +33,7 @@ def builtin_tools() -> list[Tool[Any]]:
         ReadManyFiles(),
         RunCode(),
         Shell(),
+        ShellJobs(),
         WriteFile(),
     ]
 

@@ -52,6 +52,7 @@ class Command:
     idle_timeout_s: float = 0.0
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    background: bool = False  # return at once with a job id; the runner keeps reading
 
 
 @dataclass(slots=True)
@@ -68,6 +69,10 @@ class ToolContext:
     partial: list[str] = field(default_factory=list)
     #: What this client session has read (canonical path -> record), for stale-file checks.
     reads: dict[str, str] = field(default_factory=dict)
+    #: Who asked (for tools that act on daemon state scoped to a uid, like shell_jobs).
+    identity: Any = None
+    #: The daemon's background jobs (set for ``in_daemon`` tools).
+    jobs: Any = None
 
     def resolve(self, raw: str) -> Path:
         """The canonical path of a path argument: the one the planner validated (FR-VAL-04a),
@@ -93,6 +98,9 @@ class Tool(Generic[A]):
     side_effecting: ClassVar[bool] = False
     risk: ClassVar[RiskLevel] = "low"
     timeout_kind: ClassVar[TimeoutKind] = "file"
+    #: Runs in the daemon (on a worker thread) whatever the client's uid, because it only
+    #: touches daemon state that it scopes to ``ctx.identity`` itself (shell_jobs).
+    in_daemon: ClassVar[bool] = False
 
     def validate(self, args: A) -> None:
         """Checks the schema cannot express (``start_line <= end_line``). Pure; raise ToolError."""

@@ -19,7 +19,9 @@ class ShellArgs(ToolArgs, frozen=True):
     idle_timeout_ms: (
         Annotated[int, Meta(ge=1, le=3_600_000, description="Kill the command after this long without output")] | None
     ) = None
-    background: Annotated[bool, Meta(description="Not supported yet: must be false")] = False
+    background: Annotated[bool, Meta(description="Return at once with a job id; read or kill it with shell_jobs")] = (
+        False
+    )
 
 
 class Shell(Tool[ShellArgs]):
@@ -38,14 +40,13 @@ class Shell(Tool[ShellArgs]):
     def validate(self, args: ShellArgs) -> None:
         if "\0" in args.command:
             raise bad_args("command contains a NUL byte")
-        if args.background:
-            raise bad_args("background commands are not supported by this daemon yet; run it in the foreground")
 
     def paths(self, args: ShellArgs) -> list[str]:
         return [args.cwd] if args.cwd else []
 
     def summary(self, args: ShellArgs) -> str:
         where = f" (in {args.cwd[:60]})" if args.cwd else ""
+        where += " in the background" if args.background else ""
         line = args.command.replace("\n", " ⏎ ")
         room = 200 - len("Run: ") - len(where)
         return f"Run: {line if len(line) <= room else line[: room - 1] + '…'}{where}"
@@ -59,6 +60,7 @@ class Shell(Tool[ShellArgs]):
             argv=["/bin/sh", "-c", args.command],
             cwd=str(cwd),
             idle_timeout_s=(args.idle_timeout_ms or 0) / 1000,
+            background=args.background,
         )
 
     def run(self, args: ShellArgs, ctx: ToolContext) -> ToolOutput:
