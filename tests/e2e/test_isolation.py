@@ -369,3 +369,28 @@ def test_background_jobs_list_read_kill_and_die_with_the_daemon(tmp_path: Path, 
         assert d.stop() == 0
     time.sleep(0.3)
     assert alive_with(other) == []  # the daemon's shutdown killed the rest, escapee included
+
+
+def test_without_network_namespaces_seccomp_still_cuts_the_network(tmp_path: Path, root: Path) -> None:
+    if kernel.seccomp_supported() is not None:
+        pytest.skip("no seccomp table for this machine")
+    config = CONFIG + "network_namespace = false\n"
+    d = start_daemon(tmp_path, root, config=config)
+    code = (
+        "import socket\n"
+        "for family, kind in ((socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM),"
+        " (socket.AF_INET6, socket.SOCK_STREAM)):\n"
+        "    try:\n        socket.socket(family, kind)\n        print('opened', family, kind)\n"
+        "    except OSError as exc:\n        print('refused', exc.errno)\n"
+        "socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\nprint('unix ok')\n"
+    )
+    try:
+        with d.client(timeout=30) as c:
+            result = c.call("run_code", {"language": "python", "code": code})
+            layers = {layer.name: layer.detail for layer in c.hello().isolation}
+    finally:
+        d.stop()
+    assert result.ok, result.content
+    assert result.content.count("refused 1") == 3 and "opened" not in result.content
+    assert "unix ok" in result.content
+    assert "seccomp" in layers["network"]

@@ -125,6 +125,9 @@ class IsolationConfig(_Section, frozen=True):
     processes: PositiveInt = 512
     stream_limit_bytes: PositiveInt = 1_048_576
     kill_grace_seconds: Annotated[float, Meta(ge=0, le=30)] = 0.0
+    # Cut the network with a network namespace; false: with the seccomp AF_UNIX-only filter
+    # (for containers whose own seccomp profile or AppArmor blocks user namespaces).
+    network_namespace: bool = True
 
 
 class ReadFileConfig(_Section, frozen=True):

@@ -99,6 +99,8 @@ def _drop_identity(uid: int, gid: int) -> str:
 def _cut_network(request: SpawnRequest) -> str:
     """A new network namespace holds only a downed loopback. Unprivileged, it needs a new
     user namespace too, mapped to the same uid so files keep their owner."""
+    if not request.network_namespace:
+        return "off: network namespaces disabled by configuration"
     uid, gid = os.getuid(), os.getgid()
     try:
         if uid == 0:

@@ -273,6 +273,7 @@ class SpawnRunner:
             uid=identity.uid,
             gid=identity.gid,
             network=command.network if command else not probe,
+            network_namespace=isolation.network_namespace,
             writable=[self._uid_base(identity)],
             temp=temp,
             limits=limits,

@@ -44,6 +44,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     uid: int = -1
     gid: int = -1
     network: bool = True
+    network_namespace: bool = True  # false: cut the network with seccomp only
     writable: list[str] = []  # read-write paths besides the roots (the private temp dir)
     limits: Limits = Limits()
     idle_timeout_s: float = 0.0
