@@ -394,3 +394,16 @@ def test_without_network_namespaces_seccomp_still_cuts_the_network(tmp_path: Pat
     assert result.content.count("refused 1") == 3 and "opened" not in result.content
     assert "unix ok" in result.content
     assert "seccomp" in layers["network"]
+
+
+def test_chatty_output_is_coalesced_and_nothing_is_lost(client: Client) -> None:
+    chunks: list[p.OutputChunk] = []
+    outcome = client.submit(
+        [{"name": "shell", "arguments": {"command": "i=0; while [ $i -lt 3000 ]; do echo line$i; i=$((i+1)); done"}}],
+        on_event=lambda e: chunks.append(e) if isinstance(e, p.OutputChunk) else None,
+    )
+    streamed = "".join(c.data for c in chunks)
+    assert streamed == "".join(f"line{i}\n" for i in range(3000))
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert all(c.coalesced >= 1 for c in chunks) and len(chunks) < 3000  # merged, not one per line
+    assert outcome.results[0].ok

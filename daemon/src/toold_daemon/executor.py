@@ -233,13 +233,14 @@ def _cancelled(call_id: str, reason: str, *, duration_ms: float = 0.0, output: s
     )
 
 
-def _chunk_emitter(batch_id: str, call_id: str, emit: Emit) -> Callable[[str, str], None]:
+def _chunk_emitter(batch_id: str, call_id: str, emit: Emit) -> Callable[..., None]:
     """``ctx.emit`` for one call: numbered ``output_chunk`` events."""
     seq = 0
 
-    def chunk(stream: str, data: str) -> None:
+    def chunk(stream: str, data: str, coalesced: int = 1) -> None:
         nonlocal seq
-        emit(OutputChunk(batch_id=batch_id, call_id=call_id, stream=stream, data=data, seq=seq))  # type: ignore[arg-type]
+        event = OutputChunk(batch_id=batch_id, call_id=call_id, stream=stream, data=data, seq=seq, coalesced=coalesced)  # type: ignore[arg-type]
+        emit(event)
         seq += 1
 
     return chunk

@@ -69,7 +69,7 @@ def _run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
         config=config,
         resolved={k: Path(v) for k, v in request.resolved.items()},
         reads=dict(request.reads),
-        emit=lambda stream, data: write_frame(channel, Chunk(stream=stream, data=data)),  # type: ignore[arg-type]
+        emit=lambda stream, data: write_frame(channel, Chunk(stream=stream, data=data)),
     )
     try:
         if request.preview:

@@ -322,16 +322,22 @@ class SpawnRunner:
                 data = await stream.receive_some(65536)
                 if not data:
                     break
+                chunks: list[Chunk] = []
+                outcome: Outcome | None = None
                 for body in buffer.feed(data):
                     message = child_decoder.decode(body)
                     if isinstance(message, Outcome):
-                        return message
-                    assert isinstance(message, Chunk)
+                        outcome = message
+                        break
+                    chunks.append(message)
+                for stream_name, text, count in _coalesce(chunks):
                     if kept < keep:
-                        ctx.partial.append(message.data[: keep - kept])
-                        kept += len(message.data)
+                        ctx.partial.append(text[: keep - kept])
+                        kept += len(text)
                     if ctx.emit is not None:
-                        ctx.emit(message.stream, message.data)
+                        ctx.emit(stream_name, text, count)
+                if outcome is not None:
+                    return outcome
         raise ChildFailed(
             ToolErrorType.EXECUTION_FAILED,
             "CHILD_DIED",
@@ -370,6 +376,20 @@ class SpawnRunner:
 
 
 _TYPES = {t.value for t in ToolErrorType}
+_COALESCE_CHARS = 64 * 1024
+
+
+def _coalesce(chunks: list[Chunk]) -> list[tuple[str, str, int]]:
+    """Merge consecutive chunks of the same stream that arrived together (up to 64 KiB),
+    so a chatty command costs a few events rather than one per line: (stream, text, merged)."""
+    merged: list[tuple[str, str, int]] = []
+    for chunk in chunks:
+        if merged and merged[-1][0] == chunk.stream and len(merged[-1][1]) + len(chunk.data) <= _COALESCE_CHARS:
+            stream_name, text, count = merged[-1]
+            merged[-1] = (stream_name, text + chunk.data, count + 1)
+        else:
+            merged.append((chunk.stream, chunk.data, 1))
+    return merged
 
 
 async def _wait_exit(pid: int) -> None:

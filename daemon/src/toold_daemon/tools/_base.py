@@ -63,7 +63,7 @@ class ToolContext:
     sandbox: Sandbox
     config: Config
     cancelled: threading.Event = field(default_factory=threading.Event)
-    emit: Callable[[str, str], None] | None = None
+    emit: Callable[..., None] | None = None  # (stream, text[, how many chunks were merged])
     resolved: dict[str, Path] = field(default_factory=dict)
     #: Output streamed so far (bounded by the runner), kept for timeout and cancel results.
     partial: list[str] = field(default_factory=list)
