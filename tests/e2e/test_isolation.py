@@ -284,7 +284,7 @@ def test_welcome_reports_every_layer(client: Client) -> None:
 
 
 def test_a_required_layer_that_is_off_refuses_side_effecting_tools(tmp_path: Path, root: Path) -> None:
-    config = CONFIG + 'require = ["cgroup"]\n'
+    config = CONFIG + 'require = ["cgroup"]\ncgroups = false\n'
     d = start_daemon(tmp_path, root, config=config)
     try:
         with d.client(timeout=30) as c:
@@ -327,7 +327,7 @@ def test_toold_doctor_reports_every_layer(tmp_path: Path) -> None:
     assert rows["landlock"] == ("on" if kernel.landlock_abi() else "off"), done.stdout
     assert rows["no_new_privs"] == "on"
     strict = tmp_path / "strict.toml"
-    strict.write_text('[tools.isolation]\nrequire = ["cgroup"]\n')
+    strict.write_text('[tools.isolation]\nrequire = ["cgroup"]\ncgroups = false\n')
     refused = subprocess.run(
         [str(BIN / "toold"), "doctor", "--config", str(strict)], capture_output=True, text=True, timeout=30, check=False
     )
@@ -407,3 +407,16 @@ def test_chatty_output_is_coalesced_and_nothing_is_lost(client: Client) -> None:
     assert [c.seq for c in chunks] == list(range(len(chunks)))
     assert all(c.coalesced >= 1 for c in chunks) and len(chunks) < 3000  # merged, not one per line
     assert outcome.results[0].ok
+
+
+def test_per_call_cgroup_kills_an_escapee_that_cleared_its_environment(client: Client) -> None:
+    layers = {layer.name: layer for layer in client.hello().isolation}
+    if not layers["cgroup"].available:
+        pytest.skip(f"no per-call cgroups here: {layers['cgroup'].detail}")
+    marker = f"38{uuid.uuid4().int % 10**6:06d}"
+    # The pause lets setsid take effect: without a cgroup this process would survive the call.
+    result = shell(client, f"setsid env -i sleep {marker} >/dev/null 2>&1 </dev/null & sleep 0.3; echo done")
+    assert result.ok and "done" in result.content
+    time.sleep(0.3)
+    assert alive_with(marker) == []
+    assert not [d for d in Path(layers["cgroup"].detail.split("under ")[1].split(";")[0]).iterdir() if d.is_dir()]

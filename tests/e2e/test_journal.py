@@ -272,9 +272,14 @@ def test_randomized_kills_with_side_effects_never_run_a_call_twice(tmp_path: Pat
             daemon.proc.wait()
         marks_file = workspace / "marks.txt"
         marked_before = marks_file.read_text().split() if marks_file.exists() else []
+        killed_pid = daemon.proc.pid
         daemon = start_daemon(state, workspace, config=MARK_CONFIG)
         try:
             with daemon.client() as client:
+                cgroup = {layer.name: layer for layer in client.hello().isolation}["cgroup"]
+                if cgroup.available:  # the killed daemon's cgroups are cleaned up by the next one
+                    parent = Path(cgroup.detail.split("under ")[1].split(";")[0]).parent
+                    assert not (parent / f"toold-{killed_pid}").exists()
                 status = client.get_batch(accepted.batch_id)
                 done = {r.call_id: r for r in status.results}
                 for call_id, result in done.items():

@@ -128,6 +128,9 @@ class IsolationConfig(_Section, frozen=True):
     # Cut the network with a network namespace; false: with the seccomp AF_UNIX-only filter
     # (for containers whose own seccomp profile or AppArmor blocks user namespaces).
     network_namespace: bool = True
+    # A cgroup v2 per call where the daemon may create them (cgroup.kill; pids/memory limits
+    # when those controllers are delegated). false: process group and token sweep only.
+    cgroups: bool = True
 
 
 class ReadFileConfig(_Section, frozen=True):

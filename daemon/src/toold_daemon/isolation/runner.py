@@ -33,6 +33,7 @@ from ..runner import ThreadRunner
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import cgroup
 from . import sweep as sweeping
+from .cgroup import Cgroups
 from .environment import child_environment, is_injection
 from .jobs import Job, Jobs
 from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
@@ -59,6 +60,8 @@ class SpawnRunner:
         os.chmod(self._temp_base, 0o711)  # noqa: S103 - other uids may only traverse to their own dir
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
+        self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
+        self._cgroup_of: dict[str, str] = {}  # call token -> its cgroup
         self._nursery: trio.Nursery | None = None
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
@@ -82,7 +85,8 @@ class SpawnRunner:
         me = Identity(uid=self._euid, gid=os.getegid(), pid=os.getpid())
         outcome = await self._spawn(tool, tool.args_type(), ctx, me, probe=True)
         self.layers = dict(outcome.layers)
-        self.layers["cgroup"] = cgroup.status()
+        if self.layers.get("cgroup", "").startswith("on") or not self.cgroups.base:
+            self.layers["cgroup"] = self.cgroups.describe()
         return self.layers
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
@@ -249,6 +253,11 @@ class SpawnRunner:
         # to pass; only injection hooks (LD_PRELOAD, BASH_ENV, ...) are refused.
         env.update({k: v for k, v in (command.env if command else {}).items() if not is_injection(k)})
         env[sweeping.TOKEN_VARIABLE] = token  # set last: the sweep depends on it
+        group = self.cgroups.create(
+            token, pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
+        )
+        if group:
+            self._cgroup_of[token] = group
         argv = [a.replace("{tmp}", temp) for a in command.argv] if command else []
         limits = Limits(
             cpu_seconds=isolation.cpu_seconds,
@@ -281,6 +290,7 @@ class SpawnRunner:
             stream_limit_bytes=isolation.stream_limit_bytes,
             keep_bytes=self.config.tools.output.max_bytes,
             require=[] if probe else list(isolation.require),
+            cgroup=group,
             reads=dict(ctx.reads),
         )
 
@@ -353,6 +363,9 @@ class SpawnRunner:
             with trio.move_on_after(grace):
                 while _signal_group(pid, 0):
                     await trio.sleep(0.02)
+        group = self._cgroup_of.pop(token, "")
+        if group:  # reaches every process of the call, whatever session or environment it has now
+            cgroup.kill(group)
         killed: set[int] = set()
         await self._sweep_until_quiet(pid, token, killed)
         # A process being reparented while its parent exits can be missing from both
@@ -363,6 +376,10 @@ class SpawnRunner:
             while _signal_group(pid, 0):
                 await trio.sleep(0.0005)
         await self._sweep_until_quiet(pid, token, killed)
+        if group:
+            with trio.move_on_after(2.0):
+                while not cgroup.remove(group):
+                    await trio.sleep(0.001)
 
     async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
         for _ in range(1000):
@@ -373,6 +390,7 @@ class SpawnRunner:
     def close(self) -> None:
         self._control.close()
         shutil.rmtree(self._temp_base, ignore_errors=True)
+        self.cgroups.remove()
 
 
 _TYPES = {t.value for t in ToolErrorType}

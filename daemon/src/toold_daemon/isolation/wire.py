@@ -53,6 +53,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     require: list[str] = []
     reads: dict[str, str] = {}
     preview: bool = False  # run the tool's ``preview`` (a diff) instead of ``run``
+    cgroup: str = ""  # the call's cgroup, joined first thing (empty: none)
 
 
 class Spawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
