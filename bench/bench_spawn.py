@@ -68,7 +68,9 @@ def main(n: int = 300) -> None:
         async def measure() -> tuple[list[float], list[float]]:
             runner = SpawnRunner(spawner_pid, control, config)
             try:
-                return await isolated(runner, config, root, n)
+                async with trio.open_nursery() as nursery:  # as in the daemon: cleanup runs behind
+                    runner.bind_nursery(nursery)
+                    return await isolated(runner, config, root, n)
             finally:
                 runner.close()
 

@@ -356,8 +356,12 @@ class SpawnRunner:
         )
 
     async def _kill(self, pid: int, token: str) -> None:
-        """SIGTERM first when a grace period is configured, then SIGKILL to the group and to
-        every escapee, until a sweep pass finds nothing left (at most a few seconds)."""
+        """SIGTERM first when a grace period is configured, then SIGKILL to the call's cgroup,
+        its group and every escapee carrying its token, until a sweep pass finds nothing new.
+
+        With a cgroup, every process of the call has SIGKILL pending once this returns, so
+        the last checks (after the group has exited) and removing the cgroup finish in the
+        background; without one they are part of the kill (see ``_finish_kill``)."""
         grace = self.config.tools.isolation.kill_grace_seconds
         if grace > 0 and _signal_group(pid, signal.SIGTERM):
             with trio.move_on_after(grace):
@@ -368,18 +372,25 @@ class SpawnRunner:
             cgroup.kill(group)
         killed: set[int] = set()
         await self._sweep_until_quiet(pid, token, killed)
+        if group and self._nursery is not None:
+            self._nursery.start_soon(self._finish_kill, pid, token, killed, group)
+        else:
+            await self._finish_kill(pid, token, killed, group)
+
+    async def _finish_kill(self, pid: int, token: str, killed: set[int], group: str) -> None:
         # A process being reparented while its parent exits can be missing from both
         # parents' /proc children lists for an instant: once the whole group is gone (no
         # more reparenting), look once more.
-        with trio.move_on_after(2.0):
-            await _wait_exit(pid)
-            while _signal_group(pid, 0):
-                await trio.sleep(0.0005)
-        await self._sweep_until_quiet(pid, token, killed)
-        if group:
+        with trio.CancelScope(shield=True):
             with trio.move_on_after(2.0):
-                while not cgroup.remove(group):
-                    await trio.sleep(0.001)
+                await _wait_exit(pid)
+                while _signal_group(pid, 0):
+                    await trio.sleep(0.0005)
+            await self._sweep_until_quiet(pid, token, killed)
+            if group:
+                with trio.move_on_after(2.0):
+                    while not cgroup.remove(group):
+                        await trio.sleep(0.001)
 
     async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
         for _ in range(1000):
