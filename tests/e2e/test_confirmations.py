@@ -19,7 +19,7 @@ import pytest
 import toold_protocol as p
 from tests.conftest import BIN, DaemonProcess, start_daemon
 from tests.e2e.test_daemon import submit_raw
-from tests.e2e.test_identity import NOBODY, as_nobody, open_socket_to_everyone
+from tests.e2e.test_identity import OTHER_UID, as_other_user, open_socket_to_everyone
 from toold_client import APPROVE_ALL, DENY_ALL, Client, Decision, RemoteError
 
 WRITE = {"name": "write_file", "arguments": {"path": "w.txt", "content": "new", "overwrite": True}}
@@ -175,8 +175,8 @@ def test_another_uid_can_neither_see_nor_answer(shared_daemon: DaemonProcess) ->
                 code = exc.code
             return {"pending": len(pending), "code": code, "uid": client.hello().identity.uid}
 
-        report = as_nobody(daemon.endpoint, act)
-        assert report == {"pending": 0, "code": "NOT_AUTHORIZED", "uid": NOBODY}, report
+        report = as_other_user(daemon.endpoint, act)
+        assert report == {"pending": 0, "code": "NOT_AUTHORIZED", "uid": OTHER_UID}, report
         assert (daemon.root / "d.txt").exists()  # nothing changed
         agent.confirm(request.correlation_id, DENY_ALL)
         finished = agent.wait_batch(accepted.batch_id, timeout=10)

@@ -1,14 +1,19 @@
-"""A client of another uid, for real: the kernel's identity, refused tools, invisible batches.
+"""A client of another uid, for real: the kernel's identity, its own privileges, invisible batches.
 
-Runs only as root. The test forks a child that drops to uid/gid 65534 (nobody) before it
-connects, so the daemon learns that identity from SO_PEERCRED, not from anything sent.
+Runs only as root. A throwaway system user is created for the test run (and removed at
+exit; ``nobody`` where ``useradd`` is missing). The test forks a child that drops to that
+uid/gid before it connects, so the daemon learns the identity from SO_PEERCRED, not from
+anything sent.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import pwd
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +27,25 @@ from tests.conftest import DaemonProcess, start_daemon
 from tests.e2e.test_daemon import big_tree, grep_calls, submit_raw
 from toold_client import Client, RemoteError
 
-NOBODY = 65534
+
+def _throwaway_user() -> tuple[int, int]:
+    """(uid, gid) of a fresh system user for this run; RLIMIT_NPROC then counts only our processes."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        return 65534, 65534
+    name = f"toold-t{os.getpid()}"
+    made = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+        capture_output=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        return 65534, 65534
+    atexit.register(lambda: subprocess.run(["userdel", name], capture_output=True, check=False))
+    entry = pwd.getpwnam(name)
+    return entry.pw_uid, entry.pw_gid
+
+
+OTHER_UID, OTHER_GID = _throwaway_user()
 SHELL_ALLOWED = """
 [tools.approval]
 allowlist = ["shell", "run_code"]
@@ -33,8 +56,8 @@ processes = 200
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 
 
-def as_nobody(endpoint: str, action: Callable[[Client], dict[str, Any]]) -> dict[str, Any]:
-    """Run ``action`` in a forked child running as uid/gid 65534; return what it reports."""
+def as_other_user(endpoint: str, action: Callable[[Client], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``action`` in a forked child running as the throwaway user; return what it reports."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
@@ -42,8 +65,8 @@ def as_nobody(endpoint: str, action: Callable[[Client], dict[str, Any]]) -> dict
         report: dict[str, Any]
         try:
             os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgid(OTHER_GID)
+            os.setuid(OTHER_UID)
             with Client(endpoint, timeout=10) as client:
                 report = action(client)
         except BaseException as exc:
@@ -87,7 +110,7 @@ def remote_code(call: Callable[[], object]) -> str:
 
 
 def test_another_uid_gets_its_own_identity_and_its_own_privileges(daemon: DaemonProcess) -> None:
-    """Tools for uid 65534 run in a child that is uid 65534: a root-only file stays unreadable,
+    """Tools for another uid run in a child of that uid: a root-only file stays unreadable,
     a world-readable one is read, and a shell command reports the peer's uid."""
     (daemon.root / "secret.txt").write_text("root only")
     os.chmod(daemon.root / "secret.txt", 0o600)
@@ -110,16 +133,16 @@ def test_another_uid_gets_its_own_identity_and_its_own_privileges(daemon: Daemon
             "shell": [shell.ok, shell.content],
         }
 
-    report = as_nobody(daemon.endpoint, act)
+    report = as_other_user(daemon.endpoint, act)
     assert report.get("exception") is None, report
-    assert (report["uid"], report["gid"], report["pid"]) == (NOBODY, NOBODY, report["me"])
+    assert (report["uid"], report["gid"], report["pid"]) == (OTHER_UID, OTHER_GID, report["me"])
     ok, content, kind = report["secret"]
     assert ok is False and kind == "PermissionDenied", content
     assert "root only" not in content
     assert report["public"] == [True, "for everyone"]
     ok, content = report["shell"]
     assert ok is False  # cat fails: non-zero exit
-    assert content.splitlines()[2:4] == [str(NOBODY), str(NOBODY)], content
+    assert content.splitlines()[2:4] == [str(OTHER_UID), str(OTHER_GID)], content
     assert "root only" not in content and "Permission denied" in content
 
 
@@ -142,7 +165,7 @@ def test_another_uid_cannot_see_cancel_recover_or_take_over_a_batch(daemon: Daem
                 "listed": [b.batch_id for b in client.list_batches()],
             }
 
-        report = as_nobody(daemon.endpoint, act)
+        report = as_other_user(daemon.endpoint, act)
         finished = owner.wait_batch(accepted.batch_id)
     assert report.get("exception") is None, report
     assert report["get"] == report["cancel"] == report["recover"] == "UNKNOWN_BATCH"
@@ -153,7 +176,7 @@ def test_another_uid_cannot_see_cancel_recover_or_take_over_a_batch(daemon: Daem
 
 def test_socket_of_a_default_daemon_is_closed_to_other_users(daemon: DaemonProcess) -> None:
     assert daemon.socket.stat().st_mode & 0o777 == 0o600
-    report = as_nobody(daemon.endpoint, lambda client: {"rtt": client.ping(timeout=2)})
+    report = as_other_user(daemon.endpoint, lambda client: {"rtt": client.ping(timeout=2)})
     assert "exception" in report and report.get("rtt") is None
     assert Path(daemon.socket).exists()
 
@@ -171,11 +194,11 @@ def test_fork_bomb_of_another_uid_ends_and_the_daemon_keeps_serving(daemon: Daem
             "took": time.monotonic() - started,
         }
 
-    report = as_nobody(daemon.endpoint, act)
+    report = as_other_user(daemon.endpoint, act)
     assert report.get("exception") is None, report
     assert report["ok"] is False and report["took"] < 20, report
     with daemon.client(timeout=10) as client:
         assert client.ping(timeout=5) > 0
     time.sleep(0.3)
-    left = [proc for proc in psutil.process_iter(["uids"]) if proc.info["uids"] and proc.info["uids"].real == NOBODY]
+    left = [proc for proc in psutil.process_iter(["uids"]) if proc.info["uids"] and proc.info["uids"].real == OTHER_UID]
     assert left == []
