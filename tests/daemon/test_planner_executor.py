@@ -66,7 +66,7 @@ def call(call_id: str, name: str, **arguments: Any) -> ToolCall:
 
 def make_batch(calls: list[ToolCall], root: Path, config: Config | None = None) -> tuple[Batch, Executor]:
     registry, sandbox, cfg = setup(root, config)
-    prepared = planner.plan(calls, registry, sandbox, cfg, identity=ME)
+    prepared = planner.Planner(registry, sandbox, cfg, ME).plan(calls)
     batch = Batch(batch_id="b", identity=ME, session_id="s", calls=prepared, results=[None] * len(prepared))
     return batch, Executor(ThreadRunner(), sandbox, cfg)
 
@@ -86,7 +86,7 @@ def test_planner_preresolves_each_kind_of_bad_call(root: Path) -> None:
     registry, sandbox, _ = setup(root)
     codes = [
         p.result.error.code if p.result and p.result.error else None
-        for p in planner.plan(calls, registry, sandbox, config, identity=ME)
+        for p in planner.Planner(registry, sandbox, config, ME).plan(calls)
     ]
     assert codes == [
         None,
@@ -112,7 +112,7 @@ def test_planner_property_44_any_wrong_type_is_a_validation_error(root: Path) ->
         )
     )
     def check(bad: Any) -> None:
-        [prepared] = planner.plan([call("x", "read_file", path=bad)], registry, sandbox, config, identity=ME)
+        [prepared] = planner.Planner(registry, sandbox, config, ME).plan([call("x", "read_file", path=bad)])
         assert prepared.result is not None and prepared.result.error is not None
         assert prepared.result.error.type == "BadArgs" and "$.path" in prepared.result.error.message
 

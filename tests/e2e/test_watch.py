@@ -6,27 +6,17 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import msgspec
 import pytest
 
 import toold_protocol as p
-from tests.conftest import BIN, DaemonProcess, start_daemon
+from tests.conftest import BIN, DaemonProcess
 from tests.e2e.test_daemon import submit_raw
 from toold_client.watch import WatchState
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (scripts/bootstrap --dev)")
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, root: Path) -> Iterator[DaemonProcess]:
-    d = start_daemon(tmp_path, root)
-    try:
-        yield d
-    finally:
-        d.stop()
 
 
 def pane(session: str) -> str:

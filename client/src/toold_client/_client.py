@@ -261,26 +261,23 @@ class Client:
         requests) arrives through ``next_event``. Returns the requests pending now."""
         self._watching = True
         pending = self.subscribe()
-        self._watch_queue = collections.deque(m for m in self._watch_queue if not isinstance(m, ConfirmationRequested))
+        kept = [m for m in self._watch_queue if not isinstance(m, ConfirmationRequested)]  # returned above
+        self._watch_queue.clear()
+        self._watch_queue.extend(kept)
         return pending
 
     def next_event(self, timeout: float | None = None) -> DaemonMessage | None:
         """The next unsolicited message after ``watch``, or None after ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._watch_queue:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            try:
-                self._receive_one(remaining)
-            except RequestTimeout:
-                return None
-        return self._watch_queue.popleft()
+        return self._next_from(self._watch_queue, timeout)
 
     def next_confirmation(self, timeout: float | None = None) -> ConfirmationRequested | None:
         """The next confirmation request (after ``subscribe``), or None after ``timeout``."""
+        return self._next_from(self._confirmations, timeout)
+
+    def _next_from(self, queue: collections.deque[T], timeout: float | None) -> T | None:
+        """Receive until ``queue`` has something (the receive loop fills it), or time is up."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._confirmations:
+        while not queue:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
@@ -288,7 +285,7 @@ class Client:
                 self._receive_one(remaining)
             except RequestTimeout:
                 return None
-        return self._confirmations.popleft()
+        return queue.popleft()
 
     def supply_result(self, batch_id: str, call_id: str, content: str, *, ok: bool = True) -> None:
         """Parse-only mode: give a pending call its result (``ok=False``: an error result)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -41,6 +41,8 @@ DEFAULT_DENIED_PATTERNS = (
     "**/etc/gshadow",
     "**/etc/sudoers",
 )
+
+T = TypeVar("T")
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -196,14 +198,25 @@ class ConfigError(Exception):
 
 
 def parse(text: str, source: str = "<config>") -> Config:
+    config = _decode(text, source, Config)
+    check_policy(config.tools.approval, text, source, header="[[tools.approval.rules]]")
+    return config
+
+
+def parse_policy(text: str, source: str) -> ApprovalConfig:
+    """A policy file: the keys of ``[tools.approval]`` at top level, rules as ``[[rules]]``."""
+    approval = _decode(text, source, ApprovalConfig)
+    check_policy(approval, text, source, header="[[rules]]")
+    return approval
+
+
+def _decode(text: str, source: str, kind: type[T]) -> T:
     try:
-        config = msgspec.toml.decode(text, type=Config)
+        return msgspec.toml.decode(text, type=kind)
     except msgspec.ValidationError as exc:
         raise ConfigError(_locate(text, source, str(exc))) from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    check_policy(config.tools.approval, text, source, header="[[tools.approval.rules]]")
-    return config
 
 
 def check_policy(approval: ApprovalConfig, text: str, source: str, *, header: str) -> None:
@@ -216,18 +229,6 @@ def check_policy(approval: ApprovalConfig, text: str, source: str, *, header: st
     starts = [n for n, line in enumerate(text.splitlines(), start=1) if line.strip().replace(" ", "") == header]
     located = [f"{source}:{starts[i] if i < len(starts) else '?'}: {message}" for i, message in found]
     raise ConfigError("policy refused: " + "; ".join(located))
-
-
-def parse_policy(text: str, source: str) -> ApprovalConfig:
-    """A policy file: the keys of ``[tools.approval]`` at top level, rules as ``[[rules]]``."""
-    try:
-        approval = msgspec.toml.decode(text, type=ApprovalConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(_locate(text, source, str(exc))) from None
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    check_policy(approval, text, source, header="[[rules]]")
-    return approval
 
 
 def load_file(path: Path) -> Config:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 
@@ -35,182 +36,128 @@ def redact(text: str) -> str:
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
 
-def plan(
-    calls: Sequence[ToolCall],
-    registry: Registry,
-    sandbox: Sandbox,
-    config: Config,
-    *,
-    identity: Identity,
-    client_name: str = "",
-    turn_iteration: int = 1,
-    grants: frozenset[str] = frozenset(),
-) -> list[PreparedCall]:
-    """Plan every call in order. ``turn_iteration`` counts this batch among the batches of
-    its user turn (FR-LIM-02); past the limit every call is pre-resolved. A call the
-    policy asks about is marked ``needs_confirmation`` unless one of the session's
-    ``grants`` ("allow for this session") covers it."""
-    seen: set[str] = set()
-    prepared: list[PreparedCall] = []
-    max_iterations = config.tools.max_tool_iterations_per_user_turn
-    for index, call in enumerate(calls):
-        item = PreparedCall(index=index, call_id=call.call_id, name=call.name, tool=None, args=None)
+@dataclass(frozen=True, slots=True)
+class Planner:
+    """Plans calls for one client session: what every check needs, gathered once."""
+
+    registry: Registry
+    sandbox: Sandbox
+    config: Config
+    identity: Identity
+    client_name: str = ""
+    grants: frozenset[str] = frozenset()  # the session's "allow for this session" answers
+
+    def plan(self, calls: Sequence[ToolCall], *, turn_iteration: int = 1) -> list[PreparedCall]:
+        """Plan every call in order. ``turn_iteration`` counts this batch among the batches
+        of its user turn (FR-LIM-02); past the limit every call is pre-resolved. A call the
+        policy asks about is marked ``needs_confirmation`` unless a grant covers it."""
+        seen: set[str] = set()
+        prepared: list[PreparedCall] = []
+        max_iterations = self.config.tools.max_tool_iterations_per_user_turn
+        for index, call in enumerate(calls):
+            item = PreparedCall(index=index, call_id=call.call_id, name=call.name, tool=None, args=None)
+            try:
+                if turn_iteration > max_iterations:
+                    raise limits_exceeded(
+                        f"this is tool batch {turn_iteration} of the same user turn, over "
+                        f"max_tool_iterations_per_user_turn={max_iterations}; this call was not run",
+                        limit=max_iterations,
+                    )
+                self._check(item, call, seen=seen)
+            except ToolError as exc:
+                item.result = results.failure(call.call_id, exc)
+            seen.add(call.call_id)
+            prepared.append(item)
+        return prepared
+
+    def explain(self, call: ToolCall) -> tuple[str, str, str, int | None]:
+        """(decision, reason, risk, rule) for one call, planned exactly as a batch would be;
+        decision ``invalid`` when the call would not get as far as the policy."""
+        item = PreparedCall(index=0, call_id=call.call_id, name=call.name, tool=None, args=None)
         try:
-            if turn_iteration > max_iterations:
-                raise limits_exceeded(
-                    f"this is tool batch {turn_iteration} of the same user turn, over "
-                    f"max_tool_iterations_per_user_turn={max_iterations}; this call was not run",
-                    limit=max_iterations,
-                )
-            _check(
-                item,
-                call,
-                seen=seen,
-                registry=registry,
-                sandbox=sandbox,
-                config=config,
-                identity=identity,
-                client_name=client_name,
-                grants=grants,
-            )
+            self._check(item, call, seen=set())
         except ToolError as exc:
-            item.result = results.failure(call.call_id, exc)
-        seen.add(call.call_id)
-        prepared.append(item)
-    return prepared
+            if exc.code == "DENIED_BY_POLICY":
+                return "deny", exc.message, item.risk, exc.details.get("rule")
+            return "invalid", exc.message, item.risk, None
+        decision = "ask" if item.needs_confirmation else "allow"
+        return decision, item.policy_reason, item.risk, item.policy_rule
 
+    def replan(self, item: PreparedCall, arguments: msgspec.Raw) -> None:
+        """Re-plan a call with arguments a person supplied while approving it (seed 004):
+        decoded, validated and sandbox-checked like the original; a policy deny still
+        denies, an ask does not ask again (the person has just answered). Errors become its
+        result."""
+        call = ToolCall(call_id=item.call_id, name=item.name, arguments=arguments)
+        item.resolved = {}
+        try:
+            self._check(item, call, seen=set(), approved=True)
+        except ToolError as exc:
+            item.result = None
+            item.denial = results.failure(call.call_id, exc)
 
-def _check(
-    item: PreparedCall,
-    call: ToolCall,
-    *,
-    seen: set[str],
-    registry: Registry,
-    sandbox: Sandbox,
-    config: Config,
-    identity: Identity,
-    client_name: str,
-    grants: frozenset[str] = frozenset(),
-    approved: bool = False,
-) -> None:
-    tools = config.tools
-    if item.index >= tools.max_tool_calls_per_batch:
-        raise limits_exceeded(
-            f"batch has more than {tools.max_tool_calls_per_batch} calls (max_tool_calls_per_batch); "
-            "this call was not run",
-            limit=tools.max_tool_calls_per_batch,
+    def _check(self, item: PreparedCall, call: ToolCall, *, seen: set[str], approved: bool = False) -> None:
+        tools = self.config.tools
+        if item.index >= tools.max_tool_calls_per_batch:
+            raise limits_exceeded(
+                f"batch has more than {tools.max_tool_calls_per_batch} calls (max_tool_calls_per_batch); "
+                "this call was not run",
+                limit=tools.max_tool_calls_per_batch,
+            )
+        if call.call_id in seen:
+            raise ToolError(
+                ToolErrorType.DUPLICATE_TOOL_CALL_ID,
+                "DUPLICATE_TOOL_CALL_ID",
+                f"call id {call.call_id!r} is used twice in this batch",
+                call_id=call.call_id,
+            )
+        if tools.mode == "disabled":
+            raise sandbox_violation("TOOLS_DISABLED", "tools are disabled on this daemon (tools.mode = 'disabled')")
+        tool = self.registry.get(call.name)
+        if tool is None:
+            raise ToolError(
+                ToolErrorType.UNKNOWN_TOOL, "UNKNOWN_TOOL", f"Unknown tool: {call.name[:128]!r}", name=call.name[:128]
+            )
+        item.tool, item.name, item.risk = tool, tool.name, tool.risk
+        size = len(call.arguments)
+        if size > tools.max_tool_args_bytes:
+            raise limits_exceeded(
+                f"arguments are {size} bytes, over max_tool_args_bytes={tools.max_tool_args_bytes}",
+                limit=tools.max_tool_args_bytes,
+                size=size,
+            )
+        try:
+            item.args = msgspec.msgpack.decode(call.arguments, type=tool.args_type)
+        except msgspec.ValidationError as exc:
+            raise bad_args(f"invalid arguments for {tool.name}: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise bad_args(f"arguments of {tool.name} are not a MessagePack map: {exc}") from None
+        tool.validate(item.args)
+        item.summary = redact(tool.summary(item.args))
+        item.locations = tool.locations(item.args)
+        for raw in tool.paths(item.args):
+            item.resolved[raw] = self.sandbox.resolve(raw)
+        if tools.mode == "parse_only":
+            item.awaiting_result = True  # nothing runs: a person supplies the result (supply_result)
+            return
+        facts = policy.Facts(
+            tool=tool.name,
+            arguments=msgspec.to_builtins(item.args),
+            side_effecting=tool.side_effecting,
+            risk=tool.risk_for(item.args),
+            requires_approval=tool.requires_approval(item.args),
+            prompts=tool.prompts(item.args, item.resolved),
         )
-    if call.call_id in seen:
-        raise ToolError(
-            ToolErrorType.DUPLICATE_TOOL_CALL_ID,
-            "DUPLICATE_TOOL_CALL_ID",
-            f"call id {call.call_id!r} is used twice in this batch",
-            call_id=call.call_id,
-        )
-    if tools.mode == "disabled":
-        raise sandbox_violation("TOOLS_DISABLED", "tools are disabled on this daemon (tools.mode = 'disabled')")
-    tool = registry.get(call.name)
-    if tool is None:
-        raise ToolError(
-            ToolErrorType.UNKNOWN_TOOL, "UNKNOWN_TOOL", f"Unknown tool: {call.name[:128]!r}", name=call.name[:128]
-        )
-    item.tool, item.name, item.risk = tool, tool.name, tool.risk
-    size = len(call.arguments)
-    if size > tools.max_tool_args_bytes:
-        raise limits_exceeded(
-            f"arguments are {size} bytes, over max_tool_args_bytes={tools.max_tool_args_bytes}",
-            limit=tools.max_tool_args_bytes,
-            size=size,
-        )
-    try:
-        item.args = msgspec.msgpack.decode(call.arguments, type=tool.args_type)
-    except msgspec.ValidationError as exc:
-        raise bad_args(f"invalid arguments for {tool.name}: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise bad_args(f"arguments of {tool.name} are not a MessagePack map: {exc}") from None
-    tool.validate(item.args)
-    item.summary = redact(tool.summary(item.args))
-    item.locations = tool.locations(item.args)
-    for raw in tool.paths(item.args):
-        item.resolved[raw] = sandbox.resolve(raw)
-    if tools.mode == "parse_only":
-        item.awaiting_result = True  # nothing runs: a person supplies the result (supply_result)
-        return
-    facts = policy.Facts(
-        tool=tool.name,
-        arguments=msgspec.to_builtins(item.args),
-        side_effecting=tool.side_effecting,
-        risk=tool.risk_for(item.args),
-        requires_approval=tool.requires_approval(item.args),
-        prompts=tool.prompts(item.args, item.resolved),
-    )
-    verdict = policy.evaluate(facts, identity, client_name, tools.approval)
-    item.risk = verdict.risk
-    if verdict.decision == "deny":
-        raise ToolError(
-            ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}", rule=verdict.rule
-        )
-    granted = verdict.decision == "ask" and grant_key(item) in grants
-    item.needs_confirmation = verdict.decision == "ask" and not approved and not granted
-    item.policy_reason = "allowed for this session by an earlier answer" if granted else verdict.reason
-    item.policy_rule = verdict.rule
-
-
-def explain(
-    call: ToolCall, registry: Registry, sandbox: Sandbox, config: Config, *, identity: Identity, client_name: str
-) -> tuple[str, str, str, int | None]:
-    """(decision, reason, risk, rule) for one call, planned exactly as a batch would be;
-    decision ``invalid`` when the call would not get as far as the policy."""
-    item = PreparedCall(index=0, call_id=call.call_id, name=call.name, tool=None, args=None)
-    try:
-        _check(
-            item,
-            call,
-            seen=set(),
-            registry=registry,
-            sandbox=sandbox,
-            config=config,
-            identity=identity,
-            client_name=client_name,
-        )
-    except ToolError as exc:
-        if exc.code == "DENIED_BY_POLICY":
-            return "deny", exc.message, item.risk, exc.details.get("rule")
-        return "invalid", exc.message, item.risk, None
-    decision = "ask" if item.needs_confirmation else "allow"
-    return decision, item.policy_reason, item.risk, item.policy_rule
-
-
-def replan(
-    item: PreparedCall,
-    arguments: msgspec.Raw,
-    registry: Registry,
-    sandbox: Sandbox,
-    config: Config,
-    *,
-    identity: Identity,
-    client_name: str,
-) -> None:
-    """Re-plan a call with arguments a person supplied while approving it (seed 004):
-    decoded, validated and sandbox-checked like the original; a policy deny still denies,
-    an ask does not ask again (the person has just answered). Errors become its result."""
-    call = ToolCall(call_id=item.call_id, name=item.name, arguments=arguments)
-    item.resolved = {}
-    try:
-        _check(
-            item,
-            call,
-            seen=set(),
-            registry=registry,
-            sandbox=sandbox,
-            config=config,
-            identity=identity,
-            client_name=client_name,
-            approved=True,
-        )
-    except ToolError as exc:
-        item.result = None
-        item.denial = results.failure(call.call_id, exc)
+        verdict = policy.evaluate(facts, self.identity, self.client_name, tools.approval)
+        item.risk = verdict.risk
+        if verdict.decision == "deny":
+            raise ToolError(
+                ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}", rule=verdict.rule
+            )
+        granted = verdict.decision == "ask" and grant_key(item) in self.grants
+        item.needs_confirmation = verdict.decision == "ask" and not approved and not granted
+        item.policy_reason = "allowed for this session by an earlier answer" if granted else verdict.reason
+        item.policy_rule = verdict.rule
 
 
 def grant_key(item: PreparedCall) -> str:

@@ -294,16 +294,7 @@ class Service:
             )
             return
         batch_id = message.batch_id or secrets.token_hex(12)
-        calls = planner.plan(
-            message.calls,
-            self.registry,
-            self.sandbox,
-            self.config,
-            identity=session.identity,
-            client_name=session.client_name,
-            turn_iteration=self._count_turn(session, message.turn_id),
-            grants=frozenset(session.grants),
-        )
+        calls = self._planner(session).plan(message.calls, turn_iteration=self._count_turn(session, message.turn_id))
         batch = Batch(
             batch_id=batch_id,
             identity=session.identity,
@@ -432,6 +423,17 @@ class Service:
         finally:
             session.running -= 1
 
+    def _planner(self, session: Session) -> planner.Planner:
+        """Plans as this session: its identity, its client name, its grants, today's policy."""
+        return planner.Planner(
+            self.registry,
+            self.sandbox,
+            self.config,
+            session.identity,
+            session.client_name,
+            frozenset(session.grants),
+        )
+
     # ------------------------------------------------------------------ confirmations
 
     async def _confirm_batch(self, session: Session, batch: Batch, emit: Callable[[msgspec.Struct], None]) -> None:
@@ -513,15 +515,7 @@ class Service:
             call.needs_confirmation = False
             modified = answer.modified_arguments.get(call.call_id)
             if modified is not None:
-                planner.replan(
-                    call,
-                    modified,
-                    self.registry,
-                    self.sandbox,
-                    self.config,
-                    identity=batch.identity,
-                    client_name=session.client_name,
-                )
+                self._planner(session).replan(call, modified)
             if answer.remember_for_session and call.denial is None:
                 key = planner.grant_key(call)
                 if key:
@@ -619,14 +613,7 @@ class Service:
 
     def _explain(self, session: Session, message: ExplainPolicy) -> None:
         call = ToolCall(call_id="explain", name=message.name, arguments=message.arguments)
-        decision, reason, risk, rule = planner.explain(
-            call,
-            self.registry,
-            self.sandbox,
-            self.config,
-            identity=session.identity,
-            client_name=session.client_name,
-        )
+        decision, reason, risk, rule = self._planner(session).explain(call)
         self._reply(
             session,
             PolicyExplanation(
@@ -754,14 +741,9 @@ class Service:
             self.batches.pop(stored.batch_id, None)
             self._reply(session, Ack(id=message.id))
             return
-        calls = planner.plan(
-            [c.tool_call() for c in stored.calls],
-            self.registry,
-            self.sandbox,
-            self.config,
-            identity=stored.identity,
-            client_name=stored.client_name,
-        )
+        # Planned as the batch's original owner and client, under today's policy.
+        owner = planner.Planner(self.registry, self.sandbox, self.config, stored.identity, stored.client_name)
+        calls = owner.plan([c.tool_call() for c in stored.calls])
         for call in calls:
             recorded = stored.results[call.index]
             if recorded is None and call.result is not None:

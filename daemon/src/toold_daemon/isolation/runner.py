@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -45,6 +46,16 @@ _encoder = msgspec.msgpack.Encoder()
 
 class ChildFailed(ToolError):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Child:
+    """A started child: whoever holds this must kill it (by pid and token) and remove temp."""
+
+    pid: int
+    read_end: int
+    token: str
+    temp: str
 
 
 class SpawnRunner:
@@ -95,11 +106,10 @@ class SpawnRunner:
             return await trio.to_thread.run_sync(tool.run, args, ctx)
         command = tool.command(args, ctx)
         if command is not None and command.background:
-            return await self._start_background(tool, args, ctx, identity)
-        own_privilege = identity.uid in (self._euid, 0) and (self._euid != 0 or identity.uid == 0)
-        if not tool.side_effecting and own_privilege:
+            return await self._start_background(tool, args, ctx, identity, command)
+        if not tool.side_effecting and self._own_privilege(identity):
             return await self._threads.run(tool, args, ctx, identity)
-        outcome = await self._spawn(tool, args, ctx, identity)
+        outcome = await self._spawn(tool, args, ctx, identity, command=command)
         if not outcome.ok:
             raise ToolError(
                 ToolErrorType(outcome.error_type) if outcome.error_type in _TYPES else ToolErrorType.EXECUTION_FAILED,
@@ -113,50 +123,38 @@ class SpawnRunner:
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
         """The call's diff preview, computed with the client's privileges: on a thread for
         a client of the daemon's own uid, else in a child (``preview`` request)."""
-        own_privilege = identity.uid in (self._euid, 0) and (self._euid != 0 or identity.uid == 0)
-        if own_privilege:
+        if self._own_privilege(identity):
             return await self._threads.preview(tool, args, ctx, identity)
         outcome = await self._spawn(tool, args, ctx, identity, preview=True)
         return outcome.content if outcome.ok and outcome.content else None
 
-    async def _start_background(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
+    def _own_privilege(self, identity: Identity) -> bool:
+        """Whether the client has exactly the daemon's privileges (then a thread may serve it)."""
+        return identity.uid in (self._euid, 0) and (self._euid != 0 or identity.uid == 0)
+
+    async def _start_background(
+        self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity, command: Command
+    ) -> ToolOutput:
         if self._nursery is None:
             raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "NO_JOBS", "this daemon runs no background jobs")
-        if self._euid not in (identity.uid, 0):
-            raise ToolError(
-                ToolErrorType.ISOLATION_UNAVAILABLE,
-                "ISOLATION_UNAVAILABLE",
-                f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid}",
-            )
-        token = secrets.token_hex(12)
-        temp = self._make_temp(identity)
-        request = self._request(tool, args, ctx, identity=identity, token=token, temp=temp, probe=False)
-        read_end, write_end = os.pipe()
+        child = await self._launch(tool, args, ctx, identity, command=command)
         try:
-            pid = await self._ask_spawner(request, write_end)
-        except BaseException:
-            os.close(read_end)
-            shutil.rmtree(temp, ignore_errors=True)
-            raise
-        finally:
-            os.close(write_end)
-        try:
-            job = self.jobs.add(identity.uid, tool.summary(args), pid)
+            job = self.jobs.add(identity.uid, tool.summary(args), child.pid)
         except ValueError as exc:
-            os.close(read_end)
-            await self._kill(pid, token)
-            shutil.rmtree(temp, ignore_errors=True)
+            os.close(child.read_end)
+            await self._kill(child.pid, child.token)
+            shutil.rmtree(child.temp, ignore_errors=True)
             raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "LIMITS_EXCEEDED", str(exc)) from None
 
         def kill() -> None:  # from shell_jobs' worker thread; the follower then sweeps
-            _signal_group(pid, signal.SIGKILL)
+            _signal_group(child.pid, signal.SIGKILL)
 
         job.kill = kill
         limit = tool.timeout_seconds(args) or BACKGROUND_TIMEOUT_S
-        self._nursery.start_soon(self._follow, job, read_end, token, temp, limit)
+        self._nursery.start_soon(self._follow, job, child.read_end, child.token, child.temp, limit)
         return ToolOutput(
-            f"started {job.job_id} (pid {pid}) in the background; read or kill it with shell_jobs",
-            data={"job_id": job.job_id, "pid": pid},
+            f"started {job.job_id} (pid {child.pid}) in the background; read or kill it with shell_jobs",
+            data={"job_id": job.job_id, "pid": child.pid},
         )
 
     async def _follow(self, job: Job, read_end: int, token: str, temp: str, limit: float) -> None:
@@ -190,9 +188,33 @@ class SpawnRunner:
         ctx: ToolContext,
         identity: Identity,
         *,
+        command: Command | None = None,
         probe: bool = False,
         preview: bool = False,
     ) -> Outcome:
+        """Run one call in a child and return its outcome; the child and everything it
+        started are killed, and its temp dir removed, whatever ends the wait."""
+        child = await self._launch(tool, args, ctx, identity, command=command, probe=probe, preview=preview)
+        try:
+            return await self._collect(child.read_end, ctx)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._kill(child.pid, child.token)
+            shutil.rmtree(child.temp, ignore_errors=True)
+
+    async def _launch(
+        self,
+        tool: Tool[Any],
+        args: Any,
+        ctx: ToolContext,
+        identity: Identity,
+        *,
+        command: Command | None,
+        probe: bool = False,
+        preview: bool = False,
+    ) -> _Child:
+        """Start a child for one call: its token, temp dir, cgroup and channel. On failure
+        nothing is left behind; on success the caller owns killing and cleaning up."""
         if self._euid not in (identity.uid, 0):
             raise ToolError(
                 ToolErrorType.ISOLATION_UNAVAILABLE,
@@ -201,25 +223,29 @@ class SpawnRunner:
             )
         token = secrets.token_hex(12)
         temp = self._make_temp(identity)
+        isolation = self.config.tools.isolation
+        group = self.cgroups.create(
+            token, pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
+        )
+        if group:
+            self._cgroup_of[token] = group
+        read_end, write_end = os.pipe()
         try:
-            request = self._request(tool, args, ctx, identity=identity, token=token, temp=temp, probe=probe)
+            request = self._request(
+                tool, args, ctx, identity=identity, token=token, temp=temp, group=group, command=command, probe=probe
+            )
             if preview:
-                request = msgspec.structs.replace(request, preview=True, argv=[])
-            read_end, write_end = os.pipe()
-            try:
-                pid = await self._ask_spawner(request, write_end)
-            except BaseException:
-                os.close(read_end)
-                raise
-            finally:
-                os.close(write_end)
-            try:
-                return await self._collect(read_end, ctx)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await self._kill(pid, token)
-        finally:
+                request = msgspec.structs.replace(request, preview=True)
+            pid = await self._ask_spawner(request, write_end)
+        except BaseException:
+            os.close(read_end)
             shutil.rmtree(temp, ignore_errors=True)
+            if self._cgroup_of.pop(token, ""):
+                cgroup.remove(group)
+            raise
+        finally:
+            os.close(write_end)
+        return _Child(pid, read_end, token, temp)
 
     def _uid_base(self, identity: Identity) -> str:
         """``<base>/u<uid>``, 0700 and owned by that uid: the one temp path its children may
@@ -238,10 +264,19 @@ class SpawnRunner:
         return temp
 
     def _request(
-        self, tool: Tool[Any], args: Any, ctx: ToolContext, *, identity: Identity, token: str, temp: str, probe: bool
+        self,
+        tool: Tool[Any],
+        args: Any,
+        ctx: ToolContext,
+        *,
+        identity: Identity,
+        token: str,
+        temp: str,
+        group: str,
+        command: Command | None,
+        probe: bool,
     ) -> SpawnRequest:
         isolation = self.config.tools.isolation
-        command: Command | None = None if probe else tool.command(args, ctx)
         home, user = _home_and_user(identity.uid)
         env = child_environment(
             os.environ,
@@ -253,11 +288,6 @@ class SpawnRunner:
         # to pass; only injection hooks (LD_PRELOAD, BASH_ENV, ...) are refused.
         env.update({k: v for k, v in (command.env if command else {}).items() if not is_injection(k)})
         env[sweeping.TOKEN_VARIABLE] = token  # set last: the sweep depends on it
-        group = self.cgroups.create(
-            token, pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
-        )
-        if group:
-            self._cgroup_of[token] = group
         argv = [a.replace("{tmp}", temp) for a in command.argv] if command else []
         limits = Limits(
             cpu_seconds=isolation.cpu_seconds,
