@@ -420,3 +420,20 @@ def test_per_call_cgroup_kills_an_escapee_that_cleared_its_environment(client: C
     time.sleep(0.3)
     assert alive_with(marker) == []
     assert not [d for d in Path(layers["cgroup"].detail.split("under ")[1].split(";")[0]).iterdir() if d.is_dir()]
+
+
+def test_a_command_gets_no_descriptor_but_its_own_three(client: Client) -> None:
+    """The channel to the daemon stays with the supervisor: a command cannot forge results."""
+    result = shell(client, "ls /proc/$$/fd; for fd in 3 4 5 6 7 8 9; do echo forged >&$fd; done 2>/dev/null; echo end")
+    assert result.ok, result.content
+    assert result.content.split("\n")[:4] == ["0", "1", "2", "end"]
+
+
+def test_garbage_on_the_channel_is_a_typed_failure() -> None:
+    from toold_daemon.isolation.runner import ChildFailed, _decode_frames
+    from toold_daemon.isolation.wire import MAX_FRAME, FrameBuffer
+
+    with pytest.raises(ChildFailed, match="malformed message"):
+        _decode_frames(FrameBuffer(), (5).to_bytes(4, "big") + b"\xc1\xc1\xc1\xc1\xc1")
+    with pytest.raises(ChildFailed, match="over the limit"):
+        _decode_frames(FrameBuffer(), (MAX_FRAME + 1).to_bytes(4, "big"))

@@ -33,6 +33,9 @@ def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int)
     """Never returns: confines itself, does the work, writes the outcome, exits."""
     code = 0
     try:
+        # fds received with SCM_RIGHTS are inheritable: the command must not get the
+        # channel, or it could write forged frames (a fake outcome) to the daemon.
+        os.set_inheritable(channel, False)
         try:
             layers = confine(request, [channel], spawner_pid, work.landlock)
         except ConfinementFailed as exc:

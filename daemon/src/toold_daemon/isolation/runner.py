@@ -166,14 +166,15 @@ class SpawnRunner:
             with trio.move_on_after(limit):
                 async with trio.lowlevel.FdStream(read_end) as stream:
                     while data := await stream.receive_some(65536):
-                        for body in buffer.feed(data):
-                            message = child_decoder.decode(body)
+                        for message in _decode_frames(buffer, data):
                             if isinstance(message, Chunk):
                                 job.add_output(message.data, keep)
                             elif isinstance(message, Outcome):
                                 exit_code = (message.data or {}).get("exit_code")
                                 job.exit_code = exit_code if isinstance(exit_code, int) else None
                                 job.state = "exited"
+        except ChildFailed as exc:  # garbage on the channel: end the job, never the daemon
+            job.add_output(f"\n[toold: {exc.message}]\n", keep)
         finally:
             with trio.CancelScope(shield=True):
                 await self._kill(job.pid, token)
@@ -364,8 +365,7 @@ class SpawnRunner:
                     break
                 chunks: list[Chunk] = []
                 outcome: Outcome | None = None
-                for body in buffer.feed(data):
-                    message = child_decoder.decode(body)
+                for message in _decode_frames(buffer, data):
                     if isinstance(message, Outcome):
                         outcome = message
                         break
@@ -436,6 +436,16 @@ class SpawnRunner:
 
 _TYPES = {t.value for t in ToolErrorType}
 _COALESCE_CHARS = 64 * 1024
+
+
+def _decode_frames(buffer: FrameBuffer, data: bytes) -> list[Chunk | Outcome]:
+    """The child's messages in ``data``; a malformed channel is a typed ChildFailed."""
+    try:
+        return [child_decoder.decode(body) for body in buffer.feed(data)]
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise ChildFailed(
+            ToolErrorType.EXECUTION_FAILED, "CHILD_PROTOCOL", f"Tool failed: malformed message from the child: {exc}"
+        ) from None
 
 
 def _coalesce(chunks: list[Chunk]) -> list[tuple[str, str, int]]:
