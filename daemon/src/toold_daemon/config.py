@@ -175,6 +175,12 @@ class DaemonConfig(_Section, frozen=True):
     max_sessions: PositiveInt = 1024
     finished_batches_kept: PositiveInt = 1000
     shutdown_grace_seconds: Annotated[float, Meta(ge=0, le=600)] = 5.0
+    # When the client that submitted a batch disconnects: cancel what it still runs or
+    # waits on (kill its commands), or let the batch finish (results stay in the journal).
+    on_client_disconnect: Literal["cancel", "finish"] = "cancel"
+    # Frames queued for one client that stopped reading; past this the client is treated
+    # as disconnected and told so once (BACKLOG_OVERFLOW).
+    max_peer_backlog_bytes: Annotated[int, Meta(ge=1 << 20)] = 16 << 20
     # A separate policy file (the keys of [tools.approval] at top level, rules as [[rules]]);
     # when set it replaces [tools.approval]. Relative to this file's directory.
     policy_file: str = ""

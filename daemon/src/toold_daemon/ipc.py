@@ -13,6 +13,13 @@ before the ROUTER. For ipc peers libzmq passes ``Address`` = ``localhost:UID:GID
 frame from the peer then carries it as ``User-Id``. A peer without such an address
 (tcp) is refused.
 
+Vanished peers. libzmq tells a ROUTER nothing when a peer disconnects, so each peer's
+connection is remembered as the (fd, inode) its first frame came from (``ZMQ_SRCFD``),
+and a watcher checks those every :data:`PEER_CHECK_SECONDS`: a closed fd, or one now
+holding another socket, means the peer is gone. A connection's fd cannot be reused while
+it is open, so a live peer is never taken for gone; a peer whose fd was reused before
+its first frame was read is only noticed late (when the newer connection closes).
+
 One daemon per socket. ``bind`` on an ipc path silently unlinks an existing socket,
 so an exclusive ``flock`` on ``<socket>.lock`` is taken first.
 """
@@ -40,6 +47,8 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"toold"
 _PEER_ADDRESS = re.compile(r"^(?:localhost:)?(\d+):(\d+):(\d+)$")
 _RETRY_BLOCKED_SECONDS = 0.005
+PEER_CHECK_SECONDS = 0.2
+_LIBZMQ_FRAMES_PER_PEER = 64
 
 
 class EndpointInUse(Exception):
@@ -50,8 +59,9 @@ class EndpointInUse(Exception):
 class Inbound:
     peer: bytes
     identity: Identity
-    frame: bytes | None  # None: the peer is gone (a send to it found no route)
+    frame: bytes | None  # None: the peer is gone, or stopped reading (see ``overflowed``)
     parts: int = 1
+    overflowed: bool = False  # its backlog passed the bound: dropped, further frames discarded
 
 
 FrameHandler = Callable[[Inbound], None]
@@ -70,18 +80,22 @@ def ipc_path(endpoint: str) -> Path | None:
 
 
 class IpcServer:
-    def __init__(self, endpoint: str, *, hard_max_frame_bytes: int) -> None:
+    def __init__(self, endpoint: str, *, hard_max_frame_bytes: int, max_backlog_bytes: int = 16 << 20) -> None:
         self.endpoint = endpoint
         self._handler: FrameHandler | None = None
         self._hard_max = hard_max_frame_bytes
+        self._max_backlog = max_backlog_bytes
         self._ctx = zmq.Context()
         self._router: zmq.Socket[bytes] | None = None
         self._zap: zmq.Socket[bytes] | None = None
         self._lock_fd: int | None = None
         self._outbox: dict[bytes, collections.deque[bytes]] = {}
+        self._backlog: dict[bytes, int] = {}  # bytes queued in _outbox, per peer
+        self._overflowed: set[bytes] = set()  # frames to these are discarded until they send again
         self._blocked: set[bytes] = set()
         self._wake: trio.CancelScope | None = None
         self._identities: dict[bytes, Identity] = {}
+        self._connections: dict[bytes, tuple[int, int]] = {}  # peer -> (fd, inode) of its socket
         self.closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -99,7 +113,9 @@ class IpcServer:
         router.zap_domain = ZAP_DOMAIN
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.setsockopt(zmq.MAXMSGSIZE, self._hard_max)
-        router.setsockopt(zmq.SNDHWM, 10_000)
+        # Few frames wait inside libzmq per peer (its bound counts frames, not bytes); the
+        # rest wait in our outbox, whose bound counts bytes (max_backlog_bytes).
+        router.setsockopt(zmq.SNDHWM, _LIBZMQ_FRAMES_PER_PEER)
         router.setsockopt(zmq.RCVHWM, 10_000)
         router.linger = 1000
         router.bind(self.endpoint)
@@ -124,9 +140,9 @@ class IpcServer:
 
     def forget(self, peer: bytes) -> None:
         """Drop what is queued for a peer the handler no longer serves."""
-        self._outbox.pop(peer, None)
-        self._blocked.discard(peer)
+        self._drop_queue(peer)
         self._identities.pop(peer, None)
+        self._connections.pop(peer, None)
 
     def close(self) -> None:
         """Close sockets (flushing for up to the linger time), remove the socket file, drop the lock."""
@@ -151,12 +167,39 @@ class IpcServer:
     # ------------------------------------------------------------------ sending
 
     def send(self, peer: bytes, frame: bytes) -> None:
-        """Queue a frame for ``peer``. Never blocks; the pump sends it."""
-        if self.closed:
+        """Queue a frame for ``peer``. Never blocks; the pump sends it.
+
+        A peer that stops reading while frames keep coming would grow its queue without
+        end, so past ``max_backlog_bytes`` the queue is dropped and the handler told (as
+        for a vanished peer, with ``overflowed``). What the handler sends while told still
+        goes out (its notice to the peer); later frames are discarded until the peer
+        sends again, which shows it is back to reading.
+        """
+        if self.closed or peer in self._overflowed:
+            return
+        queued = self._backlog.get(peer, 0)
+        backlog = queued + len(frame)
+        if queued and backlog > self._max_backlog:  # one big reply alone always goes
+            self._overflow(peer)
             return
         self._outbox.setdefault(peer, collections.deque()).append(frame)
+        self._backlog[peer] = backlog
         if self._wake is not None:
             self._wake.cancel()
+
+    def _overflow(self, peer: bytes) -> None:
+        log.warning("peer %r stopped reading: dropped %d queued bytes", peer, self._backlog.get(peer, 0))
+        self._drop_queue(peer)
+        identity = self._identities.pop(peer, None)
+        self._connections.pop(peer, None)
+        if identity is not None:
+            self._dispatch(Inbound(peer, identity, None, overflowed=True))
+        self._overflowed.add(peer)
+
+    def _drop_queue(self, peer: bytes) -> None:
+        self._outbox.pop(peer, None)
+        self._backlog.pop(peer, None)
+        self._blocked.discard(peer)
 
     def pending(self) -> int:
         return sum(len(q) for q in self._outbox.values())
@@ -166,7 +209,7 @@ class IpcServer:
         if router is None:
             return
         for peer in list(self._outbox):
-            queue = self._outbox[peer]
+            queue = self._outbox.get(peer)  # a handler told of a gone peer may have dropped others
             while queue:
                 try:
                     router.send_multipart([peer, queue[0]], flags=zmq.NOBLOCK, copy=False)
@@ -175,17 +218,21 @@ class IpcServer:
                     break
                 except zmq.ZMQError as exc:
                     if exc.errno == zmq.EHOSTUNREACH:
-                        queue.clear()  # the peer is gone: tell the handler once
-                        identity = self._identities.pop(peer, None)
-                        if identity is not None:
-                            self._dispatch(Inbound(peer, identity, None))
+                        self._peer_gone(peer)
                         break
                     raise
-                queue.popleft()
+                self._backlog[peer] -= len(queue.popleft())
                 self._blocked.discard(peer)
-            if not queue:
-                del self._outbox[peer]
-                self._blocked.discard(peer)
+            if queue is not None and not queue and self._outbox.get(peer) is queue:
+                self._drop_queue(peer)
+
+    def _peer_gone(self, peer: bytes) -> None:
+        """Drop what is queued for a vanished peer and tell the handler, once."""
+        self._drop_queue(peer)
+        self._connections.pop(peer, None)
+        identity = self._identities.pop(peer, None)
+        if identity is not None:
+            self._dispatch(Inbound(peer, identity, None))
 
     # ------------------------------------------------------------------ pumps
 
@@ -196,6 +243,7 @@ class IpcServer:
         self._handler = handler
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._zap_loop)
+            nursery.start_soon(self._watch_peers)
             task_status.started()
             await self._pump()
 
@@ -227,6 +275,7 @@ class IpcServer:
             except zmq.Again:
                 return
             peer = frames[0].bytes
+            self._overflowed.discard(peer)
             identity = self._identities.get(peer)
             if identity is None:
                 user_id = frames[1].get("User-Id") if len(frames) > 1 else None
@@ -234,8 +283,36 @@ class IpcServer:
                 if identity is None:
                     continue  # cannot happen after ZAP accepted the peer; refuse silently
                 self._identities[peer] = identity
+                self._remember_connection(peer, frames[0])
             frame = frames[1].bytes if len(frames) > 1 else b""
             self._dispatch(Inbound(peer, identity, frame, parts=len(frames) - 1))
+
+    def _remember_connection(self, peer: bytes, frame: zmq.Frame) -> None:
+        fd = frame.get(zmq.SRCFD)
+        if not isinstance(fd, int) or fd < 0:
+            return  # not from a socket fd (inproc): nothing to watch
+        try:
+            self._connections[peer] = (fd, os.fstat(fd).st_ino)
+        except OSError:
+            self._connections[peer] = (fd, -1)  # closed before we read its frame: gone
+
+    def vanished_peers(self) -> list[bytes]:
+        """Peers whose socket is closed, or whose fd now holds another socket."""
+        gone = []
+        for peer, (fd, inode) in self._connections.items():
+            try:
+                alive = os.fstat(fd).st_ino == inode
+            except OSError:
+                alive = False
+            if not alive:
+                gone.append(peer)
+        return gone
+
+    async def _watch_peers(self) -> None:
+        while True:
+            await trio.sleep(PEER_CHECK_SECONDS)
+            for peer in self.vanished_peers():
+                self._peer_gone(peer)
 
     def _dispatch(self, inbound: Inbound) -> None:
         assert self._handler is not None

@@ -129,7 +129,11 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
 
     runner = await build_runner(config, options)
     executor = Executor(runner, sandbox, config, journal)
-    ipc = IpcServer(endpoint, hard_max_frame_bytes=config.daemon.max_frame_bytes * 4)
+    ipc = IpcServer(
+        endpoint,
+        hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
+        max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
+    )
     service = Service(
         config=config,
         registry=registry,

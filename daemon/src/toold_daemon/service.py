@@ -135,7 +135,7 @@ class Service:
 
     def handle(self, inbound: Inbound) -> None:
         if inbound.frame is None:
-            self._disconnected(inbound.peer)
+            self._disconnected(inbound.peer, overflowed=inbound.overflowed)
             return
         daemon = self.config.daemon
         if inbound.parts != 1:
@@ -176,8 +176,8 @@ class Service:
 
     def _session(self, inbound: Inbound) -> Session | None:
         """The peer's session, created on its first message. ``sessions`` is kept in
-        least-recently-seen order: libzmq does not report disconnects, so when the table
-        is full the idle session seen longest ago makes room."""
+        least-recently-seen order: when the table is full the idle session seen longest
+        ago makes room (a peer that went away is dropped by the ipc watcher anyway)."""
         session = self.sessions.pop(inbound.peer, None)
         if session is None:
             if len(self.sessions) >= self.config.daemon.max_sessions and not self._evict_idle_session():
@@ -199,12 +199,31 @@ class Service:
                 return True
         return False
 
-    def _disconnected(self, peer: bytes) -> None:
-        # Running batches go on; their results stay available through get_batch.
+    def _disconnected(self, peer: bytes, *, overflowed: bool = False) -> None:
+        """The peer closed its socket, or stopped reading (``overflowed``): end its session.
+
+        ``on_client_disconnect = "cancel"`` cancels the batches it submitted that have not
+        finished (their commands are killed, pending confirmations denied); ``"finish"``
+        lets them run. Either way the results are journaled and ``get_batch`` serves them.
+        """
         session = self.sessions.pop(peer, None)
         self.confirmations.approvers.pop(peer, None)
-        if session is not None:
-            self.executor.reads.forget(session.session_id)
+        if session is None:
+            return
+        self.executor.reads.forget(session.session_id)
+        why = "stopped reading its events" if overflowed else "disconnected"
+        if self.config.daemon.on_client_disconnect == "cancel":
+            for batch in self.batches.values():
+                if batch.session_id == session.session_id and not batch.done.is_set():
+                    batch.cancel(f"the client {why}")
+        if overflowed:
+            self._error(
+                peer,
+                None,
+                ProtocolErrorCode.BACKLOG_OVERFLOW,
+                f"more than {self.config.daemon.max_peer_backlog_bytes} bytes waited for this client; "
+                "its queued events were dropped and its session ended (results stay available by get_batch)",
+            )
 
     def _dispatch(self, session: Session, message: ClientMessage) -> None:
         match message:
