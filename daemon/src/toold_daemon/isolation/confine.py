@@ -48,15 +48,19 @@ def confine(request: SpawnRequest, keep_fds: list[int], parent_pid: int, landloc
         signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     layers["privilege"] = _drop_identity(request.uid, request.gid)
-    layers["network"] = _cut_network(request) if not request.network else "on (network allowed for this call)"
+    namespace = _cut_network(request) if not request.network else ""
     kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
     layers["no_new_privs"] = "on"
     _set_limits(request.limits)
     layers["rlimits"] = "on"
     layers["landlock"] = _apply_landlock(landlock)
-    layers["seccomp"] = _seccomp(request, network_cut=layers["network"].startswith("on"))
-    if not request.network and not layers["network"].startswith("on") and layers["seccomp"] == "on":
-        layers["network"] = "on (cut off: seccomp allows AF_UNIX sockets only)"
+    layers["seccomp"] = _seccomp(request, network_cut=namespace.startswith("on"))
+    layers["network"] = network_report(
+        allowed=request.network,
+        namespace=namespace,
+        seccomp=layers["seccomp"],
+        landlock_tcp=layers["landlock"].startswith("on") and landlock_cuts_tcp(request.network),
+    )
     for name in request.require:
         if not layers.get(name, "off").startswith("on"):
             raise ConfinementFailed(f"required isolation layer {name!r} is off: {layers.get(name, 'unknown layer')}")
@@ -117,6 +121,26 @@ def _cut_network(request: SpawnRequest) -> str:
         return f"off: network namespace refused ({exc.strerror})"
 
 
+def network_report(*, allowed: bool, namespace: str, seccomp: str, landlock_tcp: bool) -> str:
+    """Which layer cut the network, best first: a network namespace (nothing reachable),
+    seccomp (no socket but AF_UNIX), Landlock (TCP only: UDP still leaves). Never silent."""
+    if allowed:
+        return "on (network allowed for this call)"
+    if namespace.startswith("on"):
+        return namespace
+    if seccomp == "on":
+        return "on (cut off: seccomp allows AF_UNIX sockets only)"
+    if landlock_tcp:
+        return "on (partial: Landlock forbids TCP bind/connect; UDP is not cut)"
+    return f"{namespace}; seccomp {seccomp}; Landlock TCP rules unavailable"
+
+
+def landlock_cuts_tcp(network_allowed: bool) -> bool:
+    """Rulesets for calls without network also forbid TCP where Landlock can (ABI 4): the
+    last fallback, and harmless behind a network namespace or the seccomp filter."""
+    return not network_allowed and kernel.landlock_denies_tcp(kernel.landlock_abi())
+
+
 def _write(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
@@ -140,13 +164,15 @@ def _set_limits(limits: Limits) -> None:
         resource.setrlimit(which, (cap, cap))
 
 
-def landlock_ruleset(roots: list[str], writable: list[str]) -> int | str:
+def landlock_ruleset(roots: list[str], writable: list[str], *, network: bool) -> int | str:
     """Build the ruleset for these roots (in the spawner, cached): a fd, or why not."""
     abi = kernel.landlock_abi()
     if abi == 0:
         return "off: the kernel has no Landlock (needs Linux 5.13 with landlock in the LSM list)"
     try:
-        return kernel.landlock_ruleset(landlock_rules(roots, writable, abi), abi)
+        return kernel.landlock_ruleset(
+            landlock_rules(roots, writable, abi), abi, deny_tcp=landlock_cuts_tcp(network)
+        )
     except OSError as exc:
         return f"off: Landlock refused the ruleset ({exc.strerror})"
 

@@ -46,6 +46,9 @@ FS_REFER = 1 << 13  # ABI 2
 FS_TRUNCATE = 1 << 14  # ABI 3
 FS_IOCTL_DEV = 1 << 15  # ABI 5
 
+NET_BIND_TCP = 1 << 0  # ABI 4
+NET_CONNECT_TCP = 1 << 1  # ABI 4
+
 READ = FS_READ_FILE | FS_READ_DIR
 READ_EXEC = READ | FS_EXECUTE
 
@@ -96,12 +99,20 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def landlock_ruleset(rules: list[tuple[str, int]], abi: int) -> int:
+def landlock_denies_tcp(abi: int) -> bool:
+    """Whether a ruleset can forbid TCP bind/connect (ABI 4, Linux 6.7)."""
+    return abi >= 4
+
+
+def landlock_ruleset(rules: list[tuple[str, int]], abi: int, *, deny_tcp: bool = False) -> int:
     """A ruleset fd granting ``rules`` (path, rights) and denying every other handled right.
-    Paths that do not exist are skipped; a right the ABI lacks is dropped. Building one
-    costs about a millisecond, so the spawner builds it once and children only apply it."""
+    Paths that do not exist are skipped; a right the ABI lacks is dropped. With
+    ``deny_tcp`` (and ABI 4) TCP bind and connect are handled with no port allowed.
+    Building one costs about a millisecond, so the spawner builds it once and children
+    only apply it."""
     handled = fs_access_for_abi(abi)
-    attr = _RulesetAttr(handled, 0)
+    net = NET_BIND_TCP | NET_CONNECT_TCP if deny_tcp and landlock_denies_tcp(abi) else 0
+    attr = _RulesetAttr(handled, net)
     ruleset = _check(
         _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(8 * 2 if abi >= 4 else 8), 0)
     )

@@ -43,7 +43,7 @@ class Preparer:
         self.tools = tools
         self._configs: OrderedDict[bytes, Config] = OrderedDict()
         self._sandboxes: OrderedDict[tuple[bytes, tuple[str, ...]], Sandbox | str] = OrderedDict()
-        self._rulesets: OrderedDict[tuple[tuple[str, ...], tuple[str, ...]], int | str] = OrderedDict()
+        self._rulesets: OrderedDict[tuple[tuple[str, ...], tuple[str, ...], bool], int | str] = OrderedDict()
         if kernel.seccomp_supported() is None:
             kernel.seccomp_program(unix_sockets_only=True)
             kernel.seccomp_program(unix_sockets_only=False)
@@ -57,7 +57,7 @@ class Preparer:
         config = self._config(request.config) if request.config else None
         args = msgspec.msgpack.decode(request.args, type=tool.args_type) if tool is not None else None
         sandbox = self._sandbox(request.config, config, request.roots) if config is not None else None
-        return Work(tool, args, config, sandbox, self._ruleset(request.roots, request.writable))
+        return Work(tool, args, config, sandbox, self._ruleset(request.roots, request.writable, request.network))
 
     def _config(self, data: bytes) -> Config:
         return _cached(self._configs, data, lambda: msgspec.msgpack.decode(data, type=Config))
@@ -71,13 +71,13 @@ class Preparer:
 
         return _cached(self._sandboxes, (key, tuple(roots)), build)
 
-    def _ruleset(self, roots: list[str], writable: list[str]) -> int | str:
-        key = (tuple(roots), tuple(writable))
+    def _ruleset(self, roots: list[str], writable: list[str], network: bool) -> int | str:
+        key = (tuple(roots), tuple(writable), network)
         if key not in self._rulesets and len(self._rulesets) >= _CACHE_SIZE:
             _, old = self._rulesets.popitem(last=False)
             if isinstance(old, int):
                 os.close(old)
-        return _cached(self._rulesets, key, lambda: landlock_ruleset(roots, writable))
+        return _cached(self._rulesets, key, lambda: landlock_ruleset(roots, writable, network=network))
 
 
 def _cached(cache: OrderedDict[K, V], key: K, build: Callable[[], V]) -> V:
