@@ -170,9 +170,7 @@ def landlock_ruleset(roots: list[str], writable: list[str], *, network: bool) ->
     if abi == 0:
         return "off: the kernel has no Landlock (needs Linux 5.13 with landlock in the LSM list)"
     try:
-        return kernel.landlock_ruleset(
-            landlock_rules(roots, writable, abi), abi, deny_tcp=landlock_cuts_tcp(network)
-        )
+        return kernel.landlock_ruleset(landlock_rules(roots, writable, abi), abi, deny_tcp=landlock_cuts_tcp(network))
     except OSError as exc:
         return f"off: Landlock refused the ruleset ({exc.strerror})"
 
