@@ -63,7 +63,7 @@ def test_a_killed_client_has_its_running_command_killed(tmp_path: Path, root: Pa
     try:
         marker = f"35{uuid.uuid4().int % 10**6:06d}"
         proc, batch_id = submit_from_a_doomed_client(daemon, f"echo begun; sleep {marker}")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15
         while not alive_with(marker) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert alive_with(marker), "the command never started"
@@ -77,7 +77,7 @@ def test_a_killed_client_has_its_running_command_killed(tmp_path: Path, root: Pa
         assert result.error is not None and result.error.type == "Cancelled"
         assert "disconnected" in result.error.message
         assert "begun" in result.content  # the partial output is kept
-        assert noticed < 2.0
+        assert noticed < 5.0  # checked every 0.2 s; the margin is for a loaded CI machine
         time.sleep(0.2)
         assert alive_with(marker) == []
         with daemon.client() as other:  # and everyone else is still served

@@ -133,6 +133,9 @@ class IsolationConfig(_Section, frozen=True):
     # A cgroup v2 per call where the daemon may create them (cgroup.kill; pids/memory limits
     # when those controllers are delegated). false: process group and token sweep only.
     cgroups: bool = True
+    # Start commands (shell, run_code) from a pre-confined zygote per uid/roots/network by
+    # posix_spawn, instead of forking and confining a fresh child for each. false: fork.
+    zygotes: bool = True
 
 
 class ReadFileConfig(_Section, frozen=True):

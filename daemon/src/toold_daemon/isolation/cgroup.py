@@ -75,11 +75,12 @@ class Cgroups:
         limits = ", ".join(sorted(self.controllers & {"pids", "memory"})) or "no pids/memory controller"
         return f"on (per-call cgroups under {self.base}; cgroup.kill; limits: {limits})"
 
-    def create(self, token: str, *, pids_max: int, memory_max: int) -> str:
-        """A fresh cgroup for one call (its path), or "" when it cannot be made."""
+    def create(self, name: str, *, pids_max: int, memory_max: int) -> str:
+        """A fresh cgroup (``call-<token>`` for one call, ``zygote-<id>`` for a zygote
+        between spawns): its path, or "" when it cannot be made."""
         if not self.base:
             return ""
-        path = os.path.join(self.base, f"call-{token}")
+        path = os.path.join(self.base, name)
         try:
             os.mkdir(path, 0o755)
         except OSError:
@@ -108,7 +109,7 @@ def _remove_stale(parent: str) -> None:
         base = os.path.join(parent, name)
         with contextlib.suppress(OSError):
             for call in os.listdir(base):
-                if call.startswith("call-"):
+                if call.startswith(("call-", "zygote-")):
                     kill(os.path.join(base, call))
                     remove(os.path.join(base, call))
             os.rmdir(base)
@@ -143,6 +144,11 @@ def _write(path: str, text: str) -> bool:
 def join(path: str) -> bool:
     """Move the calling process into the cgroup at ``path`` (in the child, before anything)."""
     return bool(path) and _write(os.path.join(path, "cgroup.procs"), "0")
+
+
+def move(pid: int, path: str) -> bool:
+    """Move another process (a zygote) into the cgroup at ``path``."""
+    return _write(os.path.join(path, "cgroup.procs"), str(pid))
 
 
 def kill(path: str) -> None:

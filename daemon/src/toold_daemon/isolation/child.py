@@ -41,6 +41,11 @@ def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int)
         except ConfinementFailed as exc:
             write_frame(channel, _error("IsolationUnavailable", "ISOLATION_UNAVAILABLE", str(exc)))
             os._exit(0)
+        if request.zygote:
+            from .zygote import serve
+
+            serve(channel, layers)
+            os._exit(0)
         os.environ.clear()
         os.environ.update(request.env)
         outcome = _supervise(request, channel) if request.argv else _run_tool(request, channel, work)
@@ -132,29 +137,49 @@ def _supervise(request: SpawnRequest, channel: int) -> Outcome:
     """Run the command with its own pipes; stream, capture (bounded), enforce the idle
     timeout; then report stdout, a ``[stderr]`` section and the exit code."""
     started = time.monotonic()
+    if request.cwd:
+        os.chdir(request.cwd)  # inherited by the command; this supervisor does not care
+    pid, pipes = start_command(request, setsid=False)
+    return watch_command(request, channel, pid, pipes, started)
+
+
+def start_command(request: SpawnRequest, *, setsid: bool) -> tuple[int, dict[int, str]]:
+    """Write the call's files, then start argv with fresh stdout/stderr pipes (in the
+    current directory): (pid, {read end: stream name})."""
     for name, text in request.files.items():
         with open(os.path.join(request.temp, os.path.basename(name)), "w", encoding="utf-8") as f:
             f.write(text)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    if request.cwd:
-        os.chdir(request.cwd)  # inherited by the command; this supervisor does not care
-    # posix_spawn (vfork + exec in glibc) rather than fork: forking this Python process
-    # would copy its page tables, which costs more than the whole command often does.
-    pid = os.posix_spawn(
-        request.argv[0],
-        request.argv,
-        request.env,
-        file_actions=[
-            (os.POSIX_SPAWN_DUP2, out_w, 1),
-            (os.POSIX_SPAWN_DUP2, err_w, 2),
-        ],
-        setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD),
-    )
-    os.close(out_w)
-    os.close(err_w)
+    try:
+        # posix_spawn (vfork + exec in glibc) rather than fork: forking this Python process
+        # would copy its page tables, which costs more than the whole command often does.
+        pid = os.posix_spawn(
+            request.argv[0],
+            request.argv,
+            request.env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ],
+            setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD),
+            setsigmask=(),
+            setsid=setsid,
+        )
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return pid, {out_r: "stdout", err_r: "stderr"}
+
+
+def watch_command(request: SpawnRequest, channel: int, pid: int, pipes: dict[int, str], started: float) -> Outcome:
+    """Stream and capture a started command's output until it ends; its outcome."""
     captured = {"stdout": _Captured(request.keep_bytes), "stderr": _Captured(request.keep_bytes)}
-    status = _pump(request, channel, pid, {out_r: "stdout", err_r: "stderr"}, captured)
+    status = _pump(request, channel, pid, pipes, captured)
     elapsed_ms = round((time.monotonic() - started) * 1000, 1)
     return _command_outcome(status, captured, elapsed_ms, idle=request.idle_timeout_s)
 

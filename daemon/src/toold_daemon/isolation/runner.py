@@ -13,6 +13,7 @@ cannot change anything and a fork would cost more than the read.
 from __future__ import annotations
 
 import array
+import logging
 import os
 import pwd
 import secrets
@@ -38,7 +39,9 @@ from .cgroup import Cgroups
 from .environment import child_environment, is_injection
 from .jobs import Job, Jobs
 from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
+from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
 
+log = logging.getLogger(__name__)
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
 BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed after an hour
 _encoder = msgspec.msgpack.Encoder()
@@ -73,6 +76,12 @@ class SpawnRunner:
         self.jobs = Jobs()
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
         self._cgroup_of: dict[str, str] = {}  # call token -> its cgroup
+        isolation = config.tools.isolation
+        self._zygotes = (
+            Zygotes(self._ask_spawner, self.cgroups, isolation.processes, isolation.address_space_mb * 1024 * 1024)
+            if isolation.zygotes
+            else None
+        )
         self._nursery: trio.Nursery | None = None
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
@@ -143,10 +152,11 @@ class SpawnRunner:
         except ValueError as exc:
             os.close(child.read_end)
             await self._kill(child.pid, child.token)
-            shutil.rmtree(child.temp, ignore_errors=True)
+            _remove_temp(child.temp)
             raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "LIMITS_EXCEEDED", str(exc)) from None
 
         def kill() -> None:  # from shell_jobs' worker thread; the follower then sweeps
+            job.state = "killed"  # before the signal: the outcome that follows must not say "exited"
             _signal_group(child.pid, signal.SIGKILL)
 
         job.kill = kill
@@ -172,13 +182,14 @@ class SpawnRunner:
                             elif isinstance(message, Outcome):
                                 exit_code = (message.data or {}).get("exit_code")
                                 job.exit_code = exit_code if isinstance(exit_code, int) else None
-                                job.state = "exited"
+                                if job.state == "running":
+                                    job.state = "exited"
         except ChildFailed as exc:  # garbage on the channel: end the job, never the daemon
             job.add_output(f"\n[toold: {exc.message}]\n", keep)
         finally:
             with trio.CancelScope(shield=True):
                 await self._kill(job.pid, token)
-            shutil.rmtree(temp, ignore_errors=True)
+            _remove_temp(temp)
             if job.state == "running":
                 job.state = "killed"
 
@@ -201,7 +212,7 @@ class SpawnRunner:
         finally:
             with trio.CancelScope(shield=True):
                 await self._kill(child.pid, child.token)
-            shutil.rmtree(child.temp, ignore_errors=True)
+            _remove_temp(child.temp)
 
     async def _launch(
         self,
@@ -226,7 +237,7 @@ class SpawnRunner:
         temp = self._make_temp(identity)
         isolation = self.config.tools.isolation
         group = self.cgroups.create(
-            token, pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
+            f"call-{token}", pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
         )
         if group:
             self._cgroup_of[token] = group
@@ -237,7 +248,10 @@ class SpawnRunner:
             )
             if preview:
                 request = msgspec.structs.replace(request, preview=True)
-            pid = await self._ask_spawner(request, write_end)
+            if self._zygotes is not None and request.argv:
+                pid = await self._start_command(self._zygotes, request, write_end, group)
+            else:
+                pid = await self._ask_spawner(request, write_end)
         except BaseException:
             os.close(read_end)
             shutil.rmtree(temp, ignore_errors=True)
@@ -247,6 +261,19 @@ class SpawnRunner:
         finally:
             os.close(write_end)
         return _Child(pid, read_end, token, temp)
+
+    async def _start_command(self, zygotes: Zygotes, request: SpawnRequest, write_end: int, group: str) -> int:
+        """Through the zygote of the call's kind (a posix_spawn); should that fail, through
+        a fresh child as before, after sweeping anything a dying zygote may have started."""
+        try:
+            pid, _layers = await zygotes.spawn(request, write_end, group)
+            return pid
+        except CommandNotStarted as exc:
+            log.debug("zygote could not start %s (%s); a fresh child will say why", request.argv[:1], exc)
+        except ZygoteUnavailable as exc:
+            log.warning("zygote unavailable (%s); starting a fresh child", exc)
+            sweeping.sweep(self.spawner_pid, 0, request.token)
+        return await self._ask_spawner(request, write_end)
 
     def _uid_base(self, identity: Identity) -> str:
         """``<base>/u<uid>``, 0700 and owned by that uid: the one temp path its children may
@@ -429,6 +456,8 @@ class SpawnRunner:
             await trio.sleep(0)
 
     def close(self) -> None:
+        if self._zygotes is not None:
+            self._zygotes.close()
         self._control.close()
         shutil.rmtree(self._temp_base, ignore_errors=True)
         self.cgroups.remove()
@@ -481,9 +510,25 @@ def _signal_group(pgid: int, signum: int) -> bool:
     return True
 
 
+def _remove_temp(path: str) -> None:
+    """Most calls leave their temp dir empty: rmdir is a tenth of rmtree's cost."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_users: dict[int, tuple[str, str]] = {}
+
+
 def _home_and_user(uid: int) -> tuple[str, str]:
+    """From the passwd database, remembered (each lookup reads /etc/passwd); a uid not
+    found is looked up again next time."""
+    if uid in _users:
+        return _users[uid]
     try:
         entry = pwd.getpwuid(uid)
-        return entry.pw_dir, entry.pw_name
     except KeyError:
         return "/", str(uid)
+    _users[uid] = (entry.pw_dir, entry.pw_name)
+    return _users[uid]

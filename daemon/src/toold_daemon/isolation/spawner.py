@@ -23,7 +23,7 @@ from ..tools._base import Tool
 from . import kernel
 from .child import run_child
 from .prepare import Preparer
-from .wire import Spawned, SpawnRequest, frame, read_exact
+from .wire import Spawned, SpawnRequest, frame, receive_with_fds
 
 _request_decoder = msgspec.msgpack.Decoder(SpawnRequest)
 
@@ -58,7 +58,7 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
     my_pid = os.getpid()
     preparer = Preparer(tools)
     while True:
-        received = _receive(control)
+        received = receive_with_fds(control)
         if received is None:
             return  # the daemon closed its end
         body, fds = received
@@ -92,20 +92,3 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
             run_child(request, channel, work, my_pid)
         os.close(channel)
         control.sendall(frame(Spawned(pid=pid)))
-
-
-def _receive(control: socket.socket) -> tuple[bytes, list[int]] | None:
-    """One request: the 4-byte header arrives with the attached fd, then the body."""
-    header, fds, _flags, _addr = socket.recv_fds(control, 4, 4)
-    if not header:
-        return None
-    if len(header) < 4:
-        rest = read_exact(control.fileno(), 4 - len(header))
-        if rest is None:
-            return None
-        header += rest
-    size = int.from_bytes(header, "big")
-    body = read_exact(control.fileno(), size) if size else b""
-    if body is None:
-        return None
-    return body, fds

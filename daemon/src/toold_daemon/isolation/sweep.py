@@ -64,10 +64,11 @@ def sweep_once(spawner_pid: int, leader_pid: int, token: str, killed: set[int]) 
     A process with SIGKILL pending can no longer run or fork, so once a pass finds
     nothing new, everything the call started is dead or dying. Cheap: /proc is read only
     for the spawner's descendants."""
-    try:
-        os.killpg(leader_pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if leader_pid > 0:  # 0 or less: no known leader (killpg(0) would hit our own group)
+        try:
+            os.killpg(leader_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     found = 0
     for pid in _descendants(spawner_pid):
         if pid in killed or _token_of(pid) != token:

@@ -9,6 +9,7 @@ messages while the child runs and one ``Outcome`` at the end.
 from __future__ import annotations
 
 import os
+import socket
 import struct
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     reads: dict[str, str] = {}
     preview: bool = False  # run the tool's ``preview`` (a diff) instead of ``run``
     cgroup: str = ""  # the call's cgroup, joined first thing (empty: none)
+    zygote: bool = False  # confine, then start commands sent over the channel (a socket)
 
 
 class Spawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
@@ -110,6 +112,26 @@ def read_exact(fd: int, size: int) -> bytes | None:
         parts.append(data)
         size -= len(data)
     return b"".join(parts)
+
+
+def receive_with_fds(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """One frame from a blocking socket, with the fds attached to its first bytes
+    (SCM_RIGHTS); None at end of file."""
+    header, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, 4)
+    if not header:
+        return None
+    if len(header) < _HEADER.size:
+        rest = read_exact(sock.fileno(), _HEADER.size - len(header))
+        if rest is None:
+            return None
+        header += rest
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes is over the limit")
+    body = read_exact(sock.fileno(), size) if size else b""
+    if body is None:
+        return None
+    return body, fds
 
 
 def read_frame(fd: int) -> bytes | None:

@@ -1,0 +1,194 @@
+"""The trio side of zygotes (see ``zygote``): one per kind of command, started on first
+use through the spawner, retired after a while, and asked to start each command.
+
+A kind is everything confinement depends on: uid, gid, roots, writable paths, network
+and the required layers. A zygote serves ``MAX_SPAWNS`` commands or ``MAX_AGE_S``
+seconds, whichever comes first (it is one process under the calls' rlimits, so its CPU
+time and threads add up); then its socket is closed and it exits once its last command
+has been reported. At most ``MAX_ZYGOTES`` live at once, least recently used retired
+first.
+"""
+
+from __future__ import annotations
+
+import array
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from . import cgroup
+from .wire import Outcome, Spawned, SpawnRequest, frame
+
+MAX_ZYGOTES = 8
+MAX_SPAWNS = 1000
+MAX_AGE_S = 600.0
+_READY_TIMEOUT_S = 10.0
+
+_outcome_decoder = msgspec.msgpack.Decoder(Outcome)
+_spawned_decoder = msgspec.msgpack.Decoder(Spawned)
+
+Kind = tuple[int, int, tuple[str, ...], tuple[str, ...], bool, bool, tuple[str, ...]]
+# (request for the zygote itself, its socket end to hand over) -> the zygote's pid
+StartChild = Callable[[SpawnRequest, int], Awaitable[int]]
+
+
+class ZygoteUnavailable(Exception):
+    """No zygote could serve this command (the caller falls back to a fresh child; the
+    command may have started if the zygote died mid-request, so it sweeps first)."""
+
+
+class CommandNotStarted(Exception):
+    """The zygote is fine but could not start this command (bad cwd, no such program)."""
+
+
+def kind_of(request: SpawnRequest) -> Kind:
+    return (
+        request.uid,
+        request.gid,
+        tuple(request.roots),
+        tuple(request.writable),
+        request.network,
+        request.network_namespace,
+        tuple(request.require),
+    )
+
+
+@dataclass(eq=False)
+class Zygote:
+    pid: int
+    sock: trio.socket.SocketType
+    home: str  # its own cgroup between spawns ("" without cgroups)
+    layers: dict[str, str]
+    born: float = field(default_factory=time.monotonic)
+    spawned: int = 0
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+    def worn_out(self) -> bool:
+        return self.spawned >= MAX_SPAWNS or time.monotonic() - self.born > MAX_AGE_S
+
+    async def spawn(self, request: SpawnRequest, channel_write_end: int, group: str) -> int:
+        """Start one command (in ``group`` when given); its pid, which leads its own group.
+        Shielded: once the zygote has the request, the reply must be read, and the zygote
+        must leave the call's cgroup, whatever cancels the caller."""
+        async with self.lock:
+            with trio.CancelScope(shield=True):
+                if group and not (self.home and cgroup.move(self.pid, group)):
+                    raise ZygoteUnavailable("cannot move the zygote into the call's cgroup")
+                try:
+                    await _send(self.sock, frame(request), channel_write_end)
+                    reply = _spawned_decoder.decode(await _receive_frame(self.sock))
+                finally:
+                    if group:
+                        cgroup.move(self.pid, self.home)
+        self.spawned += 1
+        if reply.error or reply.pid <= 0:
+            raise CommandNotStarted(reply.error or "no pid")
+        return reply.pid
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Zygotes:
+    def __init__(self, start_child: StartChild, cgroups: cgroup.Cgroups, pids_max: int, memory_max: int) -> None:
+        self._start_child = start_child
+        self._cgroups = cgroups
+        self._limits = (pids_max, memory_max)
+        self._pool: OrderedDict[Kind, Zygote] = OrderedDict()
+        self._starting = trio.Lock()
+        self._homes_to_remove: list[str] = []  # cgroups of retired zygotes, removed once empty
+
+    async def spawn(self, request: SpawnRequest, channel_write_end: int, group: str) -> tuple[int, dict[str, str]]:
+        """Start the command in ``request`` through the zygote of its kind: (pid, layers)."""
+        zygote = await self._zygote(request)
+        try:
+            return await zygote.spawn(request, channel_write_end, group), zygote.layers
+        except (OSError, ZygoteUnavailable, msgspec.DecodeError) as exc:
+            self._retire(kind_of(request), zygote)
+            raise ZygoteUnavailable(str(exc)) from None
+
+    async def _zygote(self, request: SpawnRequest) -> Zygote:
+        kind = kind_of(request)
+        async with self._starting:
+            zygote = self._pool.get(kind)
+            if zygote is not None and zygote.worn_out():
+                self._retire(kind, zygote)
+                zygote = None
+            if zygote is None:
+                while len(self._pool) >= MAX_ZYGOTES:
+                    oldest = next(iter(self._pool))
+                    self._retire(oldest, self._pool[oldest])
+                zygote = await self._start(request)
+                self._pool[kind] = zygote
+            self._pool.move_to_end(kind)
+            return zygote
+
+    async def _start(self, request: SpawnRequest) -> Zygote:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        home = self._cgroups.create(f"zygote-{id(ours):x}", pids_max=self._limits[0], memory_max=self._limits[1])
+        zygote_request = msgspec.structs.replace(
+            request, argv=[], env={}, files={}, zygote=True, cgroup=home, call_id="zygote", token=""
+        )
+        sock = trio.socket.from_stdlib_socket(ours)
+        try:
+            pid = await self._start_child(zygote_request, theirs.fileno())
+        except BaseException:
+            sock.close()
+            if home:
+                cgroup.remove(home)
+            raise
+        finally:
+            theirs.close()
+        zygote = Zygote(pid=pid, sock=sock, home=home, layers={})
+        try:
+            with trio.fail_after(_READY_TIMEOUT_S):
+                ready = _outcome_decoder.decode(await _receive_frame(sock))
+        except (OSError, ZygoteUnavailable, msgspec.DecodeError, trio.TooSlowError) as exc:
+            self._retire_zygote(zygote)
+            raise ZygoteUnavailable(f"the zygote did not start: {exc}") from None
+        if not ready.ok:
+            self._retire_zygote(zygote)
+            raise ZygoteUnavailable(ready.error_message)
+        zygote.layers = dict(ready.layers)
+        return zygote
+
+    def _retire(self, kind: Kind, zygote: Zygote) -> None:
+        if self._pool.get(kind) is zygote:
+            del self._pool[kind]
+        self._retire_zygote(zygote)
+
+    def _retire_zygote(self, zygote: Zygote) -> None:
+        zygote.close()  # it exits once its last command has been reported
+        if zygote.home:
+            self._homes_to_remove.append(zygote.home)
+        self._homes_to_remove = [home for home in self._homes_to_remove if not cgroup.remove(home)]
+
+    def close(self) -> None:
+        for kind, zygote in list(self._pool.items()):
+            self._retire(kind, zygote)
+
+
+async def _send(sock: trio.socket.SocketType, data: bytes, fd: int) -> None:
+    sent = await sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    while sent < len(data):
+        sent += await sock.send(data[sent:])
+
+
+async def _receive_frame(sock: trio.socket.SocketType) -> bytes:
+    header = await _receive_exact(sock, 4)
+    return await _receive_exact(sock, int.from_bytes(header, "big"))
+
+
+async def _receive_exact(sock: trio.socket.SocketType, size: int) -> bytes:
+    parts = bytearray()
+    while len(parts) < size:
+        data = await sock.recv(size - len(parts))
+        if not data:
+            raise ZygoteUnavailable("the zygote has exited")
+        parts += data
+    return bytes(parts)

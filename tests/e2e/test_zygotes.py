@@ -1,0 +1,69 @@
+"""Commands start from a pre-confined zygote: reused, never swept, replaced when it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import DaemonProcess, start_daemon
+
+CONFIG = '[tools.approval]\nallowlist = ["shell"]\n'
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    tmp = tmp_path_factory.mktemp("zygotes")
+    root = tmp / "root"
+    root.mkdir()
+    d = start_daemon(tmp, root, config=CONFIG)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def parent_of_command(daemon: DaemonProcess) -> int:
+    with daemon.client(timeout=30) as client:
+        result = client.call("shell", {"command": "echo $PPID"})
+    assert result.ok, result.content
+    return int(result.content.split()[0])
+
+
+def test_commands_of_one_kind_share_a_zygote_that_no_sweep_can_reach(daemon: DaemonProcess) -> None:
+    first, second = parent_of_command(daemon), parent_of_command(daemon)
+    assert first == second  # the same zygote started both
+    zygote = psutil.Process(first)
+    assert zygote.ppid() in [c.pid for c in psutil.Process(daemon.proc.pid).children()]  # a spawner child
+    assert "TOOLD_CALL" not in zygote.environ()  # so no call's sweep matches it
+    assert os.getpgid(first) != os.getpgid(daemon.proc.pid)
+    with daemon.client() as client:  # a command's group is its own, not the zygote's
+        group = client.call("shell", {"command": "ps -o pgid= -p $$"}).content.split()[0]
+    assert int(group) != os.getpgid(first)
+    assert zygote.is_running()
+
+
+def test_a_killed_zygote_is_replaced_and_no_call_fails(daemon: DaemonProcess) -> None:
+    old = parent_of_command(daemon)
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(old) and psutil.Process(old).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert parent_of_command(daemon) != old  # the dead zygote is noticed: a fresh child runs it
+    replacement = parent_of_command(daemon)  # and a new zygote serves the calls after it
+    assert replacement != old
+    assert parent_of_command(daemon) == replacement
+
+
+def test_without_zygotes_each_command_gets_a_fresh_child(tmp_path: Path, root: Path) -> None:
+    d = start_daemon(tmp_path, root, config=CONFIG + "[tools.isolation]\nzygotes = false\n")
+    try:
+        assert parent_of_command(d) != parent_of_command(d)
+    finally:
+        d.stop()
