@@ -4,6 +4,8 @@ and ``subprocess.run(["sh", "-c", "true"])`` measured in the same run.
 The isolated figures go through the real spawner and ``SpawnRunner`` (confinement,
 channel pipe, outcome, group kill and sweep), without the daemon's protocol; the last
 line adds the protocol: ``shell true`` through a running daemon and the client.
+Commands go through the zygote of their kind (warmed up first), the Python tool through
+a freshly forked and confined child.
 """
 
 from __future__ import annotations
