@@ -12,7 +12,6 @@ cannot change anything and a fork would cost more than the read.
 
 from __future__ import annotations
 
-import array
 import logging
 import os
 import pwd
@@ -38,6 +37,7 @@ from . import sweep as sweeping
 from .cgroup import Cgroups
 from .environment import child_environment, is_injection
 from .jobs import Job, Jobs
+from .sockets import PeerGone, receive_frame, send_with_fd
 from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
 from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
 
@@ -353,32 +353,19 @@ class SpawnRunner:
         )
 
     async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int) -> int:
-        data = frame(request)
         async with self._lock:
-            sent = await self._control.sendmsg(
-                [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [channel_write_end]))]
-            )
-            while sent < len(data):
-                sent += await self._control.send(data[sent:])
-            reply = _spawned_decoder.decode(await self._receive_frame())
+            try:
+                await send_with_fd(self._control, frame(request), channel_write_end)
+                reply = _spawned_decoder.decode(await receive_frame(self._control))
+            except PeerGone:
+                raise ToolError(
+                    ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWNER_GONE", "the spawner process has exited"
+                ) from None
         if reply.error or reply.pid <= 0:
             raise ToolError(
                 ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWN_FAILED", f"could not start a child: {reply.error}"
             )
         return reply.pid
-
-    async def _receive_frame(self) -> bytes:
-        header = await self._receive_exact(4)
-        return await self._receive_exact(int.from_bytes(header, "big"))
-
-    async def _receive_exact(self, size: int) -> bytes:
-        parts = bytearray()
-        while len(parts) < size:
-            data = await self._control.recv(size - len(parts))
-            if not data:
-                raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWNER_GONE", "the spawner process has exited")
-            parts += data
-        return bytes(parts)
 
     async def _collect(self, read_end: int, ctx: ToolContext) -> Outcome:
         """Frames until the outcome; streamed text goes to ``ctx.emit`` and (bounded) ``ctx.partial``."""

@@ -11,7 +11,6 @@ first.
 
 from __future__ import annotations
 
-import array
 import socket
 import time
 from collections import OrderedDict
@@ -22,6 +21,7 @@ import msgspec
 import trio
 
 from . import cgroup
+from .sockets import PeerGone, receive_frame, send_with_fd
 from .wire import Outcome, Spawned, SpawnRequest, frame
 
 MAX_ZYGOTES = 8
@@ -80,8 +80,8 @@ class Zygote:
                 if group and not (self.home and cgroup.move(self.pid, group)):
                     raise ZygoteUnavailable("cannot move the zygote into the call's cgroup")
                 try:
-                    await _send(self.sock, frame(request), channel_write_end)
-                    reply = _spawned_decoder.decode(await _receive_frame(self.sock))
+                    await send_with_fd(self.sock, frame(request), channel_write_end)
+                    reply = _spawned_decoder.decode(await receive_frame(self.sock))
                 finally:
                     if group:
                         cgroup.move(self.pid, self.home)
@@ -108,7 +108,7 @@ class Zygotes:
         zygote = await self._zygote(request)
         try:
             return await zygote.spawn(request, channel_write_end, group), zygote.layers
-        except (OSError, ZygoteUnavailable, msgspec.DecodeError) as exc:
+        except (OSError, PeerGone, ZygoteUnavailable, msgspec.DecodeError) as exc:
             self._retire(kind_of(request), zygote)
             raise ZygoteUnavailable(str(exc)) from None
 
@@ -147,8 +147,8 @@ class Zygotes:
         zygote = Zygote(pid=pid, sock=sock, home=home, layers={})
         try:
             with trio.fail_after(_READY_TIMEOUT_S):
-                ready = _outcome_decoder.decode(await _receive_frame(sock))
-        except (OSError, ZygoteUnavailable, msgspec.DecodeError, trio.TooSlowError) as exc:
+                ready = _outcome_decoder.decode(await receive_frame(sock))
+        except (OSError, PeerGone, msgspec.DecodeError, trio.TooSlowError) as exc:
             self._retire_zygote(zygote)
             raise ZygoteUnavailable(f"the zygote did not start: {exc}") from None
         if not ready.ok:
@@ -171,24 +171,3 @@ class Zygotes:
     def close(self) -> None:
         for kind, zygote in list(self._pool.items()):
             self._retire(kind, zygote)
-
-
-async def _send(sock: trio.socket.SocketType, data: bytes, fd: int) -> None:
-    sent = await sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-    while sent < len(data):
-        sent += await sock.send(data[sent:])
-
-
-async def _receive_frame(sock: trio.socket.SocketType) -> bytes:
-    header = await _receive_exact(sock, 4)
-    return await _receive_exact(sock, int.from_bytes(header, "big"))
-
-
-async def _receive_exact(sock: trio.socket.SocketType, size: int) -> bytes:
-    parts = bytearray()
-    while len(parts) < size:
-        data = await sock.recv(size - len(parts))
-        if not data:
-            raise ZygoteUnavailable("the zygote has exited")
-        parts += data
-    return bytes(parts)
