@@ -67,6 +67,7 @@ def test_a_killed_client_has_its_running_command_killed(tmp_path: Path, root: Pa
         while not alive_with(marker) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert alive_with(marker), "the command never started"
+        time.sleep(0.3)  # "begun" was printed before sleep started, but may still be on its way
         killed_at = time.monotonic()
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -151,9 +151,10 @@ def move(pid: int, path: str) -> bool:
     return _write(os.path.join(path, "cgroup.procs"), str(pid))
 
 
-def kill(path: str) -> None:
-    """SIGKILL every process in the call's cgroup (``cgroup.kill``, Linux 5.14)."""
-    _write(os.path.join(path, "cgroup.kill"), "1")
+def kill(path: str) -> bool:
+    """SIGKILL every process in the call's cgroup (``cgroup.kill``, Linux 5.14); False
+    when the kernel has no ``cgroup.kill`` or refused."""
+    return _write(os.path.join(path, "cgroup.kill"), "1")
 
 
 def remove(path: str) -> bool:

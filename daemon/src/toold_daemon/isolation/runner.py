@@ -403,23 +403,25 @@ class SpawnRunner:
         """SIGTERM first when a grace period is configured, then SIGKILL to the call's cgroup,
         its group and every escapee carrying its token, until a sweep pass finds nothing new.
 
-        With a cgroup, every process of the call has SIGKILL pending once this returns, so
-        the last checks (after the group has exited) and removing the cgroup finish in the
-        background; without one they are part of the kill (see ``_finish_kill``)."""
+        After ``cgroup.kill``, every process of the call has SIGKILL pending, so the token
+        sweep (a check behind the cgroup), waiting for the group to exit and removing the
+        cgroup finish in the background; without a cgroup they are part of the kill (see
+        ``_finish_kill``)."""
         grace = self.config.tools.isolation.kill_grace_seconds
         if grace > 0 and _signal_group(pid, signal.SIGTERM):
             with trio.move_on_after(grace):
                 while _signal_group(pid, 0):
                     await trio.sleep(0.02)
         group = self._cgroup_of.pop(token, "")
-        if group:  # reaches every process of the call, whatever session or environment it has now
-            cgroup.kill(group)
+        # cgroup.kill reaches every process of the call, whatever session or environment it has now
+        killed_by_cgroup = bool(group) and cgroup.kill(group)
         killed: set[int] = set()
-        await self._sweep_until_quiet(pid, token, killed)
-        if group and self._nursery is not None:
+        if killed_by_cgroup and self._nursery is not None:
+            _signal_group(pid, signal.SIGKILL)
             self._nursery.start_soon(self._finish_kill, pid, token, killed, group)
-        else:
-            await self._finish_kill(pid, token, killed, group)
+            return
+        await self._sweep_until_quiet(pid, token, killed)
+        await self._finish_kill(pid, token, killed, group)
 
     async def _finish_kill(self, pid: int, token: str, killed: set[int], group: str) -> None:
         # A process being reparented while its parent exits can be missing from both
