@@ -74,3 +74,16 @@ def test_without_zygotes_each_command_gets_a_fresh_child(tmp_path: Path, root: P
         assert parent_of_command(d) != parent_of_command(d)
     finally:
         d.stop()
+
+
+def test_one_zygote_watches_many_commands_with_one_thread(daemon: DaemonProcess) -> None:
+    zygote = psutil.Process(parent_of_command(daemon))
+    with daemon.client(timeout=30) as client:
+        jobs = [client.call("shell", {"command": f"echo {i}; sleep 30", "background": True}) for i in range(6)]
+        assert all(job.ok for job in jobs), [job.content for job in jobs]
+        assert {psutil.Process(job.data["pid"]).ppid() for job in jobs} == {zygote.pid}
+        assert zygote.num_threads() == 1  # no thread per command: one event loop
+        quick = client.call("shell", {"command": "echo still-served"})  # while six run
+        assert quick.ok and "still-served" in quick.content
+        for job in jobs:
+            assert client.call("shell_jobs", {"action": "kill", "job_id": job.data["job_id"]}).ok

@@ -6,7 +6,8 @@ milliseconds; for ``shell true`` that is most of the call. Commands of the same 
 namespaces, no_new_privs, rlimits, Landlock, seccomp) is inherited across fork and
 exec. So the runner keeps one zygote per kind: a child confined once, which then starts
 each command with ``posix_spawn`` in a new session (so the daemon can kill its group)
-and watches it on a thread, writing the usual frames to the call's own channel.
+and watches all of them from one event loop (``Supervisor``), writing the usual frames
+to each call's own channel. No thread per command: a zygote is one task, whatever runs.
 
 The zygote carries no call token and is in no call's process group, so the kills and
 sweeps of its calls never reach it. The runner moves it into a call's cgroup just for
@@ -18,46 +19,41 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
-from typing import NamedTuple
 
 import msgspec
 
-from .child import start_command, watch_command
+from .child import start_command
+from .supervisor import Supervisor
 from .wire import Outcome, Spawned, SpawnRequest, frame, receive_with_fds, write_frame
 
 _decoder = msgspec.msgpack.Decoder(SpawnRequest)
-_THREAD_STACK_BYTES = 512 * 1024  # the zygote lives under the calls' address-space limit
-
-
-class _Started(NamedTuple):
-    request: SpawnRequest
-    channel: int
-    pid: int
-    pipes: dict[int, str]
-    started: float
+Started = tuple[SpawnRequest, int, int, dict[int, str], float]  # request, channel, pid, pipes, started at
 
 
 def serve(sock_fd: int, layers: dict[str, str]) -> None:
     """Announce the layers, then start commands until the runner closes the socket;
     returns once every command it started has been reported."""
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a call's reader may go away mid-write
-    threading.stack_size(_THREAD_STACK_BYTES)
     write_frame(sock_fd, Outcome(ok=True, layers=layers))
     sock = socket.socket(fileno=sock_fd)
-    watchers: list[threading.Thread] = []
-    while (received := receive_with_fds(sock)) is not None:
-        reply, command = _start(*received)
-        sock.sendall(frame(reply))  # first: the runner waits for the pid, the watcher need not
-        if command is not None:
-            watchers = [t for t in watchers if t.is_alive()]
-            _watch_on_a_thread(command, layers, watchers)
-    for watcher in watchers:
-        watcher.join()
+    supervisor = Supervisor(layers)
+    supervisor.watch_other(sock_fd)
+    listening = True
+    while listening or supervisor.active:
+        for _ready in supervisor.step():
+            received = receive_with_fds(sock)
+            if received is None:  # retired: finish what runs, start nothing new
+                supervisor.forget_other(sock_fd)
+                listening = False
+                continue
+            reply, started = _start(*received)
+            sock.sendall(frame(reply))  # first: the runner waits for the pid
+            if started is not None:
+                supervisor.add(*started)
 
 
-def _start(body: bytes, fds: list[int]) -> tuple[Spawned, _Started | None]:
+def _start(body: bytes, fds: list[int]) -> tuple[Spawned, Started | None]:
     try:
         request = _decoder.decode(body)
     except msgspec.DecodeError as exc:
@@ -75,39 +71,10 @@ def _start(body: bytes, fds: list[int]) -> tuple[Spawned, _Started | None]:
     except OSError as exc:
         os.close(channel)
         return Spawned(error=f"cannot start {request.argv[0]}: {exc.strerror or exc}"), None
-    return Spawned(pid=pid), _Started(request, channel, pid, pipes, started)
+    return Spawned(pid=pid), (request, channel, pid, pipes, started)
 
 
-def _watch_on_a_thread(command: _Started, layers: dict[str, str], watchers: list[threading.Thread]) -> None:
-    watcher = threading.Thread(target=_watch, args=(command, layers), daemon=True)
-    try:
-        watcher.start()
-    except RuntimeError:  # no thread (RLIMIT_NPROC reached): the call ends without an outcome
-        _reap(command.pid)
-        _close([command.channel, *command.pipes])
-    else:
-        watchers.append(watcher)
-
-
-def _watch(command: _Started, layers: dict[str, str]) -> None:
-    try:
-        outcome = watch_command(command.request, command.channel, command.pid, command.pipes, command.started)
-        write_frame(command.channel, msgspec.structs.replace(outcome, layers=layers))
-    except OSError:
-        _reap(command.pid)  # the runner stopped reading (cancelled): it kills the group; we reap
-    finally:
-        os.close(command.channel)
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
-
-
-def _close(fds: list[int] | dict[int, str]) -> None:
+def _close(fds: list[int]) -> None:
     for fd in fds:
         try:
             os.close(fd)

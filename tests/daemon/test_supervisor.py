@@ -1,0 +1,116 @@
+"""The command supervisor with real commands and real pipes: one slow reader stalls only
+its own command, and a reader that goes away ends that command."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+from toold_daemon.isolation.child import start_command
+from toold_daemon.isolation.supervisor import Supervisor
+from toold_daemon.isolation.wire import Chunk, FrameBuffer, Limits, Outcome, SpawnRequest, child_decoder
+
+LIMITS = Limits(cpu_seconds=60, address_space_bytes=1 << 32, file_size_bytes=1 << 30, open_files=256, processes=64)
+
+
+def request(command: str, *, stream_limit: int = 8 << 20) -> SpawnRequest:
+    return SpawnRequest(
+        call_id="c", token="t", tool="shell", args=b"", config=b"", roots=[], resolved={},
+        argv=["/bin/sh", "-c", command], cwd="/", env={"PATH": "/usr/bin:/bin"}, files={},
+        uid=os.getuid(), gid=os.getgid(), network=True, network_namespace=False, writable=[], temp="/tmp",
+        limits=LIMITS, idle_timeout_s=0.0, stream_limit_bytes=stream_limit, keep_bytes=4096, require=[],
+        cgroup="", reads={},
+    )  # fmt: skip
+
+
+def start(supervisor: Supervisor, command: str) -> tuple[int, int]:
+    """(pid, read end of its channel)."""
+    read_end, write_end = os.pipe()
+    req = request(command)
+    pid, pipes = start_command(req, setsid=True)
+    supervisor.add(req, write_end, pid, pipes, time.monotonic())
+    os.set_blocking(read_end, False)
+    return pid, read_end
+
+
+def read_available(fd: int, buffer: FrameBuffer) -> list[Chunk | Outcome]:
+    messages: list[Chunk | Outcome] = []
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return messages
+        if not data:
+            return messages
+        messages += [child_decoder.decode(body) for body in buffer.feed(data)]
+
+
+def test_a_lagging_reader_stalls_only_its_own_command() -> None:
+    supervisor = Supervisor({"seccomp": "on"})
+    chatty, chatty_channel = start(supervisor, "head -c 4000000 /dev/zero | tr '\\0' a")
+    _quick, quick_channel = start(supervisor, "echo hi")
+    quick_buffer, quick_messages = FrameBuffer(), []
+    deadline = time.monotonic() + 10
+    while not any(isinstance(m, Outcome) for m in quick_messages) and time.monotonic() < deadline:
+        supervisor.step()
+        quick_messages += read_available(quick_channel, quick_buffer)
+    [outcome] = [m for m in quick_messages if isinstance(m, Outcome)]
+    assert outcome.ok and outcome.data["stdout"] == "hi\n"
+    assert outcome.layers == {"seccomp": "on"}
+    settle = time.monotonic() + 0.5
+    while time.monotonic() < settle:  # long enough to read all 4 MB, were it read
+        supervisor.step(max_wait=0.05)
+    # nobody read the chatty command's channel: it waits on its full pipe, alive
+    assert psutil.Process(chatty).status() != psutil.STATUS_ZOMBIE
+    assert supervisor.active
+
+    chatty_buffer, streamed, final = FrameBuffer(), 0, None
+    deadline = time.monotonic() + 20
+    while final is None and time.monotonic() < deadline:
+        for message in read_available(chatty_channel, chatty_buffer):
+            if isinstance(message, Chunk):
+                streamed += len(message.data)
+            else:
+                final = message
+        if supervisor.active:
+            supervisor.step()
+    assert final is not None and final.ok
+    assert streamed == 4_000_000  # every byte streamed once the reader caught up
+    assert final.data["exit_code"] == 0
+    assert not supervisor.active
+    os.close(chatty_channel)
+    os.close(quick_channel)
+
+
+def test_a_reader_that_goes_away_ends_its_command() -> None:
+    supervisor = Supervisor({})
+    pid, channel = start(supervisor, "yes")
+    supervisor.step()
+    os.close(channel)
+    deadline = time.monotonic() + 10
+    while supervisor.active and time.monotonic() < deadline:
+        supervisor.step()
+    assert not supervisor.active
+    assert not psutil.pid_exists(pid)  # killed and reaped, not left a zombie
+
+
+def test_frames_stay_whole_when_writes_are_cut_short() -> None:
+    """Frames resumed after a partial write decode whole: the length prefixes line up."""
+    supervisor = Supervisor({})
+    _pid, channel = start(supervisor, "i=0; while [ $i -lt 2000 ]; do echo line $i; i=$((i+1)); done")
+    buffer, text, final = FrameBuffer(), [], None
+    deadline = time.monotonic() + 20
+    while final is None and time.monotonic() < deadline:
+        time.sleep(0.001)  # read slowly, so the channel fills and writes are cut short
+        for message in read_available(channel, buffer):
+            if isinstance(message, Chunk):
+                text.append(message.data)
+            else:
+                final = message
+        if supervisor.active:
+            supervisor.step()
+    assert final is not None
+    assert "".join(text).splitlines() == [f"line {i}" for i in range(2000)]
+    os.close(channel)
