@@ -5,7 +5,8 @@ The isolated figures go through the real spawner and ``SpawnRunner`` (confinemen
 channel pipe, outcome, group kill and sweep), without the daemon's protocol; the last
 line adds the protocol: ``shell true`` through a running daemon and the client.
 Commands go through the zygote of their kind (warmed up first), the Python tool through
-a freshly forked and confined child.
+a freshly forked and confined child. This VM's speed drifts by tens of percent over a
+minute, so the baselines are sampled half before and half after the isolated runs.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def bare_fork() -> None:
     os.waitpid(pid, 0)
 
 
+def baselines(n: int) -> tuple[list[float], list[float]]:
+    """Bare forks and ``subprocess.run(["sh", "-c", "true"])`` from this process (as big
+    as the spawner), each in a block of its own: half before the isolated runs, half after."""
+    fork = sample(bare_fork, n, warmup=20)
+    sub = sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), n, warmup=20)
+    return fork, sub
+
+
 async def isolated(runner: SpawnRunner, config: Config, root: Path, n: int) -> tuple[list[float], list[float]]:
     me = Identity(uid=os.geteuid(), gid=os.getegid(), pid=os.getpid())
     sandbox = build_sandbox(config, [root])
@@ -64,8 +73,7 @@ def main(n: int = 300) -> None:
         root = Path(tmp) / "root"
         root.mkdir()
         spawner_pid, control = start([*builtin_tools(), Probe()])
-        fork = sample(bare_fork, n, warmup=20)
-        sub = sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), n, warmup=20)
+        fork, sub = baselines(n // 2)
 
         async def measure() -> tuple[list[float], list[float]]:
             runner = SpawnRunner(spawner_pid, control, config)
@@ -77,6 +85,9 @@ def main(n: int = 300) -> None:
                 runner.close()
 
         python_child, shell_true = trio.run(measure)
+        fork_after, sub_after = baselines(n - n // 2)  # before and after: drift shows in both
+        fork += fork_after
+        sub += sub_after
         cfg = Path(tmp) / "c.toml"
         cfg.write_text('[tools.approval]\nallowlist = ["shell"]\n[journal]\nenabled = false\n')
         with running_daemon(root, "--config", str(cfg)) as endpoint, Client(endpoint) as client:

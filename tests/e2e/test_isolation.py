@@ -418,12 +418,14 @@ def test_per_call_cgroup_kills_an_escapee_that_cleared_its_environment(client: C
         pytest.skip(f"no per-call cgroups here: {layers['cgroup'].detail}")
     marker = f"38{uuid.uuid4().int % 10**6:06d}"
     # The pause lets setsid take effect: without a cgroup this process would survive the call.
-    result = shell(client, f"setsid env -i sleep {marker} >/dev/null 2>&1 </dev/null & sleep 0.3; echo done")
-    assert result.ok and "done" in result.content
+    command = f"grep '^0::' /proc/self/cgroup; setsid env -i sleep {marker} >/dev/null 2>&1 </dev/null & sleep 0.3"
+    result = shell(client, command)
+    assert result.ok, result.content
     time.sleep(0.3)
     assert alive_with(marker) == []
     base = Path(layers["cgroup"].detail.split("under ")[1].split(";")[0])
-    assert not [d for d in base.iterdir() if d.name.startswith("call-")]  # zygote-* ones stay for reuse
+    call_cgroup = base / result.content.split("\n")[0].rsplit("/", 1)[1]
+    assert call_cgroup.name.startswith("call-") and not call_cgroup.exists()  # emptied and removed
 
 
 def test_a_command_gets_no_descriptor_but_its_own_three(client: Client) -> None:
@@ -441,3 +443,15 @@ def test_garbage_on_the_channel_is_a_typed_failure() -> None:
         _decode_frames(FrameBuffer(), (5).to_bytes(4, "big") + b"\xc1\xc1\xc1\xc1\xc1")
     with pytest.raises(ChildFailed, match="over the limit"):
         _decode_frames(FrameBuffer(), (MAX_FRAME + 1).to_bytes(4, "big"))
+
+
+def test_every_call_starts_with_an_empty_private_tmpdir(client: Client) -> None:
+    """Temp dirs are reused for speed, but only when the call left its own untouched."""
+    seen = set()
+    for command in ("touch $TMPDIR/left-behind; chmod 755 $TMPDIR", "true", "mkdir $TMPDIR/sub", "true", "true"):
+        result = shell(client, f'ls -A "$TMPDIR"; stat -c "%a" "$TMPDIR"; echo "$TMPDIR"; {command}')
+        assert result.ok, result.content
+        listing_and_mode, tmpdir = result.data["stdout"].rsplit("\n", 2)[0], result.data["stdout"].split()[-1]
+        assert listing_and_mode == "700", f"{tmpdir} was not fresh: {listing_and_mode!r}"
+        seen.add(tmpdir)
+    assert len(seen) >= 3  # the touched ones were not handed out again

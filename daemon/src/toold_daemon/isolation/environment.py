@@ -66,8 +66,22 @@ def child_environment(
 ) -> dict[str, str]:
     """Start empty; copy allowlisted names from ``parent``; add ``set_vars`` (config, the
     call's own ``env``, TMPDIR); then drop every secret or injection name, whoever set it."""
-    allowed = (*BASE_ALLOWLIST, *allow)
-    env = {k: v for k, v in parent.items() if _matches(k, allowed)}
+    return {**inherited_environment(parent, allow=allow, deny=deny), **acceptable(set_vars or {}, deny=deny)}
+
+
+def inherited_environment(
+    parent: Mapping[str, str], *, allow: Iterable[str] = (), deny: Iterable[str] = ()
+) -> dict[str, str]:
+    """What a child inherits from ``parent``: allowlisted names that are neither secrets
+    nor injection hooks, with a default PATH. The runner computes this once at start."""
+    allowed = _compiled((*BASE_ALLOWLIST, *allow))
+    env = acceptable({k: v for k, v in parent.items() if allowed.match(k.upper())}, deny=deny)
     env.setdefault("PATH", DEFAULT_PATH)
-    env.update(set_vars or {})
-    return {k: v for k, v in env.items() if not is_dropped(k, deny) and "\0" not in k + v and "=" not in k}
+    return env
+
+
+def acceptable(variables: Mapping[str, str], *, deny: Iterable[str] = ()) -> dict[str, str]:
+    """``variables`` without secrets, injection hooks, names denied by config, or
+    malformed names and values."""
+    dropped = _compiled((*SECRET_PATTERNS, *INJECTION_PATTERNS, *deny))  # one pass per variable
+    return {k: v for k, v in variables.items() if not dropped.match(k.upper()) and "\0" not in k + v and "=" not in k}

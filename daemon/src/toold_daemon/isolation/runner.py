@@ -19,7 +19,6 @@ import secrets
 import shutil
 import signal
 import socket
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +34,10 @@ from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import cgroup
 from . import sweep as sweeping
 from .cgroup import Cgroups
-from .environment import child_environment, is_injection
+from .environment import acceptable, inherited_environment, is_injection
 from .jobs import Job, Jobs
 from .sockets import PeerGone, receive_frame, send_with_fd
+from .tempdirs import TempDirs
 from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
 from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
 
@@ -59,6 +59,7 @@ class _Child:
     read_end: int
     token: str
     temp: str
+    uid: int
 
 
 class SpawnRunner:
@@ -70,8 +71,10 @@ class SpawnRunner:
         self._euid = os.geteuid()
         self.config = config
         self._config_bytes = _encoder.encode(config)
-        self._temp_base = tempfile.mkdtemp(prefix=f"toold-{self._euid}-")
-        os.chmod(self._temp_base, 0o711)  # noqa: S103 - other uids may only traverse to their own dir
+        # The daemon's environment is read once: filtering it per call cost ~0.1 ms.
+        environment = config.tools.environment
+        self._inherited_env = inherited_environment(os.environ, allow=environment.allowlist, deny=environment.denylist)
+        self._temps = TempDirs(self._euid)
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
@@ -151,8 +154,7 @@ class SpawnRunner:
             job = self.jobs.add(identity.uid, tool.summary(args), child.pid)
         except ValueError as exc:
             os.close(child.read_end)
-            await self._kill(child.pid, child.token)
-            _remove_temp(child.temp)
+            await self._kill(child)
             raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "LIMITS_EXCEEDED", str(exc)) from None
 
         def kill() -> None:  # from shell_jobs' worker thread; the follower then sweeps
@@ -161,20 +163,20 @@ class SpawnRunner:
 
         job.kill = kill
         limit = tool.timeout_seconds(args) or BACKGROUND_TIMEOUT_S
-        self._nursery.start_soon(self._follow, job, child.read_end, child.token, child.temp, limit)
+        self._nursery.start_soon(self._follow, job, child, limit)
         return ToolOutput(
             f"started {job.job_id} (pid {child.pid}) in the background; read or kill it with shell_jobs",
             data={"job_id": job.job_id, "pid": child.pid},
         )
 
-    async def _follow(self, job: Job, read_end: int, token: str, temp: str, limit: float) -> None:
+    async def _follow(self, job: Job, child: _Child, limit: float) -> None:
         """Read a background job's frames into its bounded buffer until it ends, its time
         limit passes, or the daemon stops; then kill what is left and clean up."""
         keep = self.config.tools.output.max_bytes
         buffer = FrameBuffer()
         try:
             with trio.move_on_after(limit):
-                async with trio.lowlevel.FdStream(read_end) as stream:
+                async with trio.lowlevel.FdStream(child.read_end) as stream:
                     while data := await stream.receive_some(65536):
                         for message in _decode_frames(buffer, data):
                             if isinstance(message, Chunk):
@@ -188,8 +190,7 @@ class SpawnRunner:
             job.add_output(f"\n[toold: {exc.message}]\n", keep)
         finally:
             with trio.CancelScope(shield=True):
-                await self._kill(job.pid, token)
-            _remove_temp(temp)
+                await self._kill(child)
             if job.state == "running":
                 job.state = "killed"
 
@@ -205,14 +206,13 @@ class SpawnRunner:
         preview: bool = False,
     ) -> Outcome:
         """Run one call in a child and return its outcome; the child and everything it
-        started are killed, and its temp dir removed, whatever ends the wait."""
+        started are killed, and its temp dir cleared, whatever ends the wait."""
         child = await self._launch(tool, args, ctx, identity, command=command, probe=probe, preview=preview)
         try:
             return await self._collect(child.read_end, ctx)
         finally:
             with trio.CancelScope(shield=True):
-                await self._kill(child.pid, child.token)
-            _remove_temp(child.temp)
+                await self._kill(child)
 
     async def _launch(
         self,
@@ -234,62 +234,57 @@ class SpawnRunner:
                 f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid}",
             )
         token = secrets.token_hex(12)
-        temp = self._make_temp(identity)
+        temp = self._temps.take(identity.uid, identity.gid)
+        via_zygote = self._zygotes is not None and command is not None and bool(command.argv)
+        read_end, write_end = os.pipe()
+        try:
+            group = "" if via_zygote else self._new_call_cgroup(token)
+            request = self._request(
+                tool, args, ctx, identity=identity, token=token, temp=temp, group=group, command=command, probe=probe
+            )
+            if preview:
+                request = msgspec.structs.replace(request, preview=True)
+            if self._zygotes is not None and via_zygote:
+                pid = await self._start_command(self._zygotes, request, write_end)
+            else:
+                pid = await self._ask_spawner(request, write_end)
+        except BaseException:
+            os.close(read_end)
+            shutil.rmtree(temp, ignore_errors=True)
+            if group := self._cgroup_of.pop(token, ""):
+                cgroup.remove(group)
+            raise
+        finally:
+            os.close(write_end)
+        return _Child(pid, read_end, token, temp, identity.uid)
+
+    def _new_call_cgroup(self, token: str) -> str:
+        """A cgroup for a call started by a fresh child (which joins it), registered for the
+        kill; "" without cgroups. Zygotes start theirs in one they prepared (``Zygote.park``)."""
         isolation = self.config.tools.isolation
         group = self.cgroups.create(
             f"call-{token}", pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
         )
         if group:
             self._cgroup_of[token] = group
-        read_end, write_end = os.pipe()
-        try:
-            request = self._request(
-                tool, args, ctx, identity=identity, token=token, temp=temp, group=group, command=command, probe=probe
-            )
-            if preview:
-                request = msgspec.structs.replace(request, preview=True)
-            if self._zygotes is not None and request.argv:
-                pid = await self._start_command(self._zygotes, request, write_end, group)
-            else:
-                pid = await self._ask_spawner(request, write_end)
-        except BaseException:
-            os.close(read_end)
-            shutil.rmtree(temp, ignore_errors=True)
-            if self._cgroup_of.pop(token, ""):
-                cgroup.remove(group)
-            raise
-        finally:
-            os.close(write_end)
-        return _Child(pid, read_end, token, temp)
+        return group
 
-    async def _start_command(self, zygotes: Zygotes, request: SpawnRequest, write_end: int, group: str) -> int:
+    async def _start_command(self, zygotes: Zygotes, request: SpawnRequest, write_end: int) -> int:
         """Through the zygote of the call's kind (a posix_spawn); should that fail, through
         a fresh child as before, after sweeping anything a dying zygote may have started."""
         try:
-            pid, _layers = await zygotes.spawn(request, write_end, group)
-            return pid
+            pid, group = await zygotes.spawn(request, write_end)
         except CommandNotStarted as exc:
             log.debug("zygote could not start %s (%s); a fresh child will say why", request.argv[:1], exc)
         except ZygoteUnavailable as exc:
             log.warning("zygote unavailable (%s); starting a fresh child", exc)
             sweeping.sweep(self.spawner_pid, 0, request.token)
+        else:
+            if group:
+                self._cgroup_of[request.token] = group
+            return pid
+        request = msgspec.structs.replace(request, cgroup=self._new_call_cgroup(request.token))
         return await self._ask_spawner(request, write_end)
-
-    def _uid_base(self, identity: Identity) -> str:
-        """``<base>/u<uid>``, 0700 and owned by that uid: the one temp path its children may
-        write besides the roots (one path per uid keeps the spawner's ruleset cache warm)."""
-        base = os.path.join(self._temp_base, f"u{identity.uid}")
-        if not os.path.isdir(base):
-            os.mkdir(base, 0o700)
-            if self._euid == 0:
-                os.chown(base, identity.uid, identity.gid)
-        return base
-
-    def _make_temp(self, identity: Identity) -> str:
-        temp = tempfile.mkdtemp(prefix="call-", dir=self._uid_base(identity))
-        if self._euid == 0 and identity.uid != 0:
-            os.chown(temp, identity.uid, identity.gid)
-        return temp
 
     def _request(
         self,
@@ -306,12 +301,13 @@ class SpawnRunner:
     ) -> SpawnRequest:
         isolation = self.config.tools.isolation
         home, user = _home_and_user(identity.uid)
-        env = child_environment(
-            os.environ,
-            allow=self.config.tools.environment.allowlist,
-            deny=self.config.tools.environment.denylist,
-            set_vars={"HOME": home, "USER": user, "LOGNAME": user, "TMPDIR": temp},
-        )
+        env = {
+            **self._inherited_env,
+            **acceptable(
+                {"HOME": home, "USER": user, "LOGNAME": user, "TMPDIR": temp},
+                deny=self.config.tools.environment.denylist,
+            ),
+        }
         # The call's own variables: chosen by the caller, so a name like MY_TOKEN is theirs
         # to pass; only injection hooks (LD_PRELOAD, BASH_ENV, ...) are refused.
         env.update({k: v for k, v in (command.env if command else {}).items() if not is_injection(k)})
@@ -341,7 +337,7 @@ class SpawnRunner:
             gid=identity.gid,
             network=command.network if command else not probe,
             network_namespace=isolation.network_namespace,
-            writable=[self._uid_base(identity)],
+            writable=[self._temps.uid_base(identity.uid, identity.gid)],
             temp=temp,
             limits=limits,
             idle_timeout_s=command.idle_timeout_s if command else 0.0,
@@ -399,44 +395,47 @@ class SpawnRunner:
             output="".join(ctx.partial) or None,
         )
 
-    async def _kill(self, pid: int, token: str) -> None:
+    async def _kill(self, child: _Child) -> None:
         """SIGTERM first when a grace period is configured, then SIGKILL to the call's cgroup,
         its group and every escapee carrying its token, until a sweep pass finds nothing new.
 
         After ``cgroup.kill``, every process of the call has SIGKILL pending, so the token
-        sweep (a check behind the cgroup), waiting for the group to exit and removing the
-        cgroup finish in the background; without a cgroup they are part of the kill (see
-        ``_finish_kill``)."""
+        sweep (a check behind the cgroup), waiting for the group to exit, removing the
+        cgroup and clearing the temp dir finish in the background; without a cgroup they
+        are part of the kill (see ``_finish_kill``)."""
         grace = self.config.tools.isolation.kill_grace_seconds
-        if grace > 0 and _signal_group(pid, signal.SIGTERM):
+        if grace > 0 and _signal_group(child.pid, signal.SIGTERM):
             with trio.move_on_after(grace):
-                while _signal_group(pid, 0):
+                while _signal_group(child.pid, 0):
                     await trio.sleep(0.02)
-        group = self._cgroup_of.pop(token, "")
+        group = self._cgroup_of.pop(child.token, "")
         # cgroup.kill reaches every process of the call, whatever session or environment it has now
         killed_by_cgroup = bool(group) and cgroup.kill(group)
         killed: set[int] = set()
         if killed_by_cgroup and self._nursery is not None:
-            _signal_group(pid, signal.SIGKILL)
-            self._nursery.start_soon(self._finish_kill, pid, token, killed, group)
+            _signal_group(child.pid, signal.SIGKILL)
+            self._nursery.start_soon(self._finish_kill, child, killed, group)
             return
-        await self._sweep_until_quiet(pid, token, killed)
-        await self._finish_kill(pid, token, killed, group)
+        await self._sweep_until_quiet(child.pid, child.token, killed)
+        await self._finish_kill(child, killed, group)
 
-    async def _finish_kill(self, pid: int, token: str, killed: set[int], group: str) -> None:
+    async def _finish_kill(self, child: _Child, killed: set[int], group: str) -> None:
         # A process being reparented while its parent exits can be missing from both
         # parents' /proc children lists for an instant: once the whole group is gone (no
         # more reparenting), look once more.
         with trio.CancelScope(shield=True):
             with trio.move_on_after(2.0):
-                await _wait_exit(pid)
-                while _signal_group(pid, 0):
+                await _wait_exit(child.pid)
+                while _signal_group(child.pid, 0):
                     await trio.sleep(0.0005)
-            await self._sweep_until_quiet(pid, token, killed)
+            await self._sweep_until_quiet(child.pid, child.token, killed)
+            emptied = False  # only an emptied cgroup proves nothing of the call can still write
             if group:
                 with trio.move_on_after(2.0):
                     while not cgroup.remove(group):
                         await trio.sleep(0.001)
+                    emptied = True
+            self._temps.give_back(child.temp, child.uid, reusable=emptied)
 
     async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
         for _ in range(1000):
@@ -448,7 +447,7 @@ class SpawnRunner:
         if self._zygotes is not None:
             self._zygotes.close()
         self._control.close()
-        shutil.rmtree(self._temp_base, ignore_errors=True)
+        self._temps.close()
         self.cgroups.remove()
 
 
@@ -497,14 +496,6 @@ def _signal_group(pgid: int, signum: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-def _remove_temp(path: str) -> None:
-    """Most calls leave their temp dir empty: rmdir is a tenth of rmtree's cost."""
-    try:
-        os.rmdir(path)
-    except OSError:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 _users: dict[int, tuple[str, str]] = {}

@@ -10,8 +10,9 @@ and watches all of them from one event loop (``Supervisor``), writing the usual 
 to each call's own channel. No thread per command: a zygote is one task, whatever runs.
 
 The zygote carries no call token and is in no call's process group, so the kills and
-sweeps of its calls never reach it. The runner moves it into a call's cgroup just for
-the spawn, so the command starts inside that cgroup.
+sweeps of its calls never reach it. It waits in the cgroup of the next call, so the
+command starts inside it, and the runner moves it on right after the spawn
+(``Zygote.park``).
 """
 
 from __future__ import annotations
