@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,21 @@ def start_daemon(
     daemon = DaemonProcess(endpoint, root, sock, proc, log)
     wait_ready(daemon)
     return daemon
+
+
+@contextmanager
+def module_daemon(
+    factory: pytest.TempPathFactory, name: str, config: str, env: dict[str, str] | None = None
+) -> Iterator[DaemonProcess]:
+    """One daemon shared by a test module: its own temp dir and empty root, stopped after."""
+    tmp = factory.mktemp(name)
+    root = tmp / "root"
+    root.mkdir()
+    d = start_daemon(tmp, root, config=config, env=env)
+    try:
+        yield d
+    finally:
+        d.stop()
 
 
 def wait_ready(daemon: DaemonProcess, timeout: float = 10.0) -> None:

@@ -21,7 +21,7 @@ def request(command: str, *, stream_limit: int = 8 << 20) -> SpawnRequest:
         argv=["/bin/sh", "-c", command], cwd="/", env={"PATH": "/usr/bin:/bin"}, files={},
         uid=os.getuid(), gid=os.getgid(), network=True, network_namespace=False, writable=[], temp="/tmp",
         limits=LIMITS, idle_timeout_s=0.0, stream_limit_bytes=stream_limit, keep_bytes=4096, require=[],
-        cgroup="", reads={},
+        reads={},
     )  # fmt: skip
 
 

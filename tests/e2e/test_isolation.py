@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import toold_protocol as p
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, module_daemon, start_daemon
 from tests.e2e.test_daemon import submit_raw
 from toold_client import Client
 from toold_daemon.isolation import kernel
@@ -45,14 +45,8 @@ landlock = pytest.mark.skipif(kernel.landlock_abi() == 0, reason="kernel without
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    tmp = tmp_path_factory.mktemp("isolation")
-    root = tmp / "root"
-    root.mkdir()
-    d = start_daemon(tmp, root, config=CONFIG, env=SECRETS)
-    try:
+    with module_daemon(tmp_path_factory, "isolation", CONFIG, env=SECRETS) as d:
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.fixture

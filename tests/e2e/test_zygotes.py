@@ -11,21 +11,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, module_daemon, start_daemon
 
 CONFIG = '[tools.approval]\nallowlist = ["shell"]\n'
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    tmp = tmp_path_factory.mktemp("zygotes")
-    root = tmp / "root"
-    root.mkdir()
-    d = start_daemon(tmp, root, config=CONFIG)
-    try:
+    with module_daemon(tmp_path_factory, "zygotes", CONFIG) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def parent_of_command(daemon: DaemonProcess) -> int:

@@ -130,8 +130,8 @@ class IsolationConfig(_Section, frozen=True):
     # Cut the network with a network namespace; false: with the seccomp AF_UNIX-only filter
     # (for containers whose own seccomp profile or AppArmor blocks user namespaces).
     network_namespace: bool = True
-    # A cgroup v2 per call where the daemon may create them (cgroup.kill; pids/memory limits
-    # when those controllers are delegated). false: process group and token sweep only.
+    # A cgroup per call where the daemon may create them: cgroup.kill (v2); pids.max and a
+    # memory limit (v2 when delegated, else v1 hierarchies). false: group and token sweep only.
     cgroups: bool = True
     # Start commands (shell, run_code) from a pre-confined zygote per uid/roots/network by
     # posix_spawn, instead of forking and confining a fresh child for each. false: fork.

@@ -1,103 +1,245 @@
-"""Per-call cgroups (v2), where the daemon may create them.
+"""Per-call cgroups, where the daemon may create them: cgroup v2, with cgroup v1
+hierarchies for the limits v2 cannot give here.
 
-Each call's child moves itself into ``<base>/toold-<daemon pid>/call-<token>`` before it
-drops privileges. Killing the call then ends with ``cgroup.kill``, which reaches every
-process of the call wherever it went (new session, cleared environment), and the
-``pids.max``/``memory.max`` limits apply when those controllers are available to us.
-Without a writable cgroup v2 hierarchy (cgroup v1 systems, unprivileged daemons without
-systemd's ``Delegate=yes``) calls run without one, and the process-group and token
-sweep is the only sweep; the layer report says which.
+A call's cgroup has one name (``call-<token>``) and one directory in each hierarchy we
+use, under ``<hierarchy>/<the daemon's own cgroup>/toold-<daemon pid>/``. Its processes
+join every one of them before anything else (the child as its first step; a zygote is
+moved in, see ``Zygote.park``). The first hierarchy is the one that kills: with cgroup
+v2, ``cgroup.kill`` reaches every process of the call wherever it went (new session,
+cleared environment); on v1 the same is done by signalling every pid in ``cgroup.procs``
+until none is left.
+
+``pids.max`` and the memory limit apply in whichever hierarchy has the controller. On
+hybrid systems (systemd's legacy layouts, many container hosts) the unified v2 hierarchy
+often has neither, while v1 hierarchies for ``pids`` and ``memory`` are mounted; the
+daemon then uses those next to v2. Without any writable hierarchy (unprivileged daemons
+without systemd's ``Delegate=yes``) calls run without a cgroup, and the process-group
+and token sweep is the only sweep; the layer report says which.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+import signal
+from dataclasses import dataclass, field
+
+LIMITED = ("pids", "memory")
+_KILL_PASSES = 1000
 
 
-def _cgroup2_mounts() -> list[str]:
-    mounts: list[str] = []
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    mounts.append(left.split()[4])
-    except OSError:
-        pass
-    return mounts
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where our calls' cgroups live in one hierarchy, and which limits it enforces."""
 
+    base: str  # <mount>/<own cgroup>/toold-<pid>
+    version: int  # 2 (unified) or 1
+    limits: frozenset[str] = frozenset()
 
-def _own_path() -> str:
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        pass
-    return "/"
+    def limit_files(self, pids_max: int, memory_max: int) -> dict[str, str]:
+        files: dict[str, str] = {}
+        if "pids" in self.limits:
+            files["pids.max"] = str(pids_max)
+        if "memory" in self.limits:
+            files["memory.max" if self.version == 2 else "memory.limit_in_bytes"] = str(memory_max)
+        return files
 
 
 @dataclass
 class Cgroups:
-    """The daemon's parent cgroup for calls, or why there is none (``base`` empty)."""
+    """The hierarchies our calls' cgroups live in (none: ``reason`` says why)."""
 
-    base: str = ""
+    hierarchies: tuple[Hierarchy, ...] = ()
     reason: str = ""
-    controllers: frozenset[str] = frozenset()
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        """Where calls' cgroups are made in the hierarchy that kills ("" without cgroups)."""
+        return self.hierarchies[0].base if self.hierarchies else ""
 
     @classmethod
     def detect(cls, enabled: bool = True) -> Cgroups:
         if not enabled:
             return cls(reason="off: per-call cgroups disabled by configuration")
-        mounts = _cgroup2_mounts()
-        if not mounts:
-            return cls(reason="off: no cgroup v2 hierarchy is mounted")
-        own = _own_path().lstrip("/")
-        for mount in mounts:
-            parent = os.path.join(mount, own)
-            if not os.path.isdir(parent):
+        own = _own_cgroups()
+        found: list[Hierarchy] = []
+        notes: list[str] = []
+        unified = _unified(own.get("", ""), notes)
+        if unified is not None:
+            found.append(unified)
+        have = set(unified.limits) if unified else set()
+        for controller in LIMITED:
+            if controller in have:
                 continue
-            _remove_stale(parent)
-            base = os.path.join(parent, f"toold-{os.getpid()}")
-            try:
-                os.makedirs(base, exist_ok=True)
-            except OSError as exc:
-                return cls(reason=f"off: cannot create cgroups under {parent} ({exc.strerror}); Delegate=yes?")
-            return cls(base=base, controllers=_enable_controllers(parent, base))
-        return cls(reason="off: the daemon's own cgroup is not under a cgroup v2 mount")
+            legacy = _legacy(controller, own.get(controller, ""), notes)
+            if legacy is not None:
+                found.append(legacy)
+                have.add(controller)
+        if not found:
+            return cls(reason="off: " + ("; ".join(notes) or "no cgroup hierarchy is mounted"), notes=notes)
+        return cls(hierarchies=tuple(found), notes=notes)
 
     def describe(self) -> str:
-        if not self.base:
+        if not self.hierarchies:
             return self.reason
-        limits = ", ".join(sorted(self.controllers & {"pids", "memory"})) or "no pids/memory controller"
-        return f"on (per-call cgroups under {self.base}; cgroup.kill; limits: {limits})"
+        first = self.hierarchies[0]
+        kill = "cgroup.kill" if first.version == 2 else "v1: kill every pid in cgroup.procs"
+        limits = [f"{name} (v{h.version})" for h in self.hierarchies for name in sorted(h.limits)]
+        return f"on (per-call cgroups under {first.base}; {kill}; limits: {', '.join(limits) or 'none'})"
+
+    def paths(self, name: str) -> list[str]:
+        """The call cgroup ``name`` in every hierarchy (what a process joins)."""
+        return [os.path.join(h.base, name) for h in self.hierarchies] if name else []
 
     def create(self, name: str, *, pids_max: int, memory_max: int) -> str:
-        """A fresh cgroup (``call-<token>`` for one call, ``zygote-<id>`` for a zygote
-        between spawns): its path, or "" when it cannot be made."""
-        if not self.base:
+        """A fresh cgroup (``call-<token>`` for one call, ``zygote-<id>`` for a zygote's
+        home) in every hierarchy, with the limits: its name, or "" when it cannot be made."""
+        if not self.hierarchies:
             return ""
-        path = os.path.join(self.base, name)
-        try:
-            os.mkdir(path, 0o755)
-        except OSError:
-            return ""
-        if "pids" in self.controllers:
-            _write(os.path.join(path, "pids.max"), str(pids_max))
-        if "memory" in self.controllers:
-            _write(os.path.join(path, "memory.max"), str(memory_max))
-        return path
+        made: list[str] = []
+        for hierarchy in self.hierarchies:
+            path = os.path.join(hierarchy.base, name)
+            try:
+                os.mkdir(path, 0o755)
+            except OSError:
+                for done in made:
+                    _rmdir(done)
+                return ""
+            made.append(path)
+            for file, value in hierarchy.limit_files(pids_max, memory_max).items():
+                _write(os.path.join(path, file), value)
+        return name
 
-    def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            os.rmdir(self.base)
+    def move(self, pid: int, name: str) -> bool:
+        """Move another process (a zygote) into cgroup ``name`` in every hierarchy."""
+        return bool(name) and all(_write(os.path.join(p, "cgroup.procs"), str(pid)) for p in self.paths(name))
+
+    def kill(self, name: str) -> bool:
+        """SIGKILL every process in cgroup ``name``: ``cgroup.kill`` (v2, Linux 5.14), else
+        each pid in ``cgroup.procs`` until a pass finds none new. False when neither works."""
+        if not name or not self.hierarchies:
+            return False
+        path = self.paths(name)[0]
+        if self.hierarchies[0].version == 2 and _write(os.path.join(path, "cgroup.kill"), "1"):
+            return True
+        return kill_listed(path)
+
+    def remove(self, name: str) -> bool:
+        """Remove an emptied cgroup everywhere; False while processes are still leaving it."""
+        return all([_rmdir(path) for path in self.paths(name)])
+
+    def remove_bases(self) -> None:
+        for hierarchy in self.hierarchies:
+            with contextlib.suppress(OSError):
+                os.rmdir(hierarchy.base)
+
+
+def join(paths: list[str]) -> bool:
+    """Move the calling process into the call's cgroup in every hierarchy (in the child,
+    before anything); True when it joined the first (the one that kills)."""
+    joined = [_write(os.path.join(path, "cgroup.procs"), "0") for path in paths]
+    return bool(joined) and joined[0]
+
+
+def kill_listed(path: str) -> bool:
+    """SIGKILL every pid listed in ``path``'s ``cgroup.procs``, again until a pass finds
+    none new (a process with SIGKILL pending cannot fork any more)."""
+    killed: set[int] = set()
+    for _ in range(_KILL_PASSES):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = {int(line) for line in f if line.strip()}
+        except OSError:
+            return bool(killed)
+        new = pids - killed
+        if not new:
+            return True
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed |= new
+    return True
+
+
+def _mounts() -> list[tuple[str, str, str, str]]:
+    """(mount point, root within the hierarchy, fs type, super options) of cgroup mounts."""
+    found: list[tuple[str, str, str, str]] = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, fs = left.split(), right.split()
+                if len(fields) > 4 and len(fs) > 2 and fs[0] in ("cgroup", "cgroup2"):
+                    found.append((fields[4], fields[3], fs[0], fs[2]))
+    except OSError:
+        pass
+    return found
+
+
+def _own_cgroups() -> dict[str, str]:
+    """Our cgroup per controller from /proc/self/cgroup ("" keys the unified hierarchy)."""
+    own: dict[str, str] = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _id, controllers, path = line.rstrip("\n").split(":", 2)
+                for controller in controllers.split(",") if controllers else [""]:
+                    own[controller] = path
+    except OSError:
+        pass
+    return own
+
+
+def _inside(mount: str, root: str, own: str) -> str:
+    """Our cgroup's directory under a mount of its hierarchy (which may show only a subtree)."""
+    relative = own if root == "/" else own.removeprefix(root) if own.startswith(root) else ""
+    return os.path.join(mount, relative.lstrip("/")) if own else ""
+
+
+def _make_base(parent: str, notes: list[str]) -> str:
+    _remove_stale(parent)
+    base = os.path.join(parent, f"toold-{os.getpid()}")
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError as exc:
+        notes.append(f"cannot create cgroups under {parent} ({exc.strerror}); Delegate=yes?")
+        return ""
+    return base
+
+
+def _unified(own: str, notes: list[str]) -> Hierarchy | None:
+    for mount, root, fs, _options in _mounts():
+        if fs != "cgroup2":
+            continue
+        parent = _inside(mount, root, own)
+        if not parent or not os.path.isdir(parent):
+            continue
+        base = _make_base(parent, notes)
+        if not base:
+            return None
+        return Hierarchy(base=base, version=2, limits=_enable_controllers(parent, base))
+    notes.append("no cgroup v2 hierarchy holds the daemon's cgroup")
+    return None
+
+
+def _legacy(controller: str, own: str, notes: list[str]) -> Hierarchy | None:
+    """A cgroup v1 hierarchy with ``controller``, where we can make cgroups."""
+    for mount, root, fs, options in _mounts():
+        if fs != "cgroup" or controller not in options.split(","):
+            continue
+        parent = _inside(mount, root, own)
+        if not parent or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            continue
+        base = _make_base(parent, notes)
+        if base and controller == "memory":
+            _write(os.path.join(base, "memory.use_hierarchy"), "1")  # limits hold for what a call starts
+        return Hierarchy(base=base, version=1, limits=frozenset({controller})) if base else None
+    return None
 
 
 def _remove_stale(parent: str) -> None:
-    """Empty cgroups left by daemons that were killed (their pid is gone)."""
+    """Cgroups left by daemons that were killed (their pid is gone)."""
     try:
         names = os.listdir(parent)
     except OSError:
@@ -110,8 +252,10 @@ def _remove_stale(parent: str) -> None:
         with contextlib.suppress(OSError):
             for call in os.listdir(base):
                 if call.startswith(("call-", "zygote-")):
-                    kill(os.path.join(base, call))
-                    remove(os.path.join(base, call))
+                    path = os.path.join(base, call)
+                    if not _write(os.path.join(path, "cgroup.kill"), "1"):
+                        kill_listed(path)
+                    _rmdir(path)
             os.rmdir(base)
 
 
@@ -122,9 +266,8 @@ def _enable_controllers(parent: str, base: str) -> frozenset[str]:
             available = set(f.read().split())
     except OSError:
         return frozenset()
-    wanted = available & {"pids", "memory"}
     enabled: set[str] = set()
-    for name in wanted:
+    for name in available & set(LIMITED):
         if _write(os.path.join(parent, "cgroup.subtree_control"), f"+{name}") and _write(
             os.path.join(base, "cgroup.subtree_control"), f"+{name}"
         ):
@@ -141,24 +284,7 @@ def _write(path: str, text: str) -> bool:
     return True
 
 
-def join(path: str) -> bool:
-    """Move the calling process into the cgroup at ``path`` (in the child, before anything)."""
-    return bool(path) and _write(os.path.join(path, "cgroup.procs"), "0")
-
-
-def move(pid: int, path: str) -> bool:
-    """Move another process (a zygote) into the cgroup at ``path``."""
-    return _write(os.path.join(path, "cgroup.procs"), str(pid))
-
-
-def kill(path: str) -> bool:
-    """SIGKILL every process in the call's cgroup (``cgroup.kill``, Linux 5.14); False
-    when the kernel has no ``cgroup.kill`` or refused."""
-    return _write(os.path.join(path, "cgroup.kill"), "1")
-
-
-def remove(path: str) -> bool:
-    """Remove an emptied call cgroup; False while processes are still leaving it."""
+def _rmdir(path: str) -> bool:
     try:
         os.rmdir(path)
     except FileNotFoundError:

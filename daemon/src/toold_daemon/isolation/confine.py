@@ -34,7 +34,7 @@ def confine(request: SpawnRequest, keep_fds: list[int], parent_pid: int, landloc
     """Apply every layer to this process; return ``{layer: "on" | reason it is off}``.
     ``landlock`` is a ruleset fd the spawner built (``landlock_ruleset``) or why there is none."""
     layers: dict[str, str] = {}
-    joined = cgroup.join(request.cgroup)  # first: everything the call starts is inside it
+    joined = cgroup.join(request.cgroups)  # first: everything the call starts is inside it
     layers["cgroup"] = "on" if joined else "off: no per-call cgroup for this call"
     os.setsid()
     kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -31,7 +31,6 @@ from ..config import Config
 from ..errors import ToolError
 from ..runner import ThreadRunner
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
-from . import cgroup
 from . import sweep as sweeping
 from .cgroup import Cgroups
 from .environment import acceptable, inherited_environment, is_injection
@@ -252,7 +251,7 @@ class SpawnRunner:
             os.close(read_end)
             shutil.rmtree(temp, ignore_errors=True)
             if group := self._cgroup_of.pop(token, ""):
-                cgroup.remove(group)
+                self.cgroups.remove(group)
             raise
         finally:
             os.close(write_end)
@@ -283,7 +282,7 @@ class SpawnRunner:
             if group:
                 self._cgroup_of[request.token] = group
             return pid
-        request = msgspec.structs.replace(request, cgroup=self._new_call_cgroup(request.token))
+        request = msgspec.structs.replace(request, cgroups=self.cgroups.paths(self._new_call_cgroup(request.token)))
         return await self._ask_spawner(request, write_end)
 
     def _request(
@@ -344,7 +343,7 @@ class SpawnRunner:
             stream_limit_bytes=isolation.stream_limit_bytes,
             keep_bytes=self.config.tools.output.max_bytes,
             require=[] if probe else list(isolation.require),
-            cgroup=group,
+            cgroups=self.cgroups.paths(group),
             reads=dict(ctx.reads),
         )
 
@@ -410,7 +409,7 @@ class SpawnRunner:
                     await trio.sleep(0.02)
         group = self._cgroup_of.pop(child.token, "")
         # cgroup.kill reaches every process of the call, whatever session or environment it has now
-        killed_by_cgroup = bool(group) and cgroup.kill(group)
+        killed_by_cgroup = self.cgroups.kill(group)
         killed: set[int] = set()
         if killed_by_cgroup and self._nursery is not None:
             _signal_group(child.pid, signal.SIGKILL)
@@ -432,7 +431,7 @@ class SpawnRunner:
             emptied = False  # only an emptied cgroup proves nothing of the call can still write
             if group:
                 with trio.move_on_after(2.0):
-                    while not cgroup.remove(group):
+                    while not self.cgroups.remove(group):
                         await trio.sleep(0.001)
                     emptied = True
             self._temps.give_back(child.temp, child.uid, reusable=emptied)
@@ -448,7 +447,7 @@ class SpawnRunner:
             self._zygotes.close()
         self._control.close()
         self._temps.close()
-        self.cgroups.remove()
+        self.cgroups.remove_bases()
 
 
 _TYPES = {t.value for t in ToolErrorType}

@@ -54,7 +54,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     require: list[str] = []
     reads: dict[str, str] = {}
     preview: bool = False  # run the tool's ``preview`` (a diff) instead of ``run``
-    cgroup: str = ""  # the call's cgroup, joined first thing (empty: none)
+    cgroups: list[str] = []  # the call's cgroup in each hierarchy, joined first thing
     zygote: bool = False  # confine, then start commands sent over the channel (a socket)
 
 

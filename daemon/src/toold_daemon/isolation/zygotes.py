@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
-from . import cgroup
+from .cgroup import Cgroups
 from .sockets import PeerGone, receive_frame, send_with_fd
 from .wire import Outcome, Spawned, SpawnRequest, frame
 
@@ -36,6 +36,7 @@ MAX_ZYGOTES = 8
 MAX_SPAWNS = 1000
 MAX_AGE_S = 600.0
 _READY_TIMEOUT_S = 10.0
+_CLOSE_WAIT_S = 1.0
 
 _outcome_decoder = msgspec.msgpack.Decoder(Outcome)
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
@@ -72,6 +73,7 @@ class Zygote:
     sock: trio.socket.SocketType
     home: str  # its own cgroup when not parked ("" without cgroups)
     layers: dict[str, str]
+    cgroups: Cgroups
     new_group: Callable[[], str]  # a fresh call cgroup, or "" when none can be made
     parked: str = ""  # the fresh cgroup it waits in: the next command's
     abandoned: list[str] = field(default_factory=list)  # call cgroups of failed spawns
@@ -82,7 +84,7 @@ class Zygote:
     def worn_out(self) -> bool:
         return self.spawned >= MAX_SPAWNS or time.monotonic() - self.born > MAX_AGE_S
 
-    def cgroups(self) -> list[str]:
+    def cgroups_in_use(self) -> list[str]:
         """Every cgroup this zygote may still be in (to remove once it has exited)."""
         return [group for group in (self.home, self.parked, *self.abandoned) if group]
 
@@ -91,13 +93,13 @@ class Zygote:
         its path; else at home. False when the zygote could not leave its current cgroup
         (it must not stay in a call's cgroup: that call's kill would reach it)."""
         fresh = self.new_group()
-        if fresh and cgroup.move(self.pid, fresh):
+        if fresh and self.cgroups.move(self.pid, fresh):
             self.parked = fresh
             return True
         if fresh:
-            cgroup.remove(fresh)
+            self.cgroups.remove(fresh)
         self.parked = ""
-        return not self.home or cgroup.move(self.pid, self.home)
+        return not self.home or self.cgroups.move(self.pid, self.home)
 
     async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str]:
         """Start one command in the cgroup the zygote is parked in, which becomes the call's;
@@ -116,7 +118,7 @@ class Zygote:
                     reply = _spawned_decoder.decode(await receive_frame(self.sock))
                 except BaseException:
                     if group:  # the zygote died mid-request: what it may have started goes too
-                        cgroup.kill(group)
+                        self.cgroups.kill(group)
                         self.abandoned.append(group)
                         self.parked = ""
                     raise
@@ -125,7 +127,7 @@ class Zygote:
                     self.spawned = MAX_SPAWNS  # that call's kill will end it
         self.spawned += 1
         if reply.error or reply.pid <= 0:
-            cgroup.remove(group)
+            self.cgroups.remove(group)
             raise CommandNotStarted(reply.error or "no pid")
         return reply.pid, group
 
@@ -134,7 +136,7 @@ class Zygote:
 
 
 class Zygotes:
-    def __init__(self, start_child: StartChild, cgroups: cgroup.Cgroups, pids_max: int, memory_max: int) -> None:
+    def __init__(self, start_child: StartChild, cgroups: Cgroups, pids_max: int, memory_max: int) -> None:
         self._start_child = start_child
         self._cgroups = cgroups
         self._limits = (pids_max, memory_max)
@@ -172,7 +174,14 @@ class Zygotes:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         home = self._cgroups.create(f"zygote-{id(ours):x}", pids_max=self._limits[0], memory_max=self._limits[1])
         zygote_request = msgspec.structs.replace(
-            request, argv=[], env={}, files={}, zygote=True, cgroup=home, call_id="zygote", token=""
+            request,
+            argv=[],
+            env={},
+            files={},
+            zygote=True,
+            cgroups=self._cgroups.paths(home),
+            call_id="zygote",
+            token="",
         )
         sock = trio.socket.from_stdlib_socket(ours)
         try:
@@ -180,11 +189,11 @@ class Zygotes:
         except BaseException:
             sock.close()
             if home:
-                cgroup.remove(home)
+                self._cgroups.remove(home)
             raise
         finally:
             theirs.close()
-        zygote = Zygote(pid=pid, sock=sock, home=home, layers={}, new_group=self._new_group)
+        zygote = Zygote(pid=pid, sock=sock, home=home, layers={}, cgroups=self._cgroups, new_group=self._new_group)
         try:
             with trio.fail_after(_READY_TIMEOUT_S):
                 ready = _outcome_decoder.decode(await receive_frame(sock))
@@ -210,9 +219,15 @@ class Zygotes:
 
     def _retire_zygote(self, zygote: Zygote) -> None:
         zygote.close()  # it exits once its last command has been reported
-        self._homes_to_remove += zygote.cgroups()
-        self._homes_to_remove = [home for home in self._homes_to_remove if not cgroup.remove(home)]
+        self._homes_to_remove += zygote.cgroups_in_use()
+        self._homes_to_remove = [home for home in self._homes_to_remove if not self._cgroups.remove(home)]
 
     def close(self) -> None:
+        """Retire every zygote, and remove their cgroups once they have exited (each exits
+        as soon as its socket closes, when it has no command left to report)."""
         for kind, zygote in list(self._pool.items()):
             self._retire(kind, zygote)
+        deadline = time.monotonic() + _CLOSE_WAIT_S
+        while self._homes_to_remove and time.monotonic() < deadline:
+            time.sleep(0.005)
+            self._homes_to_remove = [home for home in self._homes_to_remove if not self._cgroups.remove(home)]
