@@ -5,17 +5,19 @@ The isolated figures go through the real spawner and ``SpawnRunner`` (confinemen
 channel pipe, outcome, group kill and sweep), without the daemon's protocol; the last
 line adds the protocol: ``shell true`` through a running daemon and the client.
 Commands go through the zygote of their kind (warmed up first), the Python tool through
-a freshly forked and confined child. This VM's speed drifts by tens of percent over a
-minute, so the baselines are sampled half before and half after the isolated runs.
+a freshly forked and confined child. The figures that the targets are about are the
+per-round ratios: each round times its own baselines just before its isolated calls.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -39,15 +41,27 @@ def bare_fork() -> None:
     os.waitpid(pid, 0)
 
 
-def baselines(n: int) -> tuple[list[float], list[float]]:
-    """Bare forks and ``subprocess.run(["sh", "-c", "true"])`` from this process (as big
-    as the spawner), each in a block of its own: half before the isolated runs, half after."""
-    fork = sample(bare_fork, n, warmup=20)
-    sub = sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), n, warmup=20)
-    return fork, sub
+ROUNDS = 5
 
 
-async def isolated(runner: SpawnRunner, config: Config, root: Path, n: int) -> tuple[list[float], list[float]]:
+@dataclass
+class Rounds:
+    """Samples pooled over all rounds, and each round's p50 ratio to its own baselines."""
+
+    samples: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in ("fork", "py", "sub", "sh")})
+    ratios: dict[str, list[float]] = field(default_factory=lambda: {"py": [], "sh": []})
+
+    def add(self, round_: dict[str, list[float]]) -> None:
+        for name, times in round_.items():
+            self.samples[name] += times
+        self.ratios["py"].append(statistics.median(round_["py"]) / statistics.median(round_["fork"]))
+        self.ratios["sh"].append(statistics.median(round_["sh"]) / statistics.median(round_["sub"]))
+
+
+async def isolated(runner: SpawnRunner, config: Config, root: Path, n: int) -> Rounds:
+    """``ROUNDS`` rounds, each a block of baselines (bare forks, ``subprocess.run`` from
+    this process, as big as the spawner) then a block of isolated calls: this VM's speed
+    drifts by tens of percent within a minute, so each round is compared with itself."""
     me = Identity(uid=os.geteuid(), gid=os.getegid(), pid=os.getpid())
     sandbox = build_sandbox(config, [root])
     shell = next(t for t in builtin_tools() if t.name == "shell")
@@ -62,9 +76,24 @@ async def isolated(runner: SpawnRunner, config: Config, root: Path, n: int) -> t
     for _ in range(20):
         await timed(probe, ProbeArgs())
         await timed(shell, ShellArgs(command="true"))
-    python_child = [await timed(probe, ProbeArgs()) for _ in range(n)]
-    shell_true = [await timed(shell, ShellArgs(command="true")) for _ in range(n)]
-    return python_child, shell_true
+    rounds = Rounds()
+    per_round = max(1, n // ROUNDS)
+    for _ in range(ROUNDS):
+        await trio.sleep(0.05)  # the last call's cleanup runs behind it: let it finish first
+        this = {
+            "fork": sample(bare_fork, per_round, warmup=5),
+            "sub": sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), per_round, warmup=5),
+        }
+        this["py"] = [await timed(probe, ProbeArgs()) for _ in range(per_round)]
+        this["sh"] = [await timed(shell, ShellArgs(command="true")) for _ in range(per_round)]
+        rounds.add(this)
+    return rounds
+
+
+def spread(ratios: list[float]) -> str:
+    return (
+        f"per-round p50 ratio: median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}x, max {max(ratios):.2f}x)"
+    )
 
 
 def main(n: int = 300) -> None:
@@ -73,9 +102,8 @@ def main(n: int = 300) -> None:
         root = Path(tmp) / "root"
         root.mkdir()
         spawner_pid, control = start([*builtin_tools(), Probe()])
-        fork, sub = baselines(n // 2)
 
-        async def measure() -> tuple[list[float], list[float]]:
+        async def measure() -> Rounds:
             runner = SpawnRunner(spawner_pid, control, config)
             try:
                 async with trio.open_nursery() as nursery:  # as in the daemon: cleanup runs behind
@@ -84,20 +112,21 @@ def main(n: int = 300) -> None:
             finally:
                 runner.close()
 
-        python_child, shell_true = trio.run(measure)
-        fork_after, sub_after = baselines(n - n // 2)  # before and after: drift shows in both
-        fork += fork_after
-        sub += sub_after
+        rounds = trio.run(measure)
         cfg = Path(tmp) / "c.toml"
         cfg.write_text('[tools.approval]\nallowlist = ["shell"]\n[journal]\nenabled = false\n')
+        sub_beside = sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), n // 2, warmup=20)
         with running_daemon(root, "--config", str(cfg)) as endpoint, Client(endpoint) as client:
             through_daemon = sample(lambda: client.call("shell", {"command": "true"}), n, warmup=20)
-    print(f"# isolated child cost, n={n}")
+    fork, python_child, sub, shell_true = (rounds.samples[k] for k in ("fork", "py", "sub", "sh"))
+    print(f"# isolated child cost, n={n} in {ROUNDS} rounds (baselines, then isolated calls)")
     report("bare fork + exit + wait [baseline A]", fork)
     report("isolated no-op Python tool vs A", python_child, fork)
+    print(f"{'':44} {spread(rounds.ratios['py'])}")
     report("subprocess.run sh -c true [baseline B]", sub)
     report("isolated shell true vs B", shell_true, sub)
-    report("shell true via daemon+client vs B", through_daemon, sub)
+    print(f"{'':44} {spread(rounds.ratios['sh'])}")
+    report("shell true via daemon+client vs B'", through_daemon, sub_beside)
 
 
 if __name__ == "__main__":
