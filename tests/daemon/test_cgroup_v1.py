@@ -63,3 +63,19 @@ def test_v1_call_cgroup_limits_and_kills_escapees(v1_only: Cgroups) -> None:
 def _members(path: str) -> list[int]:
     with open(os.path.join(path, "cgroup.procs")) as f:
         return [int(line) for line in f if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("mount", "root", "own", "expected"),
+    [
+        ("/sys/fs/cgroup/memory", "/", "/process_api/abc", "/sys/fs/cgroup/memory/process_api/abc"),
+        ("/sys/fs/cgroup/memory", "/docker/x", "/docker/x/sub", "/sys/fs/cgroup/memory/sub"),  # a subtree mount
+        ("/sys/fs/cgroup/memory", "/docker/x", "/elsewhere", ""),  # our cgroup is not under this mount
+        ("/sys/fs/cgroup/memory", "/docker/x", "/docker/xy", ""),  # a sibling whose name merely starts alike
+        ("/sys/fs/cgroup", "/", "/", "/sys/fs/cgroup/"),
+    ],
+)
+def test_our_cgroup_is_found_under_a_mount_that_shows_only_a_subtree(
+    mount: str, root: str, own: str, expected: str
+) -> None:
+    assert cgroup._inside(mount, root, own) == expected

@@ -193,8 +193,15 @@ def _own_cgroups() -> dict[str, str]:
 
 def _inside(mount: str, root: str, own: str) -> str:
     """Our cgroup's directory under a mount of its hierarchy (which may show only a subtree)."""
-    relative = own if root == "/" else own.removeprefix(root) if own.startswith(root) else ""
-    return os.path.join(mount, relative.lstrip("/")) if own else ""
+    if not own:
+        return ""
+    if root == "/":
+        relative = own
+    elif own == root or own.startswith(root.rstrip("/") + "/"):
+        relative = own[len(root) :]
+    else:
+        return ""  # this mount does not show our cgroup
+    return os.path.join(mount, relative.lstrip("/"))
 
 
 def _make_base(parent: str, notes: list[str]) -> str:
