@@ -59,6 +59,7 @@ class _Child:
     token: str
     temp: str
     uid: int
+    cgroup: str  # its call cgroup's name ("" without one)
 
 
 class SpawnRunner:
@@ -77,7 +78,6 @@ class SpawnRunner:
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
-        self._cgroup_of: dict[str, str] = {}  # call token -> its cgroup
         isolation = config.tools.isolation
         self._zygotes = (
             Zygotes(self._ask_spawner, self.cgroups, isolation.processes, isolation.address_space_mb * 1024 * 1024)
@@ -237,53 +237,51 @@ class SpawnRunner:
         via_zygote = self._zygotes is not None and command is not None and bool(command.argv)
         read_end, write_end = os.pipe()
         try:
-            group = "" if via_zygote else self._new_call_cgroup(token)
             request = self._request(
-                tool, args, ctx, identity=identity, token=token, temp=temp, group=group, command=command, probe=probe
+                tool, args, ctx, identity=identity, token=token, temp=temp, command=command, probe=probe
             )
             if preview:
                 request = msgspec.structs.replace(request, preview=True)
             if self._zygotes is not None and via_zygote:
-                pid = await self._start_command(self._zygotes, request, write_end)
+                pid, group = await self._start_command(self._zygotes, request, write_end)
             else:
-                pid = await self._ask_spawner(request, write_end)
+                pid, group = await self._fork_child(request, write_end)
         except BaseException:
             os.close(read_end)
             shutil.rmtree(temp, ignore_errors=True)
-            if group := self._cgroup_of.pop(token, ""):
-                self.cgroups.remove(group)
             raise
         finally:
             os.close(write_end)
-        return _Child(pid, read_end, token, temp, identity.uid)
+        return _Child(pid, read_end, token, temp, identity.uid, group)
 
-    def _new_call_cgroup(self, token: str) -> str:
-        """A cgroup for a call started by a fresh child (which joins it), registered for the
-        kill; "" without cgroups. Zygotes start theirs in one they prepared (``Zygote.park``)."""
+    async def _fork_child(self, request: SpawnRequest, write_end: int) -> tuple[int, str]:
+        """A fresh child from the spawner, which joins a new call cgroup first thing:
+        (pid, the cgroup's name or "")."""
         isolation = self.config.tools.isolation
         group = self.cgroups.create(
-            f"call-{token}", pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
+            f"call-{request.token}", pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
         )
-        if group:
-            self._cgroup_of[token] = group
-        return group
-
-    async def _start_command(self, zygotes: Zygotes, request: SpawnRequest, write_end: int) -> int:
-        """Through the zygote of the call's kind (a posix_spawn); should that fail, through
-        a fresh child as before, after sweeping anything a dying zygote may have started."""
         try:
-            pid, group = await zygotes.spawn(request, write_end)
+            pid = await self._ask_spawner(
+                msgspec.structs.replace(request, cgroups=self.cgroups.paths(group)), write_end
+            )
+        except BaseException:
+            self.cgroups.remove(group)
+            raise
+        return pid, group
+
+    async def _start_command(self, zygotes: Zygotes, request: SpawnRequest, write_end: int) -> tuple[int, str]:
+        """Through the zygote of the call's kind (a posix_spawn, in the cgroup the zygote
+        prepared); should that fail, through a fresh child as before, after sweeping
+        anything a dying zygote may have started: (pid, the call's cgroup)."""
+        try:
+            return await zygotes.spawn(request, write_end)
         except CommandNotStarted as exc:
             log.debug("zygote could not start %s (%s); a fresh child will say why", request.argv[:1], exc)
         except ZygoteUnavailable as exc:
             log.warning("zygote unavailable (%s); starting a fresh child", exc)
             sweeping.sweep(self.spawner_pid, 0, request.token)
-        else:
-            if group:
-                self._cgroup_of[request.token] = group
-            return pid
-        request = msgspec.structs.replace(request, cgroups=self.cgroups.paths(self._new_call_cgroup(request.token)))
-        return await self._ask_spawner(request, write_end)
+        return await self._fork_child(request, write_end)
 
     def _request(
         self,
@@ -294,7 +292,6 @@ class SpawnRunner:
         identity: Identity,
         token: str,
         temp: str,
-        group: str,
         command: Command | None,
         probe: bool,
     ) -> SpawnRequest:
@@ -343,7 +340,6 @@ class SpawnRunner:
             stream_limit_bytes=isolation.stream_limit_bytes,
             keep_bytes=self.config.tools.output.max_bytes,
             require=[] if probe else list(isolation.require),
-            cgroups=self.cgroups.paths(group),
             reads=dict(ctx.reads),
         )
 
@@ -407,18 +403,17 @@ class SpawnRunner:
             with trio.move_on_after(grace):
                 while _signal_group(child.pid, 0):
                     await trio.sleep(0.02)
-        group = self._cgroup_of.pop(child.token, "")
         # cgroup.kill reaches every process of the call, whatever session or environment it has now
-        killed_by_cgroup = self.cgroups.kill(group)
+        killed_by_cgroup = self.cgroups.kill(child.cgroup)
         killed: set[int] = set()
         if killed_by_cgroup and self._nursery is not None:
             _signal_group(child.pid, signal.SIGKILL)
-            self._nursery.start_soon(self._finish_kill, child, killed, group)
+            self._nursery.start_soon(self._finish_kill, child, killed)
             return
         await self._sweep_until_quiet(child.pid, child.token, killed)
-        await self._finish_kill(child, killed, group)
+        await self._finish_kill(child, killed)
 
-    async def _finish_kill(self, child: _Child, killed: set[int], group: str) -> None:
+    async def _finish_kill(self, child: _Child, killed: set[int]) -> None:
         # A process being reparented while its parent exits can be missing from both
         # parents' /proc children lists for an instant: once the whole group is gone (no
         # more reparenting), look once more.
@@ -429,9 +424,9 @@ class SpawnRunner:
                     await trio.sleep(0.0005)
             await self._sweep_until_quiet(child.pid, child.token, killed)
             emptied = False  # only an emptied cgroup proves nothing of the call can still write
-            if group:
+            if child.cgroup:
                 with trio.move_on_after(2.0):
-                    while not self.cgroups.remove(group):
+                    while not self.cgroups.remove(child.cgroup):
                         await trio.sleep(0.001)
                     emptied = True
             self._temps.give_back(child.temp, child.uid, reusable=emptied)
