@@ -175,22 +175,42 @@ class Sandbox:
         root, prefix = self._root_prefixes[index]
         parts = text[len(prefix) :].split("/") if text != root else []
         try:
-            fd = os.open(root, _DIR_FLAGS)
+            fd = open_beneath(root, parts[:-1])
         except OSError as exc:
             raise from_os_error(exc, shown) from None
+        if not parts:
+            return fd
         try:
-            for part in parts[:-1]:
-                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = next_fd
-            if not parts:
-                return fd
-            final = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
         except OSError as exc:
-            os.close(fd)
             raise from_os_error(exc, shown) from None
-        os.close(fd)
-        return final
+        finally:
+            os.close(fd)
 
     def open_dir(self, path: Path, *, display: str | None = None) -> int:
         return self.open(path, os.O_RDONLY | os.O_DIRECTORY, display=display)
+
+
+def open_beneath(root: str, parts: Sequence[str], *, create: bool = False) -> int:
+    """The directory ``root/parts...`` opened one component at a time with ``O_NOFOLLOW``
+    (a symlink anywhere on the way is ``ELOOP``/``ENOTDIR``, never followed), creating
+    missing ones when ``create``. Every fd but the returned one is closed, also on error."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parts:
+            try:
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

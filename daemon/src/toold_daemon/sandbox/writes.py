@@ -26,7 +26,7 @@ from pathlib import Path
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError, from_os_error, sandbox_violation
-from .paths import Sandbox
+from .paths import Sandbox, open_beneath
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -48,32 +48,15 @@ def parent_dir(sandbox: Sandbox, path: Path, *, create: bool = False, shown: str
     if not relative:
         raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "ROOT_ITSELF", f"{shown} is a sandbox root itself")
     try:
-        fd = os.open(root, _DIR_FLAGS)
+        fd = open_beneath(str(root), relative[:-1], create=create)
     except OSError as exc:
         raise from_os_error(exc, shown) from None
     try:
-        for part in relative[:-1]:
-            fd = _step(fd, part, create=create)
         yield fd, relative[-1]
     except OSError as exc:
         raise from_os_error(exc, shown) from None
     finally:
         os.close(fd)
-
-
-def _step(fd: int, part: str, *, create: bool) -> int:
-    try:
-        next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-    except FileNotFoundError:
-        if not create:
-            raise
-        try:
-            os.mkdir(part, 0o777, dir_fd=fd)
-        except FileExistsError:
-            pass
-        next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-    os.close(fd)
-    return next_fd
 
 
 def read_existing(dir_fd: int, name: str, *, shown: str) -> Existing | None:
