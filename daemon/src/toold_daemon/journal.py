@@ -377,18 +377,9 @@ class Journal:
         for batch_id in unfinished:
             with self._transaction() as db:
                 db.execute("BEGIN IMMEDIATE")
-                for index, call_id in db.execute(
-                    "SELECT c.idx, c.call_id FROM calls c LEFT JOIN results r ON r.batch_id = c.batch_id "
-                    "AND r.idx = c.idx WHERE c.batch_id = ? AND c.started IS NOT NULL AND r.idx IS NULL",
-                    (batch_id,),
-                ).fetchall():
+                for index, call_id in _without_result(db, batch_id, started_only=True):
                     self._insert_result(batch_id, index, _error_result(call_id, "INTERRUPTED", INTERRUPTED), now)
-                pending = db.execute(
-                    "SELECT COUNT(*) FROM calls c LEFT JOIN results r ON r.batch_id = c.batch_id AND r.idx = c.idx "
-                    "WHERE c.batch_id = ? AND r.idx IS NULL",
-                    (batch_id,),
-                ).fetchone()[0]
-                state = "interrupted" if pending else "finished"
+                state = "interrupted" if _without_result(db, batch_id) else "finished"
                 db.execute(
                     "UPDATE batches SET state = ?, finished = CASE WHEN ? = 'finished' THEN ? END WHERE batch_id = ?",
                     (state, state, now, batch_id),
@@ -401,11 +392,7 @@ class Journal:
         now = time.time()
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
-            for index, call_id in db.execute(
-                "SELECT c.idx, c.call_id FROM calls c LEFT JOIN results r ON r.batch_id = c.batch_id "
-                "AND r.idx = c.idx WHERE c.batch_id = ? AND r.idx IS NULL",
-                (batch_id,),
-            ).fetchall():
+            for index, call_id in _without_result(db, batch_id):
                 self._insert_result(batch_id, index, _error_result(call_id, "DISCARDED", DISCARDED), now)
             db.execute("UPDATE batches SET state = 'cancelled', finished = ? WHERE batch_id = ?", (now, batch_id))
             db.execute("COMMIT")
@@ -424,6 +411,16 @@ class Journal:
             db.execute(f"DELETE FROM batches WHERE {where}", params)  # noqa: S608
             db.execute("COMMIT")
         return ids
+
+
+def _without_result(db: sqlite3.Connection, batch_id: str, *, started_only: bool = False) -> list[tuple[int, str]]:
+    """(index, call id) of the batch's calls that have no result yet; only those that
+    had started when ``started_only``."""
+    return db.execute(
+        "SELECT c.idx, c.call_id FROM calls c LEFT JOIN results r ON r.batch_id = c.batch_id AND r.idx = c.idx "
+        "WHERE c.batch_id = ? AND r.idx IS NULL AND (? = 0 OR c.started IS NOT NULL) ORDER BY c.idx",
+        (batch_id, int(started_only)),
+    ).fetchall()
 
 
 def _error_result(call_id: str, code: str, message: str) -> ToolResult:
