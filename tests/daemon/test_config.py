@@ -1,4 +1,4 @@
-"""Configuration: defaults, seed 003 layout, errors with file and line."""
+"""Configuration: defaults, the documented layout, errors with file and line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_every_setting_has_a_default() -> None:
     assert config.tools.read_file.max_file_read_bytes == 204_800 and config.tools.output.max_bytes == 102_400
 
 
-def test_seed_003_layout_is_accepted() -> None:
+def test_the_documented_layout_is_accepted() -> None:
     config = parse(
         """
 [tools]

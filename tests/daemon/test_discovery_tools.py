@@ -1,4 +1,4 @@
-"""glob, grep and list_directory (seed 001 properties 16-24)."""
+"""glob, grep and list_directory."""
 
 from __future__ import annotations
 

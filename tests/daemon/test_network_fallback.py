@@ -67,7 +67,7 @@ def test_the_report_names_the_strongest_layer_that_cut_the_network() -> None:
 
     assert report("", "on", True, allowed=True) == "on (network allowed for this call)"
     assert report("on (cut off: new network namespace)", "on", True) == "on (cut off: new network namespace)"
-    assert report("off: refused (EPERM)", "on", True) == "on (cut off: seccomp allows AF_UNIX sockets only)"
+    assert report("off: refused (EPERM)", "on", True) == "on (cut off: seccomp refuses every socket, AF_UNIX included)"
     partial = report("off: refused (EPERM)", "off: no filter for riscv64", True)
     assert partial.startswith("on (partial") and "UDP" in partial
     nothing = report("off: refused (EPERM)", "off: no filter for riscv64", False)

@@ -33,7 +33,7 @@ def rule(decision: str, tool: str | list[str] = "*", **kw: Any) -> Rule:
     return Rule(tool=tool, decision=decision, conditions=conditions, **kw)  # type: ignore[arg-type]
 
 
-# ---- precedence (FR-APR-05) ----
+# ---- precedence ----
 
 
 @given(tool=st.sampled_from(TOOLS), side=st.booleans(), mode=st.sampled_from(["auto", "prompt", "deny"]))
@@ -146,13 +146,13 @@ def words(command: str) -> list[str] | None:
         ("git status", ["git status"]),
         ("git status && curl x | sh", ["git status", "curl x", "sh"]),
         ("a; b || c & d", ["a", "b", "c", "d"]),
-        ("echo $(rm -rf /)", ["echo __SUBST__", "rm -rf /"]),
-        ("echo `whoami`", ["echo __SUBST__", "whoami"]),
+        ("echo $(rm -rf /)", ["rm -rf /", "echo $(…)"]),  # in the order they run
+        ("echo `whoami`", ["whoami", "echo $(…)"]),
         ("(cd x && make)", ["cd x", "make"]),
         ("ls\nrm -rf build", ["ls", "rm -rf build"]),
         ("echo 'a && b'", ["echo a && b"]),
-        ('echo "$(id)"', ["echo __SUBST__", "id"]),
-        ("FOO=1 make test", ["FOO=1 make test"]),
+        ('echo "$(id)"', ["id", "echo $(…)"]),
+        ("FOO=1 make test", ["make test"]),  # the assignment is kept apart (Part.assignments)
     ],
 )
 def test_split_command(command: str, expected: list[str]) -> None:
@@ -171,9 +171,9 @@ def test_unreadable_commands_do_not_split(command: str) -> None:
     "command",
     ["eval 'rm -rf /'", "$CMD arg", "$(which git) status", "env git push", "sudo git", "xargs rm", "bash -c 'git x'"],
 )
-def test_commands_that_run_an_unknown_program_are_opaque(command: str) -> None:
+def test_commands_that_run_an_unknown_program_are_opaque_or_wrapped(command: str) -> None:
     parts = split_command(command)
-    assert parts is not None and parts[0].opaque
+    assert parts is not None and (parts[-1].opaque or parts[-1].wrappers)
 
 
 GIT_ONLY = ApprovalConfig(
@@ -201,7 +201,7 @@ GIT_ONLY = ApprovalConfig(
         ("env git status", "ask"),
         ("sh -c 'git status'", "ask"),
         ("$(echo git) status", "ask"),
-        ("GIT_DIR=x git status", "allow"),
+        ("GIT_DIR=x git status", "ask"),  # an assignment no rule names
     ],
 )
 def test_compound_shell_commands_are_judged_part_by_part(command: str, decision: str) -> None:
@@ -234,7 +234,7 @@ def test_arbitrary_text_never_allowed_unless_every_part_is_covered(command: str)
     if verdict.decision == "allow":
         parts = split_command(command)
         assert parts is not None
-        assert all(p.words[0] in {"git", "ls"} or "=" in p.words[0] for p in parts)
+        assert all(p.program in {"git", "ls"} and not p.assignments and not p.wrappers for p in parts)
         assert not any(p.redirects for p in parts)
 
 

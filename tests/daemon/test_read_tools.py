@@ -1,4 +1,4 @@
-"""read_file and read_many_files (seed 001 properties 6-9, seed 003 FR-TOOL-READ-01)."""
+"""read_file and read_many_files."""
 
 from __future__ import annotations
 

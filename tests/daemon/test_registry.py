@@ -1,4 +1,4 @@
-"""Registry (seed 001 properties 1-5; DESIGN.md: duplicates rejected unless replace=True)."""
+"""Registry: registration, lookup, listing; duplicates rejected unless replace=True."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Path validation (seed 003 §3.5) and symlink safety, on a real filesystem."""
+"""Path validation and symlink safety, on a real filesystem."""
 
 from __future__ import annotations
 

@@ -257,7 +257,13 @@ def test_toolctl_yes_no_pending_and_approve(daemon: DaemonProcess) -> None:
         listing = toolctl(daemon, "pending", "--json")
         rows = json.loads(listing.stdout.read())  # type: ignore[union-attr]
     assert rows and rows[0]["calls"] == [
-        {"call_id": "call_0", "tool": "delete_file", "summary": "Delete d.txt", "risk": "high"}
+        {
+            "call_id": "call_0",
+            "tool": "delete_file",
+            "summary": "Delete d.txt",
+            "risk": "high",
+            "reasons": ["delete_file has side effects"],
+        }
     ]
     assert toolctl(daemon, "approve", rows[0]["request_id"]).returncode == 0
     assert waiting.wait(timeout=30) == 0, waiting.stderr.read()  # type: ignore[union-attr]

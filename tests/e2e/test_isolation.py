@@ -320,7 +320,9 @@ def test_toold_doctor_reports_every_layer(tmp_path: Path) -> None:
     done = subprocess.run([str(BIN / "toold"), "doctor"], capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()}
-    assert set(rows) == {"cgroup", "landlock", "network", "no_new_privs", "privilege", "rlimits", "seccomp"}
+    assert set(rows) == {
+        "capabilities", "cgroup", "landlock", "network", "no_new_privs", "privilege", "rlimits", "seccomp", "signals"
+    }  # fmt: skip
     assert rows["landlock"] == ("on" if kernel.landlock_abi() else "off"), done.stdout
     assert rows["no_new_privs"] == "on"
     strict = tmp_path / "strict.toml"
@@ -379,7 +381,9 @@ def test_without_network_namespaces_seccomp_still_cuts_the_network(tmp_path: Pat
         " (socket.AF_INET6, socket.SOCK_STREAM)):\n"
         "    try:\n        socket.socket(family, kind)\n        print('opened', family, kind)\n"
         "    except OSError as exc:\n        print('refused', exc.errno)\n"
-        "socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\nprint('unix ok')\n"
+        "try:\n    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n    print('unix opened')\n"
+        "except OSError as exc:\n    print('unix: refused', exc.errno)\n"
+        "a, b = socket.socketpair()\na.send(b'x')\nprint('pair ok', b.recv(1))\n"
     )
     try:
         with d.client(timeout=30) as c:
@@ -388,8 +392,9 @@ def test_without_network_namespaces_seccomp_still_cuts_the_network(tmp_path: Pat
     finally:
         d.stop()
     assert result.ok, result.content
-    assert result.content.count("refused 1") == 3 and "opened" not in result.content
-    assert "unix ok" in result.content
+    assert result.content.splitlines().count("refused 1") == 3 and "opened" not in result.content
+    assert "unix: refused 1" in result.content  # network off: the daemon's socket family too
+    assert "pair ok" in result.content  # a connected pair reaches nothing outside the call
     assert "seccomp" in layers["network"]
 
 

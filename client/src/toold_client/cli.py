@@ -207,6 +207,8 @@ def _describe(request: ConfirmationRequested, out: Any) -> None:
     print(f"confirmation {request.correlation_id} for batch {sanitize_for_terminal(request.batch_id)}:", file=out)
     for item in request.calls:
         print(f"  [{item.risk}] {sanitize_for_terminal(item.call_id)}: {sanitize_for_terminal(item.summary)}", file=out)
+        for reason in item.reasons:
+            print(f"      {sanitize_for_terminal(reason)}", file=out)
 
 
 def _pending(client: Client, as_json: bool) -> int:
@@ -218,7 +220,8 @@ def _pending(client: Client, as_json: bool) -> int:
                 "batch_id": r.batch_id,
                 "expires_in_ms": r.expires_in_ms,
                 "calls": [
-                    {"call_id": c.call_id, "tool": c.name, "summary": c.summary, "risk": c.risk} for c in r.calls
+                    {"call_id": c.call_id, "tool": c.name, "summary": c.summary, "risk": c.risk, "reasons": c.reasons}
+                    for c in r.calls
                 ],
             }
             for r in requests

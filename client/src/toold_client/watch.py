@@ -135,6 +135,7 @@ class WatchState:
             for item in request.calls:
                 colour = RISK_COLOURS.get(item.risk, "")
                 lines.append(f"  {colour}[{item.risk}]{RESET} {s(item.call_id)} {s(item.name)}: {s(item.summary)}")
+                lines.extend(f"      {s(reason)}" for reason in item.reasons)
                 for diff_line in (item.diff or "").splitlines()[:20]:
                     colour = (
                         "\x1b[32m" if diff_line.startswith("+") else "\x1b[31m" if diff_line.startswith("-") else ""

@@ -30,7 +30,7 @@ class PreparedCall:
     risk: str = "low"
     locations: list[str] = field(default_factory=list)
     result: ToolResult | None = None  # set when pre-resolved by the planner
-    resolved: dict[str, Path] = field(default_factory=dict)  # path argument -> canonical path (FR-VAL-04a)
+    resolved: dict[str, Path] = field(default_factory=dict)  # path argument -> canonical path
     needs_confirmation: bool = False  # the policy asks; a person answers before the batch runs
     awaiting_result: bool = False  # parse-only mode: waits for a person's supply_result
     supplied: ToolResult | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import Config, ConfigError, load_file
+from .hardening import harden_process
 from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
 from .tools import builtin_tools
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
+    scrubbed = harden_process()  # before the fork: the spawner and its children inherit it
+    if scrubbed:
+        logging.getLogger("toold").info("removed secret-looking variables from the environment: %s", scrubbed)
     # The fork server starts now, while this process is single-threaded and trio not running.
     spawner = start_spawner([*builtin_tools(), Probe()])
     if args.command == "doctor":
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, socket.socket]) -> int:
     import trio
 
-    from .ipc import EndpointInUse
+    from .ipc import EndpointInUse, UnsafeRuntimePath
     from .journal import JournalError
     from .server import ServeOptions, serve
 
@@ -81,6 +85,9 @@ def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, sock
     except EndpointInUse as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 1
+    except UnsafeRuntimePath as exc:
+        print(f"toold: {exc}", file=sys.stderr)
+        return 2
     except JournalError as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2

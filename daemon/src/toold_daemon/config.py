@@ -1,4 +1,4 @@
-"""Daemon configuration: one TOML file in seed 003 §6's layout, decoded into frozen Structs.
+"""Daemon configuration: one TOML file ([daemon], [tools], [tools.*]), decoded into frozen Structs.
 
 Every setting has a default, so no file is needed. Unknown keys are errors (a typo
 should not silently do nothing), reported with the file and line. This module is
@@ -28,8 +28,7 @@ DEFAULT_DENIED_PATTERNS = (
     "**/*.key",
     "**/*.p12",
     "**/*.pfx",
-    "**/.env",
-    "**/.env.*",
+    "**/.env*",
     "**/.git-credentials",
     "**/.netrc",
     "**/.npmrc",
@@ -41,6 +40,24 @@ DEFAULT_DENIED_PATTERNS = (
     "**/etc/gshadow",
     "**/etc/sudoers",
 )
+
+# Paths that make other programs run code the next time they are used: git hooks and
+# config, editor tasks, direnv, dev containers, shell start-up files at a root (a home).
+DEFAULT_PROTECTED_PATTERNS = (
+    "**/.git",
+    "**/.git/**",
+    "**/.gitmodules",
+    "**/.envrc",
+    "**/.vscode/tasks.json",
+    "**/.vscode/settings.json",
+    "**/.vscode/launch.json",
+    "**/.idea/**",
+    "**/.devcontainer/**",
+    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zshenv",
+    ".zprofile", ".zlogin", ".config/fish/**", ".config/autostart/**", ".pam_environment",
+)  # fmt: skip
+# Names below each root that commands see read-only (a bind mount in their own namespace).
+DEFAULT_READONLY_FOR_COMMANDS = (".git",)
 
 T = TypeVar("T")
 
@@ -54,6 +71,13 @@ class SandboxConfig(_Section, frozen=True):
     denied_patterns: list[str] = []
     allow_absolute: bool = False
     include_default_denies: bool = True
+    # Writes by built-in tools to these ask first (creating included), unless an explicit
+    # rule allows that tool; added to DEFAULT_PROTECTED_PATTERNS unless the flag is false.
+    protected_patterns: list[str] = []
+    include_default_protected: bool = True
+    # Entries directly below each root that commands (shell, run_code) may read but not
+    # change; a rule cannot lift this, the administrator can by emptying the list.
+    readonly_for_commands: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_READONLY_FOR_COMMANDS))
 
 
 class TimeoutsConfig(_Section, frozen=True):
@@ -82,7 +106,7 @@ class Condition(_Section, frozen=True, kw_only=True):
 
 
 class Rule(_Section, frozen=True, kw_only=True):
-    """A policy rule (seed 001): tool-specific rules are tried before ``*`` rules; the first
+    """A policy rule: tool-specific rules are tried before ``*`` rules; the first
     whose conditions all hold decides. ``uids``/``gids``/``clients`` scope it to identities.
     ``match``/``not_match`` are argument examples checked when the policy loads."""
 
@@ -94,6 +118,9 @@ class Rule(_Section, frozen=True, kw_only=True):
     uids: list[int] = []
     gids: list[int] = []
     clients: list[str] = []
+    # Shell rules: variables a command may set before its program (``NAME=value prog``)
+    # and still be decided by this rule; any other assignment asks.
+    variables: list[str] = []
     match: list[dict[str, Any]] = []
     not_match: list[dict[str, Any]] = []
 
@@ -136,6 +163,18 @@ class IsolationConfig(_Section, frozen=True):
     # Start commands (shell, run_code) from a pre-confined zygote per uid/roots/network by
     # posix_spawn, instead of forking and confining a fresh child for each. false: fork.
     zygotes: bool = True
+    # Capabilities (``CAP_NET_BIND_SERVICE`` …) a root client's commands keep; every other
+    # one leaves the bounding set before anything of the call runs.
+    keep_capabilities: list[str] = []
+
+    def __post_init__(self) -> None:
+        from .isolation.kernel import capability_number
+
+        for name in self.keep_capabilities:
+            try:
+                capability_number(name)
+            except ValueError:
+                raise ValueError(f"keep_capabilities: unknown capability {name!r}") from None
 
 
 class ReadFileConfig(_Section, frozen=True):
@@ -176,6 +215,10 @@ class DaemonConfig(_Section, frozen=True):
     max_frame_bytes: PositiveInt = 8 * 1024 * 1024
     max_batches_per_session: PositiveInt = 16
     max_sessions: PositiveInt = 1024
+    # One user cannot take the whole daemon from the others: at most this many sessions,
+    # and batches running at once, per uid.
+    max_sessions_per_uid: PositiveInt = 256
+    max_running_batches_per_uid: PositiveInt = 64
     finished_batches_kept: PositiveInt = 1000
     shutdown_grace_seconds: Annotated[float, Meta(ge=0, le=600)] = 5.0
     # When the client that submitted a batch disconnects: cancel what it still runs or

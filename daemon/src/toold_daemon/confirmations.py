@@ -1,8 +1,8 @@
 """Confirmations across processes: who is asked, who may answer, what an answer does.
 
 When a batch has calls the policy asks about, the whole batch is planned first and one
-``confirmation_requested`` with a fresh correlation id lists every such call (seed 003
-T-APR-01: ask before anything runs). It goes to the submitting session and to every
+``confirmation_requested`` with a fresh correlation id lists every such call (asked
+before anything runs). It goes to the submitting session and to every
 subscribed approver session allowed to answer: same uid as the submitter, or a member
 of a configured approver group. A ``confirm`` from anyone else is refused and changes
 nothing. No answer before the timeout, or a cancelled batch, denies the calls.

@@ -3,7 +3,7 @@
 Each call runs inside its own trio cancel scope with the call's deadline; a
 batch cancel cancels the current scope and resolves the remaining calls as
 Cancelled. A ToolError becomes its error result; any other exception from a tool
-becomes ``Tool failed: ...`` (FR-EXE-04b). Events go to ``emit``, which never blocks.
+becomes ``Tool failed: ...``. Events go to ``emit``, which never blocks.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ Emit = Callable[[msgspec.Struct], None]
 
 
 class Recorder(Protocol):
-    """Where the executor journals a batch's progress (FR-RES-04b): each method returns once
+    """Where the executor journals a batch's progress: each method returns once
     the fact is durable, and the executor acts (runs, emits) only after it returns."""
 
     def started(self, batch_id: str, index: int) -> None: ...

@@ -32,6 +32,7 @@ import fcntl
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,25 @@ class EndpointInUse(Exception):
     """Another daemon holds the lock on this endpoint."""
 
 
+class UnsafeRuntimePath(Exception):
+    """The socket's directory or lock file is not ours alone (another owner, a symlink,
+    writable by others): serving there would let someone else take the socket."""
+
+
+def check_private_dir(directory: Path, *, exact_mode: int | None = None) -> None:
+    """Refuse a directory that is a symlink, belongs to another uid, or that others may
+    write to (or, with ``exact_mode``, whose mode is anything else)."""
+    st = os.lstat(directory)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeRuntimePath(f"{directory} is not a plain directory (a symlink?); refusing to serve there")
+    if st.st_uid != os.geteuid():
+        raise UnsafeRuntimePath(f"{directory} belongs to uid {st.st_uid}, not to us; refusing to serve there")
+    mode = stat.S_IMODE(st.st_mode)
+    if (exact_mode is not None and mode != exact_mode) or mode & 0o022:
+        wanted = f"{exact_mode:o}" if exact_mode is not None else "writable by its owner only"
+        raise UnsafeRuntimePath(f"{directory} has mode {mode:o} (wanted {wanted}); refusing to serve there")
+
+
 @dataclass(frozen=True, slots=True)
 class Inbound:
     peer: bytes
@@ -65,6 +85,8 @@ class Inbound:
 
 
 FrameHandler = Callable[[Inbound], None]
+#: Given a peer's kernel credentials, why it may not connect (None: it may).
+Admission = Callable[[Identity], str | None]
 
 
 def parse_peer_address(address: str) -> Identity | None:
@@ -80,8 +102,16 @@ def ipc_path(endpoint: str) -> Path | None:
 
 
 class IpcServer:
-    def __init__(self, endpoint: str, *, hard_max_frame_bytes: int, max_backlog_bytes: int = 16 << 20) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        hard_max_frame_bytes: int,
+        max_backlog_bytes: int = 16 << 20,
+        refuse: Admission | None = None,
+    ) -> None:
         self.endpoint = endpoint
+        self._refuse = refuse
         self._handler: FrameHandler | None = None
         self._hard_max = hard_max_frame_bytes
         self._max_backlog = max_backlog_bytes
@@ -125,8 +155,18 @@ class IpcServer:
 
     def _take_lock(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_private_dir(path.parent)
         lock_path = path.with_name(path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeRuntimePath(f"{lock_path} is a symlink; refusing to write through it") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            os.close(fd)
+            raise UnsafeRuntimePath(f"{lock_path} is not a private regular file of ours; refusing to use it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -328,16 +368,20 @@ class IpcServer:
         while True:
             while int(zap.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 request = zap.recv_multipart()
-                zap.send_multipart(_zap_reply(request))
+                zap.send_multipart(_zap_reply(request, self._refuse))
             await trio.lowlevel.wait_readable(fd)
 
 
-def _zap_reply(request: list[bytes]) -> list[bytes]:
-    """Accept ipc peers with kernel credentials; refuse everything else."""
+def _zap_reply(request: list[bytes], refuse: Admission | None = None) -> list[bytes]:
+    """Accept ipc peers with kernel credentials that ``refuse`` does not turn away."""
     version, request_id = request[0], request[1]
     address = request[3].decode("ascii", "replace") if len(request) > 3 else ""
     identity = parse_peer_address(address)
     if version != b"1.0" or identity is None:
         return [version, request_id, b"400", b"peer credentials unavailable (only ipc:// peers)", b"", b""]
+    reason = refuse(identity) if refuse is not None else None
+    if reason is not None:
+        log.warning("refused a connection from uid %d: %s", identity.uid, reason)
+        return [version, request_id, b"400", reason.encode()[:200], b"", b""]
     user_id = f"{identity.uid}:{identity.gid}:{identity.pid}".encode()
     return [version, request_id, b"200", b"OK", user_id, b""]

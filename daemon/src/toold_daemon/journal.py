@@ -1,6 +1,6 @@
 """The journal: batches, their calls in order, and results, in SQLite (WAL mode).
 
-Write discipline (FR-RES-04b), kept by the service and executor:
+Write discipline, kept by the service and executor:
 
 1. the batch, its calls and any pre-resolved results, in one transaction, before
    ``batch_accepted`` is sent;
@@ -11,7 +11,7 @@ Write discipline (FR-RES-04b), kept by the service and executor:
 
 A call with a ``started`` mark and no result was running when the daemon died: on
 the next start it gets an "interrupted" error result and is never run again
-(FR-RES-04c). Calls that never started wait for ``resume`` or ``discard``.
+Calls that never started wait for ``resume`` or ``discard``.
 
 ``synchronous = "normal"`` (default) survives a daemon crash (WAL: a committed
 transaction is in the log before the call returns); ``"full"`` also fsyncs each

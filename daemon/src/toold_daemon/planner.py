@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -20,8 +21,10 @@ from . import policy, results
 from .batches import PreparedCall
 from .config import Config
 from .errors import ToolError, bad_args, limits_exceeded, sandbox_violation
+from .policy.engine import COMMAND_TOOLS
 from .registry import Registry
 from .sandbox import Sandbox
+from .tools import Tool
 
 SUMMARY_CHARS = 200
 _SECRET = re.compile(
@@ -31,7 +34,7 @@ _SECRET = re.compile(
 
 
 def redact(text: str) -> str:
-    """Hide values that look like credentials, and keep summaries short (FR-APR-01)."""
+    """Hide values that look like credentials, and keep summaries short."""
     text = _SECRET.sub(lambda m: m.group(1) + "***", text)
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
@@ -49,7 +52,7 @@ class Planner:
 
     def plan(self, calls: Sequence[ToolCall], *, turn_iteration: int = 1) -> list[PreparedCall]:
         """Plan every call in order. ``turn_iteration`` counts this batch among the batches
-        of its user turn (FR-LIM-02); past the limit every call is pre-resolved. A call the
+        of its user turn; past the limit every call is pre-resolved. A call the
         policy asks about is marked ``needs_confirmation`` unless a grant covers it."""
         seen: set[str] = set()
         prepared: list[PreparedCall] = []
@@ -84,7 +87,7 @@ class Planner:
         return decision, item.policy_reason, item.risk, item.policy_rule
 
     def replan(self, item: PreparedCall, arguments: msgspec.Raw) -> None:
-        """Re-plan a call with arguments a person supplied while approving it (seed 004):
+        """Re-plan a call with arguments a person supplied while approving it:
         decoded, validated and sandbox-checked like the original; a policy deny still
         denies, an ask does not ask again (the person has just answered). Errors become its
         result."""
@@ -132,11 +135,13 @@ class Planner:
             raise bad_args(f"invalid arguments for {tool.name}: {exc}") from None
         except msgspec.DecodeError as exc:
             raise bad_args(f"arguments of {tool.name} are not a MessagePack map: {exc}") from None
+        except RecursionError:
+            raise bad_args(f"arguments of {tool.name} are nested too deeply") from None
         tool.validate(item.args)
         item.summary = redact(tool.summary(item.args))
         item.locations = tool.locations(item.args)
         for raw in tool.paths(item.args):
-            item.resolved[raw] = self.sandbox.resolve(raw)
+            item.resolved[raw] = self.sandbox.resolve(raw, follow_last=tool.follows_last_symlink)
         if tools.mode == "parse_only":
             item.awaiting_result = True  # nothing runs: a person supplies the result (supply_result)
             return
@@ -147,6 +152,7 @@ class Planner:
             risk=tool.risk_for(item.args),
             requires_approval=tool.requires_approval(item.args),
             prompts=tool.prompts(item.args, item.resolved),
+            protected=self._protected_target(tool, item),
         )
         verdict = policy.evaluate(facts, self.identity, self.client_name, tools.approval)
         item.risk = verdict.risk
@@ -159,19 +165,36 @@ class Planner:
         item.policy_reason = "allowed for this session by an earlier answer" if granted else verdict.reason
         item.policy_rule = verdict.rule
 
+    def _protected_target(self, tool: Tool[Any], item: PreparedCall) -> str | None:
+        """ "PATH (pattern)" when a built-in write would touch a place other programs run
+        code from (``.git/hooks``, ``.envrc``, ``.vscode/tasks.json`` …); commands are
+        kept out of those by a read-only mount instead."""
+        if not tool.side_effecting or tool.name in COMMAND_TOOLS:
+            return None
+        for raw, path in item.resolved.items():
+            pattern = self.sandbox.protected_pattern(path)
+            if pattern is not None:
+                return f"{raw[:120]} (protected: {pattern})"
+        return None
+
 
 def grant_key(item: PreparedCall) -> str:
     """What an "allow for this session" answer covers, never broader: the tool plus its
-    exact canonical paths, or for a shell command the one program every part runs."""
+    exact canonical paths, or for a shell command the one program every part runs, keyed
+    after assignments and wrappers (``FOO=1 nice git`` is ``nice>git`` setting FOO, not
+    ``FOO=1``) and never for a program named by a path PATH would not find."""
     if item.tool is None:
         return ""
     arguments = msgspec.to_builtins(item.args)
     command = arguments.get("command") if isinstance(arguments, dict) else None
     if item.tool.name in policy.SHELL_TOOLS and isinstance(command, str):
         parts = policy.split_command(command)
-        if not parts or any(p.opaque or p.redirects for p in parts):
+        if not parts or any(p.opaque or p.redirects or not policy.path_is_the_programs(p) for p in parts):
             return ""
-        programs = {p.words[0] for p in parts}
-        return f"shell:{programs.pop()}" if len(programs) == 1 else ""
+        programs = {(">".join([*p.wrappers, p.program]), ",".join(sorted(set(p.assignments)))) for p in parts}
+        if len(programs) != 1:
+            return ""
+        program, variables = programs.pop()
+        return f"shell:{program}" + (f" setting {variables}" if variables else "")
     paths = sorted(str(p) for p in item.resolved.values())
     return f"{item.tool.name}:" + "\0".join(paths) if paths else ""

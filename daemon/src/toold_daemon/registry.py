@@ -1,6 +1,6 @@
 """The tool registry: names to tools, definitions with JSON Schemas, provider exports.
 
-Registering a taken name raises DuplicateTool unless ``replace=True`` (DESIGN.md).
+Registering a taken name raises DuplicateTool unless ``replace=True``.
 Listing is sorted by name. Schemas come from each tool's msgspec argument type, so
 the schema the model sees and the validation the daemon applies cannot drift.
 """
@@ -64,7 +64,7 @@ class Registry:
         return [self._tools[name] for name in sorted(self._tools)]
 
     def definitions(self) -> builtins.list[ToolDefinition]:
-        """Cached until the registry changes (NFR-PERF-03)."""
+        """Cached until the registry changes."""
         if self._definitions is None:
             self._definitions = [
                 ToolDefinition(

@@ -77,7 +77,7 @@ def failure(
 
 
 def crashed(call_id: str, exc: BaseException, *, duration_ms: float) -> ToolResult:
-    """An unexpected exception inside a tool (FR-EXE-04b): type and a sanitized, short message."""
+    """An unexpected exception inside a tool: type and a sanitized, short message."""
     detail = sanitize_for_terminal(str(exc))[:300]
     message = f"Tool failed: {type(exc).__name__}" + (f": {detail}" if detail else "")
     return failure(call_id, ToolError(ToolErrorType.EXECUTION_FAILED, "TOOL_FAILED", message), duration_ms=duration_ms)

@@ -24,7 +24,8 @@ from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
 from .config import Config
 from .executor import Executor
-from .ipc import IpcServer
+from .ipc import Admission, IpcServer, check_private_dir
+from .isolation.peers import tool_process
 from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
 from .journal import Journal
@@ -101,13 +102,13 @@ def open_journal(config: Config, options: ServeOptions) -> Journal | None:
 
 
 def prepare_runtime_dir(directory: Path) -> None:
-    """Create the socket's directory 0700 and refuse one that others could write or that is not ours."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = directory.lstat()
-    if st.st_uid != os.geteuid():
-        raise SystemExit(f"toold: {directory} belongs to uid {st.st_uid}, not to us; refusing to serve there")
-    if st.st_mode & 0o077:
-        os.chmod(directory, 0o700)
+    """Create the socket's directory 0700; refuse one that is a symlink, not ours, or not 0700."""
+    directory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    check_private_dir(directory, exact_mode=0o700)
 
 
 def resolve_endpoint(config: Config, options: ServeOptions) -> str:
@@ -133,6 +134,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         endpoint,
         hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
         max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
+        refuse=_refuse_tool_processes(runner),
     )
     service = Service(
         config=config,
@@ -171,6 +173,16 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
             runner.close()
         if journal is not None:
             journal.close()
+
+
+def _refuse_tool_processes(runner: object) -> Admission | None:
+    """A tool never reaches the daemon: processes below the spawner (or in a call cgroup)
+    are turned away at the door, before they can submit or approve anything."""
+    if not isinstance(runner, SpawnRunner):
+        return None
+    spawner_pid = runner.spawner_pid
+    marker = f"/toold-{os.getpid()}/"
+    return lambda identity: tool_process(identity.pid, spawner_pid, marker)
 
 
 async def _drain_replies(ipc: IpcServer, seconds: float = 1.0) -> None:

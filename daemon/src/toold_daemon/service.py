@@ -67,7 +67,7 @@ from toold_protocol import (
     encode,
 )
 
-from . import __version__, planner, results
+from . import __version__, planner, policy, results
 from .batches import Batch, PreparedCall
 from .config import Config, ConfigError, load_file
 from .confirmations import Confirmations, Pending
@@ -75,6 +75,7 @@ from .errors import ToolError
 from .executor import Executor
 from .ipc import Inbound
 from .journal import Journal, fingerprint
+from .policy.engine import describe_command
 from .registry import Registry
 from .sandbox import Sandbox
 from .tools import ToolContext
@@ -180,6 +181,16 @@ class Service:
         ago makes room (a peer that went away is dropped by the ipc watcher anyway)."""
         session = self.sessions.pop(inbound.peer, None)
         if session is None:
+            uid = inbound.identity.uid
+            mine = sum(1 for s in self.sessions.values() if s.identity.uid == uid)
+            if mine >= self.config.daemon.max_sessions_per_uid and not self._evict_idle_session(uid):
+                self._error(
+                    inbound.peer,
+                    None,
+                    ProtocolErrorCode.TOO_MANY_SESSIONS,
+                    f"uid {uid} has {mine} sessions with running batches (max_sessions_per_uid)",
+                )
+                return None
             if len(self.sessions) >= self.config.daemon.max_sessions and not self._evict_idle_session():
                 self._error(
                     inbound.peer, None, ProtocolErrorCode.TOO_MANY_SESSIONS, "too many sessions with running batches"
@@ -189,9 +200,10 @@ class Service:
         self.sessions[inbound.peer] = session
         return session
 
-    def _evict_idle_session(self) -> bool:
+    def _evict_idle_session(self, uid: int | None = None) -> bool:
+        """Drop the idle session seen longest ago (of ``uid`` only, when given)."""
         for peer, session in self.sessions.items():
-            if session.running == 0:
+            if session.running == 0 and (uid is None or session.identity.uid == uid):
                 del self.sessions[peer]
                 self.confirmations.approvers.pop(peer, None)
                 self._forget(peer)
@@ -312,6 +324,16 @@ class Service:
                 f"this session already runs {session.running} batches",
             )
             return
+        uid = session.identity.uid
+        running = sum(s.running for s in self.sessions.values() if s.identity.uid == uid)
+        if running >= self.config.daemon.max_running_batches_per_uid:
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.TOO_MANY_BATCHES,
+                f"uid {uid} already runs {running} batches (max_running_batches_per_uid)",
+            )
+            return
         batch_id = message.batch_id or secrets.token_hex(12)
         calls = self._planner(session).plan(message.calls, turn_iteration=self._count_turn(session, message.turn_id))
         batch = Batch(
@@ -324,7 +346,7 @@ class Service:
             approval_timeout=message.approval_timeout_seconds,
         )
         planned = [c.planned() for c in calls]
-        if self.journal is not None:  # journaled before it is acknowledged (FR-RES-04b)
+        if self.journal is not None:  # journaled before it is acknowledged
             self.journal.record_batch(
                 batch_id=batch_id,
                 identity=session.identity,
@@ -469,6 +491,7 @@ class Service:
                 locations=c.locations,
                 diff=await self._preview(batch, c),
                 arguments=msgspec.to_builtins(c.args),
+                reasons=_reasons_for_people(c),
             )
             for c in asked
         ]
@@ -851,3 +874,12 @@ def _denied(call: PreparedCall, why: str) -> ToolResult:
         call.call_id,
         ToolError(ToolErrorType.DENIED, "DENIED_BY_USER", f"Denied: {call.name} was not approved ({why})"),
     )
+
+
+def _reasons_for_people(call: PreparedCall) -> list[str]:
+    """Why the policy asks; for a shell command also everything it will run."""
+    reasons = [call.policy_reason] if call.policy_reason else []
+    command = getattr(call.args, "command", None)
+    if call.name in policy.SHELL_TOOLS and isinstance(command, str):
+        reasons += describe_command(command)
+    return reasons

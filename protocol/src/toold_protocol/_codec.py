@@ -54,6 +54,8 @@ def decode_client_message(frame: bytes) -> ClientMessage:
         return _client_decoder.decode(frame)
     except msgspec.DecodeError as exc:
         raise _explain(frame, exc) from None
+    except RecursionError:
+        raise _too_deep(frame) from None
 
 
 def decode_daemon_message(frame: bytes) -> DaemonMessage:
@@ -61,6 +63,18 @@ def decode_daemon_message(frame: bytes) -> DaemonMessage:
         return _daemon_decoder.decode(frame)
     except msgspec.DecodeError as exc:
         raise _explain(frame, exc) from None
+    except RecursionError:
+        raise _too_deep(frame) from None
+
+
+def _too_deep(frame: bytes) -> DecodeFailure:
+    """A frame nested deeper than the decoder follows: a typed error, never a traceback."""
+    try:
+        envelope = _envelope_decoder.decode(frame)
+        request_id = envelope.id if isinstance(envelope.id, int) and not isinstance(envelope.id, bool) else None
+    except (msgspec.DecodeError, RecursionError):
+        request_id = None
+    return DecodeFailure(ProtocolErrorCode.MALFORMED_FRAME, "frame is nested too deeply", request_id)
 
 
 def _explain(frame: bytes, exc: msgspec.DecodeError) -> DecodeFailure:

@@ -4,7 +4,7 @@ Two kinds of error travel on the wire:
 
 * ``ToolErrorInfo`` inside a ``ToolResult``: a tool call failed (bad arguments,
   sandbox violation, timeout, ...). ``type`` is one of :class:`ToolErrorType`
-  (seed 003's ToolError names plus a few file errors); ``code`` is a stable
+  (the ToolError names plus a few file errors); ``code`` is a stable
   SCREAMING_SNAKE string that programs can switch on.
 * an ``error`` message: a *request* failed (malformed frame, unknown batch, ...).
   Its ``code`` is one of :class:`ProtocolErrorCode`.

@@ -120,6 +120,9 @@ class ConfirmationItem(msgspec.Struct, frozen=True, kw_only=True):
     locations: list[str] = []
     diff: str | None = None
     arguments: dict[str, Any] = {}
+    #: Why the policy asks, and for a shell command every simple command it runs with
+    #: the reason each one asks: nothing that will run is left out.
+    reasons: list[str] = []
 
 
 class IsolationLayer(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,8 +1,9 @@
 """Making text safe to show in a terminal. Standard library only: clients use it too.
 
 Escape sequences (CSI, OSC, DCS, SOS, PM, APC and two-character escapes, in their
-7-bit and 8-bit forms) are removed; other C0 controls except tab, newline and
-carriage return, DEL, C1 controls, and the bidi overrides and isolates that make
+7-bit and 8-bit forms) are removed; ``\r\n`` becomes ``\n``; a lone carriage return
+(which would let later text overwrite what came before it on the line), other C0
+controls except tab and newline, DEL, C1 controls, and the bidi overrides and isolates that make
 text read differently from what it is (CVE-2021-42574) become U+FFFD.
 """
 
@@ -21,19 +22,19 @@ _ESCAPES = re.compile(
     """,
     re.VERBOSE | re.DOTALL,
 )
-# C0 controls except \t \n \r, DEL, C1 controls, and the bidi overrides/isolates
+# C0 controls except \t \n (a lone \r included), DEL, C1 controls, and the bidi overrides/isolates
 # that can make text read differently from what it is (CVE-2021-42574).
-_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\r\x0e-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
 
 
 def sanitize_for_terminal(text: str) -> str:
     """Remove escape sequences and replace other control characters with U+FFFD."""
     # Fast path: str.isprintable is false for every control, format (bidi) and unassigned
     # character, so text that is printable apart from tab/newline/CR needs no work.
-    if text.replace("\n", "").replace("\t", "").replace("\r", "").isprintable() or not _needs_work(text):
+    if text.replace("\n", "").replace("\t", "").isprintable() or not _needs_work(text):
         return text
-    return _CONTROLS.sub("\ufffd", _ESCAPES.sub("", text))
+    return _CONTROLS.sub("\ufffd", _ESCAPES.sub("", text.replace("\r\n", "\n")))
 
 
 def _needs_work(text: str) -> bool:
-    return _CONTROLS.search(text) is not None or "\x1b" in text
+    return _CONTROLS.search(text) is not None or "\x1b" in text or "\r" in text

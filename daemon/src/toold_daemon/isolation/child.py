@@ -25,7 +25,7 @@ from .supervisor import Supervisor
 from .wire import Chunk, Outcome, SpawnRequest, write_frame
 
 
-def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int) -> None:
+def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int, daemon_pid: int) -> None:
     """Never returns: confines itself, does the work, writes the outcome, exits."""
     code = 0
     try:
@@ -33,7 +33,7 @@ def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int)
         # channel, or it could write forged frames (a fake outcome) to the daemon.
         os.set_inheritable(channel, False)
         try:
-            layers = confine(request, [channel], spawner_pid, work.landlock)
+            layers = confine(request, [channel], spawner_pid, work.landlock, protected=(daemon_pid,))
         except ConfinementFailed as exc:
             write_frame(channel, _error("IsolationUnavailable", "ISOLATION_UNAVAILABLE", str(exc)))
             os._exit(0)

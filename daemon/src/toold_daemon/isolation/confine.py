@@ -30,9 +30,13 @@ DEVICES_RW = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/d
 DEVICES_READ = ("/dev/urandom", "/dev/random")
 
 
-def confine(request: SpawnRequest, keep_fds: list[int], parent_pid: int, landlock: int | str) -> dict[str, str]:
+def confine(
+    request: SpawnRequest, keep_fds: list[int], parent_pid: int, landlock: int | str, protected: tuple[int, ...] = ()
+) -> dict[str, str]:
     """Apply every layer to this process; return ``{layer: "on" | reason it is off}``.
-    ``landlock`` is a ruleset fd the spawner built (``landlock_ruleset``) or why there is none."""
+    ``landlock`` is a ruleset fd the spawner built (``landlock_ruleset``) or why there is none.
+    Nothing this process starts may signal ``protected`` (the spawner, the daemon), its
+    parent or itself."""
     layers: dict[str, str] = {}
     joined = cgroup.join(request.cgroups)  # first: everything the call starts is inside it
     layers["cgroup"] = "on" if joined else "off: no per-call cgroup for this call"
@@ -47,14 +51,23 @@ def confine(request: SpawnRequest, keep_fds: list[int], parent_pid: int, landloc
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    layers["capabilities"] = _drop_capabilities(request.keep_capabilities)
+    readonly = [p for p in request.readonly_paths if os.path.lexists(p)]
+    if readonly and os.geteuid() == 0:  # while we may still mount without a user namespace
+        layers["readonly_paths"] = _mount_read_only(readonly, new_user_namespace=False)
     layers["privilege"] = _drop_identity(request.uid, request.gid)
     namespace = _cut_network(request) if not request.network else ""
+    if readonly and "readonly_paths" not in layers:
+        in_own_user_namespace = namespace.startswith("on") and os.getuid() != 0
+        layers["readonly_paths"] = _mount_read_only(readonly, new_user_namespace=not in_own_user_namespace)
     kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
     layers["no_new_privs"] = "on"
     _set_limits(request.limits)
     layers["rlimits"] = "on"
     layers["landlock"] = _apply_landlock(landlock)
-    layers["seccomp"] = _seccomp(request, network_cut=namespace.startswith("on"))
+    guarded = guarded_pids(parent_pid, protected, zygote=request.zygote)
+    layers["seccomp"] = _seccomp(request, guarded)
+    layers["signals"] = signals_report(layers["landlock"], layers["seccomp"])
     layers["network"] = network_report(
         allowed=request.network,
         namespace=namespace,
@@ -80,6 +93,24 @@ def _close_other_fds(keep: list[int]) -> None:
                 pass
 
 
+def _drop_capabilities(keep: list[str]) -> str:
+    """Empty the bounding and ambient sets (but ``keep``), so that nothing this process
+    executes holds a capability, even as root. Needs CAP_SETPCAP: a daemon that is not
+    root has no capabilities to lose."""
+    if os.geteuid() != 0:
+        return "on (the daemon holds no capabilities)"
+    kept = {kernel.capability_number(name) for name in keep}
+    try:
+        kernel.prctl(kernel.PR_CAP_AMBIENT, kernel.PR_CAP_AMBIENT_CLEAR_ALL)
+        for cap in range(kernel.last_capability() + 1):
+            if cap not in kept:
+                kernel.prctl(kernel.PR_CAPBSET_DROP, cap)
+        kernel.clear_inheritable(kept)
+    except OSError as exc:
+        return f"off: the bounding set could not be emptied ({exc.strerror})"
+    return "on" + (f" (kept {', '.join(sorted(keep))})" if keep else "")
+
+
 def _drop_identity(uid: int, gid: int) -> str:
     """Become the requesting peer. As root: setgroups, setgid, setuid. As anyone else the
     spawner only serves its own uid (the runner refuses others before asking)."""
@@ -102,23 +133,54 @@ def _drop_identity(uid: int, gid: int) -> str:
     return "on"
 
 
+def _mount_read_only(paths: list[str], *, new_user_namespace: bool) -> str:
+    """In a mount namespace of our own, bind each path over itself read-only, so that
+    commands can read ``.git`` but never plant a hook or rewrite its config. Paths that
+    resolve outside where they lie (a ``.git`` symlink) are bound at their target too."""
+    try:
+        if new_user_namespace:
+            _unshare_as_same_uid(kernel.CLONE_NEWNS)
+        else:
+            kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.make_mounts_private()
+        for path in paths:
+            kernel.bind_read_only(path)
+    except OSError as exc:
+        return f"off: read-only paths for commands refused ({exc.strerror})"
+    names = sorted({os.path.basename(p) for p in paths})
+    return f"on ({', '.join(names)} read-only for commands)"
+
+
 def _cut_network(request: SpawnRequest) -> str:
     """A new network namespace holds only a downed loopback. Unprivileged, it needs a new
     user namespace too, mapped to the same uid so files keep their owner."""
     if not request.network_namespace:
         return "off: network namespaces disabled by configuration"
-    uid, gid = os.getuid(), os.getgid()
     try:
-        if uid == 0:
+        if os.getuid() == 0:
             kernel.unshare(kernel.CLONE_NEWNET)
         else:
-            kernel.unshare(kernel.CLONE_NEWUSER | kernel.CLONE_NEWNET)
-            _write("/proc/self/setgroups", "deny")
-            _write("/proc/self/uid_map", f"{uid} {uid} 1")
-            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+            _unshare_as_same_uid(kernel.CLONE_NEWNET)
         return "on (cut off: new network namespace)"
     except OSError as exc:
         return f"off: network namespace refused ({exc.strerror})"
+
+
+def guarded_pids(spawner_pid: int, protected: tuple[int, ...], *, zygote: bool) -> tuple[int, ...]:
+    """The pids no tool process may signal: the spawner, the daemon, and a zygote itself
+    (it holds other calls' channels). A one-call child need not guard itself, which keeps
+    its filter the one the spawner built in advance."""
+    return tuple(sorted({spawner_pid, *protected, *([os.getpid()] if zygote else [])}))
+
+
+def _unshare_as_same_uid(flags: int) -> None:
+    """Unshare ``flags`` inside a new user namespace that maps only our own uid and gid,
+    so files keep their owner and nothing gains a privilege outside."""
+    uid, gid = os.getuid(), os.getgid()
+    kernel.unshare(kernel.CLONE_NEWUSER | flags)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
 def network_report(*, allowed: bool, namespace: str, seccomp: str, landlock_tcp: bool) -> str:
@@ -129,7 +191,7 @@ def network_report(*, allowed: bool, namespace: str, seccomp: str, landlock_tcp:
     if namespace.startswith("on"):
         return namespace
     if seccomp == "on":
-        return "on (cut off: seccomp allows AF_UNIX sockets only)"
+        return "on (cut off: seccomp refuses every socket, AF_UNIX included)"
     if landlock_tcp:
         return "on (partial: Landlock forbids TCP bind/connect; UDP is not cut)"
     return f"{namespace}; seccomp {seccomp}; Landlock TCP rules unavailable"
@@ -200,12 +262,24 @@ def landlock_rules(roots: list[str], writable: list[str], abi: int) -> list[tupl
     return rules
 
 
-def _seccomp(request: SpawnRequest, *, network_cut: bool) -> str:
+def _seccomp(request: SpawnRequest, protected: tuple[int, ...]) -> str:
     why_not = kernel.seccomp_supported()
     if why_not is not None:
         return f"off: {why_not}"
     try:
-        kernel.seccomp_filter(unix_sockets_only=not request.network and not network_cut)
+        kernel.seccomp_filter(sockets="any" if request.network else "none", protected_pids=protected)
     except OSError as exc:
         return f"off: seccomp refused ({exc.strerror})"
     return "on"
+
+
+def signals_report(landlock: str, seccomp: str) -> str:
+    """Which layer keeps a tool from signalling the daemon, the spawner and its zygote."""
+    scoped = landlock.startswith("on") and kernel.landlock_scopes(kernel.landlock_abi())
+    if scoped and seccomp == "on":
+        return "on (Landlock signal scope, and seccomp for the zygote)"
+    if seccomp == "on":
+        return "on (partial: seccomp guards the pids of the daemon, spawner and zygote, not the daemon's threads)"
+    if scoped:
+        return "on (partial: Landlock signal scope; a command may signal its own zygote)"
+    return "off: neither Landlock signal scoping (Linux 6.12) nor seccomp"

@@ -47,6 +47,11 @@ def _compiled(patterns: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{fnmatch.translate(p.upper())})" for p in patterns))
 
 
+def is_secret(name: str) -> bool:
+    """A variable that looks like it holds a credential (``*_TOKEN``, ``AWS_*`` …)."""
+    return _matches(name, SECRET_PATTERNS)
+
+
 def is_injection(name: str) -> bool:
     """A variable that makes a program load or run something else (``LD_PRELOAD``)."""
     return _matches(name, INJECTION_PATTERNS)

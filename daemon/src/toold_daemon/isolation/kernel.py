@@ -8,18 +8,23 @@ import ctypes.util
 import os
 import platform
 import stat
-from typing import Any
+from typing import Any, Literal
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 
 # Landlock syscall numbers are the same on every architecture (added after the unification).
@@ -64,8 +69,93 @@ def prctl(option: int, arg: int = 0) -> None:
     _check(_libc.prctl(option, arg, 0, 0, 0))
 
 
+def last_capability() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 40
+
+
+CAPABILITY_NAMES = (
+    "chown", "dac_override", "dac_read_search", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap",
+    "linux_immutable", "net_bind_service", "net_broadcast", "net_admin", "net_raw", "ipc_lock", "ipc_owner",
+    "sys_module", "sys_rawio", "sys_chroot", "sys_ptrace", "sys_pacct", "sys_admin", "sys_boot", "sys_nice",
+    "sys_resource", "sys_time", "sys_tty_config", "mknod", "lease", "audit_write", "audit_control", "setfcap",
+    "mac_override", "mac_admin", "syslog", "wake_alarm", "block_suspend", "audit_read", "perfmon", "bpf",
+    "checkpoint_restore",
+)  # fmt: skip
+
+
+def capability_number(name: str) -> int:
+    """``CAP_NET_BIND_SERVICE`` or ``net_bind_service`` → 10. Raises ValueError."""
+    return CAPABILITY_NAMES.index(name.lower().removeprefix("cap_"))
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def clear_inheritable(keep: set[int]) -> None:
+    """Drop every inheritable capability but ``keep`` (effective and permitted unchanged)."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), data))
+    mask = [0, 0]
+    for cap in keep:
+        mask[cap // 32] |= 1 << (cap % 32)
+    if all(data[i].inheritable & ~mask[i] == 0 for i in range(2)):
+        return
+    for i in range(2):
+        data[i].inheritable &= mask[i]
+    _check(_libc.capset(ctypes.byref(header), data))
+
+
 def unshare(flags: int) -> None:
     _check(_libc.unshare(flags))
+
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+# statvfs f_flag bits → the mount flags a remount must repeat (a user namespace may not drop them)
+_KEPT_MOUNT_FLAGS = {
+    os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC, os.ST_NOATIME: MS_NOATIME,
+    os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME,
+}  # fmt: skip
+
+
+def mount(source: str | None, target: str, flags: int) -> None:
+    _check(_libc.mount(source.encode() if source else None, target.encode(), None, ctypes.c_ulong(flags), None))
+
+
+def make_mounts_private() -> None:
+    """Stop mounts made in this (new) namespace from propagating back to the host."""
+    mount(None, "/", MS_REC | MS_PRIVATE)
+
+
+def bind_read_only(path: str) -> None:
+    """Make ``path`` (and everything below it) read-only in this mount namespace."""
+    mount(path, path, MS_BIND | MS_REC)
+    kept = os.statvfs(path).f_flag
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+    flags |= sum(ms for st, ms in _KEPT_MOUNT_FLAGS.items() if kept & st)
+    mount(None, path, flags)
 
 
 def landlock_abi() -> int:
@@ -91,7 +181,21 @@ def fs_access_for_abi(abi: int) -> int:
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1  # ABI 6
+
+
+def landlock_scopes(abi: int) -> bool:
+    """Whether a ruleset can keep signals and abstract Unix sockets inside its domain
+    (ABI 6, Linux 6.12)."""
+    return abi >= 6
 
 
 class _PathBeneath(ctypes.Structure):
@@ -108,14 +212,15 @@ def landlock_ruleset(rules: list[tuple[str, int]], abi: int, *, deny_tcp: bool =
     """A ruleset fd granting ``rules`` (path, rights) and denying every other handled right.
     Paths that do not exist are skipped; a right the ABI lacks is dropped. With
     ``deny_tcp`` (and ABI 4) TCP bind and connect are handled with no port allowed.
-    Building one costs about a millisecond, so the spawner builds it once and children
-    only apply it."""
+    From ABI 6 the domain is also scoped: nothing inside it can signal a process outside
+    it or connect to an abstract Unix socket made outside it. Building one costs about a
+    millisecond, so the spawner builds it once and children only apply it."""
     handled = fs_access_for_abi(abi)
     net = NET_BIND_TCP | NET_CONNECT_TCP if deny_tcp and landlock_denies_tcp(abi) else 0
-    attr = _RulesetAttr(handled, net)
-    ruleset = _check(
-        _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(8 * 2 if abi >= 4 else 8), 0)
-    )
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if landlock_scopes(abi) else 0
+    attr = _RulesetAttr(handled, net, scoped)
+    size = 8 * 3 if landlock_scopes(abi) else 8 * 2 if abi >= 4 else 8
+    ruleset = _check(_libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0))
     try:
         for path, rights in rules:
             try:
@@ -161,6 +266,7 @@ _DENIED_SYSCALLS = {
         "init_module": 175, "finit_module": 313, "delete_module": 176, "reboot": 169,
         "kexec_load": 246, "kexec_file_load": 320, "open_by_handle_at": 304, "fsopen": 430,
         "fsmount": 432, "move_mount": 429, "pivot_root": 155, "swapon": 167, "swapoff": 168,
+        "tkill": 200, "pidfd_send_signal": 424, "pidfd_getfd": 438,
     },
     "aarch64": {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "io_uring_setup": 425,
@@ -169,9 +275,15 @@ _DENIED_SYSCALLS = {
         "init_module": 105, "finit_module": 273, "delete_module": 106, "reboot": 142,
         "kexec_load": 104, "kexec_file_load": 294, "open_by_handle_at": 265, "fsopen": 430,
         "fsmount": 432, "move_mount": 429, "pivot_root": 41, "swapon": 224, "swapoff": 225,
+        "tkill": 130, "pidfd_send_signal": 424, "pidfd_getfd": 438,
     },
 }  # fmt: skip
 _SOCKET_NR = {"x86_64": 41, "aarch64": 198}
+# Syscalls whose first argument names the process they signal (or, pidfd_open, reach).
+_TARGETED = {
+    "x86_64": {"kill": 62, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434},
+    "aarch64": {"kill": 129, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_open": 434},
+}
 _AF_UNIX = 1
 
 
@@ -197,21 +309,26 @@ def seccomp_supported() -> str | None:
     return None if machine in _AUDIT_ARCH else f"no syscall table for {machine}"
 
 
-_programs: dict[bool, tuple[Any, Any]] = {}
+Sockets = Literal["any", "unix", "none"]
+_programs: dict[tuple[Sockets, tuple[int, ...]], tuple[Any, Any]] = {}
 
 
-def seccomp_filter(*, unix_sockets_only: bool) -> None:
-    """Install a filter: EPERM for the denied syscalls, and with ``unix_sockets_only``
-    EPERM for ``socket()`` of any family but AF_UNIX (stops TCP, UDP and raw sockets).
-    Stacks under any filter already present (a container's). Needs no_new_privs."""
-    fprog, _filters = seccomp_program(unix_sockets_only=unix_sockets_only)
+def seccomp_filter(*, sockets: Sockets, protected_pids: tuple[int, ...] = ()) -> None:
+    """Install a filter: EPERM for the denied syscalls; ``socket()`` refused for every
+    family but AF_UNIX (``"unix"``) or for every family (``"none"``: a call without
+    network reaches no socket at all, the daemon's included; ``socketpair`` still works);
+    and no signal to, or pidfd of, ``protected_pids`` (nor ``kill(-1)``, which would reach
+    them). Stacks under any filter already present (a container's). Needs no_new_privs."""
+    fprog, _filters = seccomp_program(sockets=sockets, protected_pids=protected_pids)
     _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0))
 
 
-def seccomp_program(*, unix_sockets_only: bool) -> tuple[Any, Any]:
-    """The BPF program, built once per process (the spawner warms it before forking)."""
-    if unix_sockets_only in _programs:
-        return _programs[unix_sockets_only]
+def seccomp_program(*, sockets: Sockets, protected_pids: tuple[int, ...] = ()) -> tuple[Any, Any]:
+    """The BPF program, built once per process and arguments (the spawner warms the
+    common ones before forking)."""
+    key = (sockets, protected_pids)
+    if key in _programs:
+        return _programs[key]
     machine = platform.machine()
     nrs = sorted(_DENIED_SYSCALLS[machine].values())
     program: list[tuple[int, int, int, int]] = [
@@ -225,15 +342,29 @@ def seccomp_program(*, unix_sockets_only: bool) -> tuple[Any, Any]:
         program += [(0x45, 0, 1, 0x40000000), (_BPF_RET_K, 0, 0, _RET_ERRNO_EPERM)]  # jset
     for nr in nrs:
         program += [(_BPF_JEQ_K, 0, 1, nr), (_BPF_RET_K, 0, 0, _RET_ERRNO_EPERM)]
-    if unix_sockets_only:
-        program += [
-            (_BPF_JEQ_K, 0, 3, _SOCKET_NR[machine]),
-            (_BPF_LD_W_ABS, 0, 0, 16),  # seccomp_data.args[0], low 32 bits (little endian)
-            (_BPF_JEQ_K, 1, 0, _AF_UNIX),
-            (_BPF_RET_K, 0, 0, _RET_ERRNO_EPERM),
-        ]
+    if sockets == "none":
+        program += [(_BPF_JEQ_K, 0, 1, _SOCKET_NR[machine]), (_BPF_RET_K, 0, 0, _RET_ERRNO_EPERM)]
+    elif sockets == "unix":
+        program += _argument_block(_SOCKET_NR[machine], [_AF_UNIX], refuse_others=True)
+    if protected_pids:
+        for name, nr in _TARGETED[machine].items():
+            values = [pid & 0xFFFFFFFF for pid in protected_pids]
+            if name == "kill":  # also the process group of each, and everyone (-1)
+                values += [-pid & 0xFFFFFFFF for pid in protected_pids] + [0xFFFFFFFF]
+            program += _argument_block(nr, sorted(set(values)), refuse_others=False)
     program.append((_BPF_RET_K, 0, 0, _RET_ALLOW))
     filters = (_SockFilter * len(program))(*[_SockFilter(*ins) for ins in program])
     fprog = _SockFprog(len(program), filters)
-    _programs[unix_sockets_only] = (fprog, filters)  # filters: kept alive with the program
+    _programs[key] = (fprog, filters)  # filters: kept alive with the program
     return fprog, filters
+
+
+def _argument_block(nr: int, values: list[int], *, refuse_others: bool) -> list[tuple[int, int, int, int]]:
+    """For syscall ``nr``: compare the low 32 bits of its first argument with ``values``;
+    a listed value is refused (or, with ``refuse_others``, the only ones allowed). The
+    block returns for ``nr`` and falls through for any other syscall."""
+    listed, unlisted = (_RET_ALLOW, _RET_ERRNO_EPERM) if refuse_others else (_RET_ERRNO_EPERM, _RET_ALLOW)
+    body: list[tuple[int, int, int, int]] = [(_BPF_LD_W_ABS, 0, 0, 16)]  # seccomp_data.args[0], low half
+    body += [(_BPF_JEQ_K, len(values) - i, 0, value) for i, value in enumerate(values)]
+    body += [(_BPF_RET_K, 0, 0, unlisted), (_BPF_RET_K, 0, 0, listed)]
+    return [(_BPF_JEQ_K, 0, len(body), nr), *body]

@@ -45,8 +45,8 @@ class Preparer:
         self._sandboxes: OrderedDict[tuple[bytes, tuple[str, ...]], Sandbox | str] = OrderedDict()
         self._rulesets: OrderedDict[tuple[tuple[str, ...], tuple[str, ...], bool], int | str] = OrderedDict()
         if kernel.seccomp_supported() is None:
-            kernel.seccomp_program(unix_sockets_only=True)
-            kernel.seccomp_program(unix_sockets_only=False)
+            kernel.seccomp_program(sockets="none")
+            kernel.seccomp_program(sockets="any")
         msgspec.msgpack.decode(msgspec.msgpack.encode(Config()), type=Config)
 
     def prepare(self, request: SpawnRequest) -> Work:

@@ -340,6 +340,12 @@ class SpawnRunner:
             stream_limit_bytes=isolation.stream_limit_bytes,
             keep_bytes=self.config.tools.output.max_bytes,
             require=[] if probe else list(isolation.require),
+            keep_capabilities=list(isolation.keep_capabilities),
+            readonly_paths=[
+                os.path.join(root, name) for root in roots for name in self.config.tools.sandbox.readonly_for_commands
+            ]
+            if command
+            else [],
             reads=dict(ctx.reads),
         )
 

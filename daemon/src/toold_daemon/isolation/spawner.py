@@ -22,6 +22,7 @@ import msgspec
 from ..tools._base import Tool
 from . import kernel
 from .child import run_child
+from .confine import guarded_pids
 from .prepare import Preparer
 from .wire import Spawned, SpawnRequest, frame, receive_with_fds
 
@@ -57,6 +58,9 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     my_pid = os.getpid()
     preparer = Preparer(tools)
+    if kernel.seccomp_supported() is None:  # every child's filter, built once before the forks
+        for sockets in ("any", "none"):
+            kernel.seccomp_program(sockets=sockets, protected_pids=guarded_pids(my_pid, (daemon_pid,), zygote=False))
     while True:
         received = receive_with_fds(control)
         if received is None:
@@ -89,6 +93,6 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
             continue
         if pid == 0:
             control.close()
-            run_child(request, channel, work, my_pid)
+            run_child(request, channel, work, my_pid, daemon_pid)
         os.close(channel)
         control.sendall(frame(Spawned(pid=pid)))

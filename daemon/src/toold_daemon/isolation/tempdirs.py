@@ -12,6 +12,7 @@ Anything else is removed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -22,7 +23,8 @@ POOL_PER_UID = 16
 class TempDirs:
     def __init__(self, daemon_euid: int) -> None:
         self._euid = daemon_euid
-        self.base = tempfile.mkdtemp(prefix=f"toold-{daemon_euid}-")
+        remove_stale_bases(daemon_euid)
+        self.base = tempfile.mkdtemp(prefix=f"toold-{daemon_euid}-p{os.getpid()}-")
         os.chmod(self.base, 0o711)  # noqa: S103 - other uids may only traverse to their own dir
         self._pool: dict[int, list[str]] = {}
 
@@ -60,6 +62,25 @@ class TempDirs:
     def close(self) -> None:
         self._pool.clear()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def remove_stale_bases(euid: int) -> list[str]:
+    """Remove the temp bases of daemons of this uid that are gone (killed with SIGKILL,
+    so they could not clean up). A base names its daemon's pid; while any process has
+    that pid the base is left alone (a reused pid only delays the cleanup)."""
+    parent = tempfile.gettempdir()
+    pattern = re.compile(rf"^toold-{euid}-p(\d+)-")
+    removed = []
+    for name in os.listdir(parent):
+        match = pattern.match(name)
+        if match is None or os.path.exists(f"/proc/{match.group(1)}"):
+            continue
+        path = os.path.join(parent, name)
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == euid:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _untouched(temp: str, owner: int) -> bool:

@@ -56,6 +56,8 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     preview: bool = False  # run the tool's ``preview`` (a diff) instead of ``run``
     cgroups: list[str] = []  # the call's cgroup in each hierarchy, joined first thing
     zygote: bool = False  # confine, then start commands sent over the channel (a socket)
+    keep_capabilities: list[str] = []  # left in the bounding set of a root client's processes
+    readonly_paths: list[str] = []  # bound read-only in the command's own mount namespace
 
 
 class Spawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):

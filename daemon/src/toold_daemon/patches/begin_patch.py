@@ -1,4 +1,4 @@
-"""The ``*** Begin Patch`` format (see ``shared/specs/begin-patch.md``).
+"""The ``*** Begin Patch`` format (the format OpenAI models emit).
 
 Hunks apply in order, each searching forward from where the previous one ended:
 exact lines first, then ignoring trailing whitespace, then ignoring surrounding

@@ -1,4 +1,4 @@
-"""LP1, the line patch format of seed 003 (see ``shared/specs/lp1.md``)."""
+"""LP1, a line-addressed patch format that ``apply_patch`` accepts beside ``*** Begin Patch``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The policy engine: (call facts, identity, approval config) → verdict. Pure: no I/O.
 
-Precedence (seed 003 FR-APR-05, with seed 001's rules at step 4):
+Precedence:
 
 1. approval ``enabled = false`` → deny ("Tool execution disabled by policy");
 2. ``denylist`` → deny;
@@ -14,7 +14,9 @@ Precedence (seed 003 FR-APR-05, with seed 001's rules at step 4):
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,11 +24,13 @@ from typing import Any, Literal
 from toold_protocol import Identity
 
 from ..config import ApprovalConfig, Condition, Rule
-from .shell import Part, matches_prefix, split_command
+from ..isolation.environment import DEFAULT_PATH
+from .shell import Part, Unreadable, matches_prefix, read_command
 
 Decision = Literal["allow", "deny", "ask"]
 Risk = Literal["low", "medium", "high"]
 SHELL_TOOLS = frozenset({"shell", "run_command"})
+COMMAND_TOOLS = SHELL_TOOLS | {"run_code", "shell_jobs"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,9 @@ class Facts:
     #: Whether the default (mode ``prompt`` with ``prompt_side_effects``) asks for this
     #: call: a tool may say no for harmless arguments (write_file creating a new file).
     prompts: bool | None = None
+    #: A path this call writes where other programs run code from (``.git/hooks/…``):
+    #: asked about unless an explicit rule allows it or the preset is "all".
+    protected: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,8 @@ def _evaluate(facts: Facts, identity: Identity, client_name: str, approval: Appr
         return Verdict("deny", f"{facts.tool} is on the approval denylist", facts.risk)
     ruled = _by_rules(facts, identity, client_name, approval)
     verdict = ruled if ruled is not None else _by_mode(facts, approval)
+    if verdict.decision != "deny" and facts.protected and ruled is None and approval.preset != "all":
+        return Verdict("ask", f"{facts.tool} writes {facts.protected}", _max_risk(verdict.risk, "high"))
     if verdict.decision == "allow" and facts.requires_approval and approval.preset != "all":
         return Verdict(
             "ask",
@@ -125,9 +134,10 @@ def _by_rules(facts: Facts, identity: Identity, client_name: str, approval: Appr
 
 
 def _judge_shell(facts: Facts, command: str, ordered: list[tuple[int, Rule]]) -> Verdict | None:
-    parts = split_command(command)
-    if parts is None:
-        return Verdict("ask", "the command could not be parsed with certainty", _max_risk(facts.risk, "high"))
+    try:
+        parts = read_command(command)
+    except Unreadable as exc:
+        return Verdict("ask", f"the command could not be read with certainty: {exc}", _max_risk(facts.risk, "high"))
     decided: list[Verdict] = []
     unmatched = False
     for part in parts:
@@ -136,10 +146,7 @@ def _judge_shell(facts: Facts, command: str, ordered: list[tuple[int, Rule]]) ->
             unmatched = True
         else:
             decided.append(verdict)
-        if part.redirects:
-            decided.append(Verdict("ask", f"'{part.text[:60]}' redirects input or output", facts.risk))
-        if part.opaque:
-            decided.append(Verdict("ask", f"'{part.text[:60]}' runs a program not known in advance", facts.risk))
+        decided.extend(Verdict("ask", why, facts.risk) for why in part_concerns(part, verdict, ordered))
     for wanted in ("deny", "ask"):
         for verdict in decided:
             if verdict.decision == wanted:
@@ -149,17 +156,66 @@ def _judge_shell(facts: Facts, command: str, ordered: list[tuple[int, Rule]]) ->
     return decided[0]
 
 
+def part_concerns(part: Part, verdict: Verdict | None, ordered: list[tuple[int, Rule]]) -> list[str]:
+    """Why a part must be asked about whatever rule matched its program."""
+    shown = part.text[:80]
+    concerns: list[str] = []
+    if part.opaque:
+        concerns.append(f"'{shown}': {part.why_opaque or 'runs a program not known in advance'}")
+    if part.wrappers:
+        concerns.append(f"'{shown}' runs through {', '.join(part.wrappers)}")
+    if part.assignments:
+        named = set(_rule_of(verdict, ordered).variables) if verdict is not None else set()
+        unnamed = [name for name in part.assignments if name not in named]
+        if unnamed:
+            concerns.append(f"'{shown}' sets {', '.join(unnamed)} before running")
+    if part.redirects:
+        concerns.append(f"'{shown}' redirects input or output")
+    return concerns
+
+
+def _rule_of(verdict: Verdict, ordered: list[tuple[int, Rule]]) -> Rule:
+    return next((rule for index, rule in ordered if index == verdict.rule), Rule(decision="ask"))
+
+
 def _judge_part(part: Part, facts: Facts, ordered: list[tuple[int, Rule]]) -> Verdict | None:
+    """The first rule that matches this part. An allow rule never matches a program named
+    by a path other than the one PATH finds (``./rm``, ``/tmp/x/rm`` are not ``rm``)."""
+    if not part.words:
+        return None
     arguments = {**facts.arguments, "command": part.text}
+    trusted = path_is_the_programs(part)
     for index, rule in ordered:
+        if rule.decision == "allow" and not trusted:
+            continue
         if conditions_hold(rule.conditions, arguments, part=part):
             return _verdict_of(rule, index, facts)
     return None
 
 
+def path_is_the_programs(part: Part) -> bool:
+    """True unless the command word is a path other than where PATH finds the program."""
+    explicit = part.explicit_path
+    if explicit is None:
+        return True
+    if not explicit.startswith("/"):
+        return False
+    found = shutil.which(part.program, path=DEFAULT_PATH)
+    return found is not None and os.path.realpath(found) == os.path.realpath(explicit)
+
+
 def _verdict_of(rule: Rule, index: int, facts: Facts) -> Verdict:
     reason = rule.message or f"rule {index} ({rule.decision} {_tools(rule)})"
+    if rule.decision == "allow" and allows_by_claim_only(rule):
+        return Verdict(
+            "ask", f"{reason} names clients but no uids or gids: a client name is a claim", facts.risk, index
+        )
     return Verdict(rule.decision, reason, rule.risk or facts.risk, index, rule.message)
+
+
+def allows_by_claim_only(rule: Rule) -> bool:
+    """An allow rule scoped by ``clients`` alone: any local process may send that name."""
+    return bool(rule.clients) and not rule.uids and not rule.gids
 
 
 def _is_specific(rule: Rule) -> bool:
@@ -214,3 +270,25 @@ def _holds(condition: Condition, arguments: Mapping[str, Any], part: Part | None
 def _max_risk(a: Risk, b: Risk) -> Risk:
     order = {"low": 0, "medium": 1, "high": 2}
     return a if order[a] >= order[b] else b
+
+
+def describe_command(command: str) -> list[str]:
+    """For a person deciding: the whole command (runs of blanks shown by count, so
+    padding cannot push its tail out of view), then each simple command it runs and why
+    that one asks."""
+    lines = [f"command: {show_blanks(command)}"]
+    try:
+        parts = read_command(command)
+    except Unreadable as exc:
+        return [*lines, f"cannot be read with certainty: {exc}"]
+    for part in parts:
+        concerns = part_concerns(part, None, [])
+        shown = show_blanks(" ".join(part.words)) if part.words else "(no program)"
+        lines.append(f"runs: {shown}" + (f" — {'; '.join(c.split(': ', 1)[-1] for c in concerns)}" if concerns else ""))
+    return lines
+
+
+def show_blanks(text: str) -> str:
+    """Newlines as ⏎ and runs of four or more blanks as ␣×N."""
+    text = text.replace("\n", " ⏎ ")
+    return re.sub(r"[ \t]{4,}", lambda m: f" ␣×{len(m.group())} ", text)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from .. import regexguard
 from ..config import ApprovalConfig, Rule
-from .engine import conditions_hold
-from .shell import split_command
+from .engine import allows_by_claim_only, conditions_hold, path_is_the_programs
+from .shell import Part, split_command
 
 
 def problems(approval: ApprovalConfig) -> list[tuple[int, str]]:
@@ -25,6 +25,11 @@ def problems(approval: ApprovalConfig) -> list[tuple[int, str]]:
 
 def _rule_problems(rule: Rule) -> list[str]:
     found: list[str] = []
+    if rule.decision == "allow" and allows_by_claim_only(rule):
+        found.append(
+            "allows by client name alone, and a client name is only a claim any local process can make; "
+            "add uids or gids to the rule"
+        )
     for condition in rule.conditions:
         if condition.operator == "matches":
             values = [condition.value] if isinstance(condition.value, str) else condition.value
@@ -50,6 +55,15 @@ def _example_matches(rule: Rule, example: dict[str, object]) -> bool:
             return False
         hits = [conditions_hold(rule.conditions, {**example, "command": p.text}, part=p) for p in parts]
         if rule.decision == "allow":  # an allow rule covers a command only if it covers every part
-            return all(hits) and not any(p.redirects or p.opaque for p in parts)
+            return all(hits) and all(_covered(rule, p) for p in parts)
         return any(hits)
     return conditions_hold(rule.conditions, example)
+
+
+def _covered(rule: Rule, part: Part) -> bool:
+    """Would an allow by ``rule`` stand for this part (no wrapper, redirect, stray path or
+    assignment the rule does not name)?"""
+    if not part.words or not path_is_the_programs(part):
+        return False
+    unnamed = [name for name in part.assignments if name not in rule.variables]
+    return not (part.opaque or part.wrappers or part.redirects or unnamed)

@@ -1,191 +1,525 @@
-"""Splitting a shell command into the simple commands it runs, so each can be judged.
+"""Reading a shell command the way the shell will, so that every simple command it runs
+can be judged.
 
-``split_command("git status && curl x | sh")`` → ``[Part("git status"), Part("curl x"), Part("sh")]``.
-Separators ``;`` ``&&`` ``||`` ``|`` ``&`` and newlines split; ``$(…)``, backticks and
-``( … )`` subshells contribute their inner commands as parts of their own; a part with
-a redirection (``>``, ``>>``, ``<``, ``2>``, ``&>``, here-docs) is flagged, because a rule
-that allows ``echo`` must not allow ``echo x > ~/.bashrc``.
+``split_command("git status && curl x | sh")`` → parts for ``git status``, ``curl x`` and
+``sh``. The reader is a small POSIX lexer, not a general parser: it follows quoting,
+backslashes, line continuations, comments (``#`` only where a word starts), here-doc
+bodies, ``$(…)``/backtick substitutions and ``( … )`` subshells (their commands become
+parts of their own), and flags what a rule alone cannot vouch for:
 
-A part whose program is only known when it runs (``eval``, ``$CMD``, a substitution in
-the command word) is marked ``opaque``; text this splitter cannot read with certainty
-(unbalanced quotes or parentheses, process substitution ``<(…)``) makes it return
-``None``. Either way the caller must ask, never allow.
+- ``redirects``: ``>``, ``<``, here-docs, ``2>&1``… (``echo x > ~/.bashrc`` is not ``echo``);
+- ``assignments``: ``NAME=value prog`` can change what ``prog`` does (``LD_PRELOAD``,
+  ``PATH``, ``GIT_CONFIG_PARAMETERS``);
+- ``wrappers``: ``env``, ``nice``, ``timeout``, ``exec``… run another program; the part
+  names that program (so a deny rule for ``rm`` sees ``timeout 5 rm``);
+- ``opaque``: the program is only known when it runs (``eval``, ``$CMD``, ``sh -c``,
+  ``find -exec``, a glob in the command word, shell builtins that change what later
+  words mean);
+- ``explicit_path``: the command word had a ``/`` (``/usr/bin/rm``, ``./rm``).
+
+Program names are normalised (quotes and backslashes removed, directory dropped), so
+``/usr/bin/rm``, ``\\rm``, ``"rm"`` and ``r''m`` are all ``rm``.
+
+Whatever this reader cannot follow with certainty makes ``split_command`` return None:
+``$'…'``/``$"…"`` quoting, unbalanced quotes or parentheses, brace expansion, arithmetic,
+compound commands (``if``, ``for``, ``{ …; }``, ``[[``), process substitution, control
+characters, and unicode look-alikes of shell operators. The caller must then ask.
 """
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import dataclass
+import re
+import unicodedata
+from dataclasses import dataclass, field
 
-_SEPARATORS = {";", "&&", "||", "|", "&", "|&", "\n"}
-_REDIRECTIONS = {">", ">>", "<", "<<", "<<<", ">|", "&>", "&>>", "<>", ">&", "<&"}
-# Programs that run another command given as arguments: what they run is judged as unknown.
-_UNREADABLE_WORDS = {
-    "eval", "exec", "source", ".", "command", "builtin", "env", "sudo", "doas", "xargs",
-    "nohup", "timeout", "nice", "ionice", "time", "setsid", "stdbuf", "chroot", "su",
-}  # fmt: skip
-_SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"}
+MAX_COMMAND_CHARS = 64 * 1024
+_MAX_DEPTH = 32  # nested substitutions
+
+_META = frozenset(" \t\n;&|<>()")
+_OPERATOR_CHARS = frozenset(";&|<>()$`'\"\\#\n{}*?[]~!=")
+_RESERVED = frozenset(
+    {"if", "then", "else", "elif", "fi", "do", "done", "case", "esac", "while", "until", "for", "in",
+     "function", "select", "time", "coproc", "{", "}", "!", "[[", "]]"}
+)  # fmt: skip
+# Programs whose only job is to run another program given in their arguments.
+_WRAPPERS = frozenset(
+    {"env", "command", "builtin", "exec", "nice", "timeout", "nohup", "stdbuf", "setsid", "ionice", "time",
+     "sudo", "doas", "chrt", "taskset", "unbuffer", "flock", "chroot", "su", "runuser", "setpriv", "unshare",
+     "nsenter", "xargs", "watch", "strace", "ltrace", "firejail", "systemd-run", "busybox", "catchsegv"}
+)  # fmt: skip
+# Options of wrappers that take a separate value word.
+_WRAPPER_VALUE_OPTIONS = {
+    "env": {"-u", "--unset", "-C", "--chdir"},
+    "exec": {"-a"},
+    "nice": {"-n", "--adjustment"},
+    "timeout": {"-s", "--signal", "-k", "--kill-after"},
+    "ionice": {"-c", "-n", "-p", "-t"},
+    "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U"},
+    "doas": {"-u", "-C"},
+    "stdbuf": {"-i", "-o", "-e"},
+    "taskset": set(),
+    "xargs": {"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s"},
+}
+_WRAPPER_POSITIONALS = {"timeout": 1, "taskset": 1, "flock": 1, "chroot": 1, "chrt": 1}
+# Programs that run code given as text, or change how later words of the script are read.
+_CODE_RUNNERS = frozenset(
+    {"eval", "source", ".", "trap", "fc", "alias", "unalias", "hash", "enable", "set", "shopt", "export",
+     "declare", "typeset", "local", "readonly", "unset", "let", "read", "mapfile", "readarray", "getopts",
+     "caller", "compgen", "complete", "bind"}
+)  # fmt: skip
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "ash", "csh", "tcsh", "busybox"})
+_FIND_RUNNERS = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\+?=")
+_SUBST = "\x00SUBST\x00"  # what a substitution leaves in a word (NUL never survives input checks)
+
+
+class Unreadable(ValueError):
+    """The command cannot be read with certainty."""
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
+    """One simple command. ``words`` are after quote removal, assignments and wrappers
+    dropped: ``words[0]`` is the program as typed (``/usr/bin/rm``), ``program`` its name."""
+
     words: tuple[str, ...]
     redirects: bool = False
-    opaque: bool = False  # the program it runs is not known before it runs (``$CMD``, ``eval``)
+    opaque: bool = False
+    assignments: tuple[str, ...] = ()  # names assigned before the program
+    wrappers: tuple[str, ...] = ()  # programs in front of the one this part names
+    why_opaque: str = ""
+
+    @property
+    def program(self) -> str:
+        """The program's name: directory, quotes and backslashes gone."""
+        return self.words[0].rsplit("/", 1)[-1] if self.words else ""
+
+    @property
+    def explicit_path(self) -> str | None:
+        """The command word when it names a file (has a ``/``), else None."""
+        return self.words[0] if self.words and "/" in self.words[0] else None
 
     @property
     def text(self) -> str:
-        return " ".join(self.words)
+        """The command as rules see it: program name normalised, then its arguments."""
+        return " ".join([self.program, *self.words[1:]]).replace(_SUBST, "$(…)")
+
+    @property
+    def plain(self) -> bool:
+        """Nothing about this part that a rule for its program could not vouch for."""
+        return not (self.redirects or self.opaque or self.assignments or self.wrappers) and bool(self.words)
 
 
 def split_command(command: str) -> list[Part] | None:
-    """The simple commands in ``command``, or None if it cannot be split with certainty."""
-    if len(command) > 64 * 1024 or "\x00" in command:
-        return None
+    """The simple commands in ``command``, or None if it cannot be read with certainty."""
     try:
-        inner, outer = _extract_substitutions(command)
-    except ValueError:
+        return read_command(command)
+    except Unreadable:
         return None
+
+
+def read_command(command: str) -> list[Part]:
+    """Like :func:`split_command`, raising :class:`Unreadable` with the reason."""
+    if len(command) > MAX_COMMAND_CHARS:
+        raise Unreadable("the command is too long to read")
+    _check_characters(command)
     parts: list[Part] = []
-    for text in [outer, *inner]:
-        split = _split_simple(text)
-        if split is None:
-            return None
-        parts.extend(split)
+    _Reader(command, parts, 0).read_list(end=None)
     return parts
 
 
-def _extract_substitutions(command: str) -> tuple[list[str], str]:
-    """Pull ``$(…)``, backtick and ``( … )`` bodies out (recursively) and leave a placeholder word."""
-    inner: list[str] = []
-    out: list[str] = []
-    i, n = 0, len(command)
-    quote: str | None = None
-    while i < n:
-        ch = command[i]
-        if quote == "'":
-            out.append(ch)
+def _check_characters(command: str) -> None:
+    for ch in command:
+        if ch in "\t\n":
+            continue
+        if ch < " " or ch == "\x7f":
+            raise Unreadable(f"control character {ch!r}")
+        if ord(ch) > 127:
+            category = unicodedata.category(ch)
+            if category[0] in "CZ" or any(c in _OPERATOR_CHARS for c in unicodedata.normalize("NFKC", ch)):
+                raise Unreadable(f"character {ch!r} looks like shell syntax or is invisible")
+
+
+@dataclass
+class _Word:
+    text: list[str] = field(default_factory=list)  # after quote removal
+    raw: list[str] = field(default_factory=list)  # unquoted characters as typed ("" for quoted ones)
+    quoted: bool = False
+    dynamic: bool = False  # an expansion: its value is only known when it runs
+    glob: bool = False
+
+    @property
+    def value(self) -> str:
+        return "".join(self.text)
+
+    @property
+    def unquoted(self) -> str:
+        return "".join(self.raw)
+
+
+@dataclass
+class _Simple:
+    words: list[_Word] = field(default_factory=list)
+    redirects: bool = False
+
+
+class _Reader:
+    def __init__(self, text: str, parts: list[Part], depth: int) -> None:
+        if depth > _MAX_DEPTH:
+            raise Unreadable("substitutions nested too deeply")
+        self.text = text
+        self.i = 0
+        self.parts = parts
+        self.depth = depth
+        self.heredocs: list[tuple[str, bool, bool]] = []  # (delimiter, quoted, strip tabs)
+
+    def peek(self, offset: int = 0) -> str:
+        j = self.i + offset
+        return self.text[j] if j < len(self.text) else ""
+
+    # ---- lists of commands --------------------------------------------------------
+
+    def read_list(self, end: str | None) -> None:
+        simple = _Simple()
+        while True:
+            ch = self.peek()
+            if ch == "":
+                if end is not None:
+                    raise Unreadable("unbalanced parenthesis")
+                self._finish(simple)
+                return
+            if ch in " \t":
+                self.i += 1
+                continue
+            if ch == "\\" and self.peek(1) == "\n":
+                self.i += 2
+                continue
+            if ch == "#":  # here a word would start: a comment
+                while self.peek() not in ("", "\n"):
+                    self.i += 1
+                continue
+            if ch == "\n":
+                self.i += 1
+                self._finish(simple)
+                simple = _Simple()
+                self._read_heredoc_bodies()
+                continue
+            if ch == ")":
+                if end != ")":
+                    raise Unreadable("unbalanced parenthesis")
+                self.i += 1
+                self._finish(simple)
+                return
+            if ch == "(":
+                if simple.words or self.peek(1) == "(":
+                    raise Unreadable("'(' where a command cannot start it (function definition or arithmetic)")
+                self.i += 1
+                self.read_nested(end=")")
+                continue
+            if ch in ";|" or (ch == "&" and self.peek(1) != ">"):
+                self._read_separator()
+                self._finish(simple)
+                simple = _Simple()
+                continue
+            if ch in "<>" or (ch == "&" and self.peek(1) == ">"):
+                self._read_redirection(simple)
+                continue
+            word = self.read_word()
+            if self.peek() in ("<", ">") and (word.unquoted.isdigit() or re.fullmatch(r"\{\w+\}", word.unquoted)):
+                self._read_redirection(simple)  # ``2>file``, ``{fd}>file``: the word is a descriptor
+                continue
+            simple.words.append(word)
+
+    def read_nested(self, end: str) -> None:
+        """Read a subshell or ``$(…)`` body from the current position up to its ``)``."""
+        nested = _Reader(self.text, self.parts, self.depth + 1)
+        nested.i = self.i
+        nested.read_list(end=end)
+        if nested.heredocs:
+            raise Unreadable("a here-document inside a substitution")
+        self.i = nested.i
+
+    def _read_separator(self) -> None:
+        two = self.text[self.i : self.i + 2]
+        if two in (";;", ";&"):
+            raise Unreadable(f"{two!r} belongs to a case statement")
+        self.i += 2 if two in ("&&", "||", "|&") else 1
+
+    def _read_redirection(self, simple: _Simple) -> None:
+        simple.redirects = True
+        for op in ("<<<", "<<-", "&>>", "<<", ">>", ">|", "<>", "<&", ">&", "&>", "<", ">"):
+            if self.text.startswith(op, self.i):
+                self.i += len(op)
+                break
+        if self.peek() == "(":
+            raise Unreadable("process substitution")
+        while self.peek() in (" ", "\t"):
+            self.i += 1
+        if self.peek() in ("", "\n") or self.peek() in _META:
+            raise Unreadable("a redirection without a target")
+        target = self.read_word()
+        if op in ("<<", "<<-"):
+            if target.dynamic:
+                raise Unreadable("a here-document delimiter with an expansion")
+            self.heredocs.append((target.value, target.quoted, op == "<<-"))
+
+    def _read_heredoc_bodies(self) -> None:
+        """After a newline: skip the bodies of the here-docs opened on the line before."""
+        for delimiter, quoted, strip_tabs in self.heredocs:
+            while True:
+                if self.i >= len(self.text):
+                    raise Unreadable(f"here-document {delimiter!r} never ends")
+                end = self.text.find("\n", self.i)
+                line = self.text[self.i : end if end >= 0 else len(self.text)]
+                self.i = end + 1 if end >= 0 else len(self.text)
+                if (line.lstrip("\t") if strip_tabs else line) == delimiter:
+                    break
+                if not quoted and ("$" in line or "`" in line or "\\" in line):
+                    raise Unreadable("a here-document whose body is expanded")
+        self.heredocs = []
+
+    def _finish(self, simple: _Simple) -> None:
+        if simple.words or simple.redirects:
+            self.parts.append(_part_of(simple))
+
+    # ---- words ----------------------------------------------------------------------
+
+    def read_word(self) -> _Word:
+        word = _Word()
+        while True:
+            ch = self.peek()
+            if ch == "" or ch in _META:
+                break
+            if ch == "\\":
+                nxt = self.peek(1)
+                if nxt == "":
+                    raise Unreadable("a backslash at the end")
+                self.i += 2
+                if nxt != "\n":
+                    word.text.append(nxt)
+                    word.raw.append("")
+                    word.quoted = True
+                continue
             if ch == "'":
-                quote = None
-            i += 1
-            continue
-        if ch == "\\" and i + 1 < n:
-            out.append(command[i : i + 2])
-            i += 2
-            continue
-        if ch == "'" and quote is None:
-            quote = "'"
-            out.append(ch)
-            i += 1
-            continue
-        if ch == '"':
-            quote = None if quote == '"' else '"'
-            out.append(ch)
-            i += 1
-            continue
-        if ch in "<>" and command.startswith("(", i + 1):
-            raise ValueError("process substitution")
-        if ch == "`":
-            end = command.find("`", i + 1)
-            if end < 0:
-                raise ValueError("unbalanced backtick")
-            body = command[i + 1 : end]
-            nested, rest = _extract_substitutions(body)
-            inner.extend([rest, *nested])
-            out.append(_placeholder(quote))
-            i = end + 1
-            continue
-        if ch == "(" or (ch == "$" and command.startswith("$(", i)):
-            start = i + (2 if ch == "$" else 1)
-            end = _matching_paren(command, start)
-            body = command[start:end]
-            nested, rest = _extract_substitutions(body)
-            inner.extend([rest, *nested])
-            out.append(_placeholder(quote) if ch == "$" else " ; ")
-            i = end + 1
-            continue
-        if ch == ")":
-            raise ValueError("unbalanced parenthesis")
-        out.append(ch)
-        i += 1
-    if quote is not None:
-        raise ValueError("unbalanced quote")
-    return inner, "".join(out)
-
-
-def _placeholder(quote: str | None) -> str:
-    return "__SUBST__" if quote == '"' else " __SUBST__ "
-
-
-def _matching_paren(text: str, start: int) -> int:
-    depth, quote, i = 1, None, start
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "\\":
-            i += 1
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    raise ValueError("unbalanced parenthesis")
-
-
-def _split_simple(text: str) -> list[Part] | None:
-    lexer = shlex.shlex(text.replace("\n", " ; "), posix=True, punctuation_chars=";&|<>")
-    lexer.whitespace_split = True
-    lexer.commenters = ""
-    try:
-        tokens = list(lexer)
-    except ValueError:
-        return None
-    parts: list[Part] = []
-    words: list[str] = []
-    redirects = False
-    for token in tokens:
-        if token in _SEPARATORS or (set(token) <= set(";&|") and token):
-            if words:
-                parts.append(Part(tuple(words), redirects))
-            words, redirects = [], False
-            continue
-        if token in _REDIRECTIONS or (set(token) <= set("<>&") and token):
-            redirects = True
-            continue
-        words.append(token)
-    if words:
-        parts.append(Part(tuple(words), redirects))
-    return [_mark_opaque(part) for part in parts]
-
-
-def _mark_opaque(part: Part) -> Part:
-    first = _command_word(part.words)
-    if first is None or first in _UNREADABLE_WORDS or "$" in first or "__SUBST__" in first:
-        return Part(part.words, part.redirects, opaque=True)
-    if first.rsplit("/", 1)[-1] in _SHELLS and len(part.words) > 1:
-        return Part(part.words, part.redirects, opaque=True)
-    return part
-
-
-def _command_word(words: tuple[str, ...]) -> str | None:
-    """The word that names the program, after leading ``VAR=value`` assignments."""
-    for word in words:
-        if "=" in word and not word.startswith("=") and word.split("=", 1)[0].isidentifier():
-            continue
+                end = self.text.find("'", self.i + 1)
+                if end < 0:
+                    raise Unreadable("unbalanced single quote")
+                word.text.append(self.text[self.i + 1 : end])
+                word.raw.append("")
+                word.quoted = True
+                self.i = end + 1
+                continue
+            if ch == '"':
+                self.i += 1
+                self._read_double_quoted(word)
+                word.quoted = True
+                continue
+            if ch == "$":
+                self._read_dollar(word, quoted=False)
+                continue
+            if ch == "`":
+                self._read_backticks(word, in_double_quotes=False)
+                continue
+            if ch in "*?[":
+                word.glob = True
+            if ord(ch) > 127 and unicodedata.category(ch)[0] in "PS":
+                raise Unreadable(f"unquoted {ch!r} (punctuation or symbol outside ASCII)")
+            self.i += 1
+            word.text.append(ch)
+            word.raw.append(ch)
+        unquoted = word.unquoted
+        if "{" in unquoted and re.search(r"\{[^{}]*(,|\.\.)[^{}]*\}", unquoted):
+            raise Unreadable("brace expansion")
         return word
+
+    def _read_double_quoted(self, word: _Word) -> None:
+        while True:
+            ch = self.peek()
+            if ch == "":
+                raise Unreadable("unbalanced double quote")
+            if ch == '"':
+                self.i += 1
+                return
+            if ch == "\\":
+                nxt = self.peek(1)
+                if nxt in ("$", "`", '"', "\\"):
+                    word.text.append(nxt)
+                    self.i += 2
+                elif nxt == "\n":
+                    self.i += 2
+                else:
+                    word.text.append("\\")
+                    self.i += 1
+                continue
+            if ch == "$":
+                self._read_dollar(word, quoted=True)
+                continue
+            if ch == "`":
+                self._read_backticks(word, in_double_quotes=True)
+                continue
+            word.text.append(ch)
+            self.i += 1
+
+    def _read_dollar(self, word: _Word, *, quoted: bool) -> None:
+        nxt = self.peek(1)
+        if nxt in ("'", '"') and not quoted:
+            raise Unreadable(f"${nxt}…{nxt} quoting")
+        if nxt == "(":
+            if self.peek(2) == "(":
+                raise Unreadable("arithmetic expansion")
+            self.i += 2
+            self.read_nested(end=")")
+            word.text.append(_SUBST)
+            word.raw.append("$")
+            word.dynamic = True
+            return
+        if nxt == "{":
+            end = self.text.find("}", self.i + 2)
+            body = self.text[self.i + 2 : end] if end >= 0 else ""
+            if end < 0 or re.search(r"[$`'\"\\{(\[]", body):
+                raise Unreadable("a parameter expansion this reader cannot follow")
+            self.i = end + 1
+            word.text.append("${" + body + "}")
+            word.raw.append("$")
+            word.dynamic = True
+            return
+        if nxt == "[":
+            raise Unreadable("$[…] arithmetic")
+        self.i += 1
+        match = re.match(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]", self.text[self.i :])
+        if match is None:  # a lone ``$`` is a literal dollar
+            word.text.append("$")
+            word.raw.append("$")
+            return
+        self.i += match.end()
+        word.text.append("$" + match.group())
+        word.raw.append("$")
+        word.dynamic = True
+
+    def _read_backticks(self, word: _Word, *, in_double_quotes: bool) -> None:
+        """The old form of substitution: inside it a backslash escapes only $ ` \\ (and "
+        when the backticks are themselves in double quotes)."""
+        escapable = ("$", "`", "\\", '"') if in_double_quotes else ("$", "`", "\\")
+        body: list[str] = []
+        self.i += 1
+        while True:
+            ch = self.peek()
+            if ch == "":
+                raise Unreadable("unbalanced backtick")
+            if ch == "`":
+                self.i += 1
+                break
+            if ch == "\\" and self.peek(1) in escapable:
+                body.append(self.peek(1))
+                self.i += 2
+                continue
+            body.append(ch)
+            self.i += 1
+        nested = _Reader("".join(body), self.parts, self.depth + 1)
+        nested.read_list(end=None)
+        if nested.heredocs:
+            raise Unreadable("a here-document inside a substitution")
+        word.text.append(_SUBST)
+        word.raw.append("$")
+        word.dynamic = True
+
+
+# ---- from words to a judged part ---------------------------------------------------------
+
+
+def _part_of(simple: _Simple) -> Part:
+    words = list(simple.words)
+    assignments: list[str] = []
+    while words and (match := _ASSIGNMENT.match(words[0].unquoted)) is not None:
+        if "[" in words[0].unquoted.split("=", 1)[0]:
+            raise Unreadable("an array assignment")
+        assignments.append(match.group(1))
+        words.pop(0)
+    if not words:
+        return Part((), simple.redirects, opaque=True, assignments=tuple(assignments), why_opaque="no program")
+    first = words[0]
+    if not first.quoted and first.value in _RESERVED:
+        raise Unreadable(f"the compound command {first.value!r}")
+    values = [w.value for w in words]
+    for word in simple.words:
+        if "[" in word.value and (word.dynamic or "$" in word.value or "`" in word.value):
+            raise Unreadable("a word the shell may evaluate as arithmetic")
+    wrappers: list[str] = []
+    why = _why_opaque(words[0], values)
+    while not why and _program_name(values[0]) in _WRAPPERS:
+        wrapper = _program_name(values[0])
+        wrappers.append(wrapper)
+        inner = _unwrap(wrapper, values)
+        if inner is None:
+            why = f"{wrapper} runs a program this reader cannot find in its arguments"
+            break
+        words, values = words[inner:], values[inner:]
+        why = _why_opaque(words[0], values)
+    return Part(
+        tuple(values),
+        simple.redirects,
+        opaque=bool(why),
+        assignments=tuple(assignments),
+        wrappers=tuple(wrappers),
+        why_opaque=why,
+    )
+
+
+def _program_name(value: str) -> str:
+    return value.rsplit("/", 1)[-1]
+
+
+def _why_opaque(first: _Word, values: list[str]) -> str:
+    """Why the program of these words is not known before it runs ("" when it is)."""
+    if first.dynamic or first.glob or _SUBST in first.value:
+        return "its program comes from an expansion"
+    if first.unquoted.startswith("~"):
+        return "its program path starts with ~"
+    name = _program_name(values[0])
+    if not name:
+        return "an empty program name"
+    if name in _CODE_RUNNERS:
+        return f"{name} runs code given as text or changes how later commands are read"
+    if name in _SHELLS and len(values) > 1:
+        return f"{name} runs a script"
+    if name == "find" and any(v in _FIND_RUNNERS for v in values[1:]):
+        return "find -exec runs other programs"
+    if name == "printf" and "-v" in values[1:]:
+        return "printf -v assigns a variable"
+    if name in ("test", "[") and any(v in ("-v", "-R") for v in values[1:]):
+        return "test -v evaluates a variable name"
+    return ""
+
+
+def _unwrap(wrapper: str, values: list[str]) -> int | None:
+    """Index of the wrapped program's word in ``values`` (``values[0]`` is the wrapper)."""
+    value_options = _WRAPPER_VALUE_OPTIONS.get(wrapper, set())
+    positionals = _WRAPPER_POSITIONALS.get(wrapper, 0)
+    i = 1
+    while i < len(values):
+        value = values[i]
+        if value == "--":
+            i += 1
+            continue
+        if value.startswith("-") and len(value) > 1:
+            if wrapper == "env" and (value in ("-S", "--split-string") or value.startswith("-S")):
+                return None  # env -S splits a string into a command: unreadable
+            i += 2 if value in value_options else 1
+            continue
+        if wrapper == "env" and _ASSIGNMENT.match(value):
+            i += 1
+            continue
+        if positionals:
+            positionals -= 1
+            i += 1
+            continue
+        return i
     return None
 
 
 def matches_prefix(part: Part, prefix: str) -> bool:
-    """Does ``part`` start with the words of ``prefix``? (``git`` matches ``git log``, not ``gitx``.)"""
+    """Does ``part`` start with the words of ``prefix``? (``git`` matches ``git log``, not ``gitx``.)
+    The program is compared by name: ``/usr/bin/git log`` starts with ``git``."""
     wanted = prefix.split()
-    words = list(part.words)
-    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
-        words.pop(0)
+    words = [part.program, *part.words[1:]]
     return bool(wanted) and words[: len(wanted)] == wanted

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import DEFAULT_DENIED_PATTERNS, Config
+from ..config import DEFAULT_DENIED_PATTERNS, DEFAULT_PROTECTED_PATTERNS, Config
 from .paths import Sandbox as Sandbox
 
 
@@ -15,7 +15,12 @@ def build_sandbox(config: Config, roots: list[Path]) -> Sandbox:
     denied = list(sandbox_config.denied_patterns)
     if sandbox_config.include_default_denies:
         denied = [*DEFAULT_DENIED_PATTERNS, *denied]
-    return Sandbox(chosen, denied_patterns=denied, allow_absolute=sandbox_config.allow_absolute)
+    protected = list(sandbox_config.protected_patterns)
+    if sandbox_config.include_default_protected:
+        protected = [*DEFAULT_PROTECTED_PATTERNS, *protected]
+    return Sandbox(
+        chosen, denied_patterns=denied, protected_patterns=protected, allow_absolute=sandbox_config.allow_absolute
+    )
 
 
 __all__ = ["Sandbox", "build_sandbox"]

@@ -1,4 +1,4 @@
-"""Path validation (seed 003 §3.5 algorithm) and symlink-safe opening.
+"""Path validation and symlink-safe opening.
 
 ``Sandbox.resolve`` turns a path written by a model into a canonical absolute path
 inside one of the roots, or raises a SandboxViolation. It touches the filesystem
@@ -53,6 +53,7 @@ class Sandbox:
         roots: Sequence[Path | str],
         *,
         denied_patterns: Iterable[str] = (),
+        protected_patterns: Iterable[str] = (),
         allow_absolute: bool = False,
     ) -> None:
         if not roots:
@@ -74,6 +75,8 @@ class Sandbox:
         # path relative to its root, which is shorter and so cheaper to match on every call.
         self._denied_abs = [(p, compile_glob(p.lstrip("/"))) for p in self.denied_patterns if p.startswith("/")]
         self._denied_rel = [(p, compile_glob(p)) for p in self.denied_patterns if not p.startswith("/")]
+        self.protected_patterns: tuple[str, ...] = tuple(dict.fromkeys(protected_patterns))
+        self._protected = [(p, compile_glob(p)) for p in self.protected_patterns]
         self._denied_abs_any = _alternation(self._denied_abs)
         self._denied_rel_any = _alternation(self._denied_rel)
         for root in self.roots:
@@ -86,8 +89,10 @@ class Sandbox:
 
     # ------------------------------------------------------------------ validation
 
-    def resolve(self, raw: str, *, base: Path | None = None) -> Path:
-        """Validate ``raw`` and return its canonical absolute path (FR-VAL-04)."""
+    def resolve(self, raw: str, *, base: Path | None = None, follow_last: bool = True) -> Path:
+        """Validate ``raw`` and return its canonical absolute path. With ``follow_last``
+        false the last component is the entry itself (a symlink stays the link): only
+        its directory is canonicalised, for tools that act on the entry (delete, move)."""
         if not raw:
             raise bad_args("path must not be empty")
         if "\x00" in raw:
@@ -102,7 +107,11 @@ class Sandbox:
             raise sandbox_violation("PATH_TRAVERSAL", f"Path must not contain '..': {raw}", attempted=raw)
         candidate = os.path.normpath(os.path.join(base or self._working_dir_str, raw))
         try:
-            resolved = _canonical(candidate)
+            if follow_last and candidate != "/":
+                resolved = _canonical(candidate)
+            else:
+                head, name = os.path.split(candidate)
+                resolved = os.path.join(_canonical(head), name) if name else _canonical(candidate)
         except OSError as exc:  # the path changed while it was being resolved (a racing rename)
             raise from_os_error(exc, raw) from None
         if self._root_of_str(resolved) is None:
@@ -154,6 +163,16 @@ class Sandbox:
             if combined is not None and combined.match(subject):
                 return next(p for p, regex in candidates if regex.match(subject))
         return None
+
+    def protected_pattern(self, path: Path) -> str | None:
+        """The first protected pattern matching canonical ``path`` (relative to its root):
+        a place other programs run code from, which built-in writes ask about."""
+        text = str(path)
+        index = self._root_index(text)
+        if index is None or text == self.roots[index].as_posix():
+            return None
+        rel = text[len(self._root_prefixes[index][1]) :]
+        return next((p for p, regex in self._protected if regex.match(rel)), None)
 
     def display(self, path: Path) -> str:
         """``path`` as shown to the model: relative to the first root, else absolute."""

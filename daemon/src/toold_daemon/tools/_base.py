@@ -57,7 +57,7 @@ class Command:
 
 @dataclass(slots=True)
 class ToolContext:
-    """Fresh per call (FR-REG-04a)."""
+    """Fresh per call."""
 
     call_id: str
     sandbox: Sandbox
@@ -74,12 +74,12 @@ class ToolContext:
     #: The daemon's background jobs (set for ``in_daemon`` tools).
     jobs: Any = None
 
-    def resolve(self, raw: str) -> Path:
-        """The canonical path of a path argument: the one the planner validated (FR-VAL-04a),
+    def resolve(self, raw: str, *, follow_last: bool = True) -> Path:
+        """The canonical path of a path argument: the one the planner validated,
         or validated now. Opening it later walks it with O_NOFOLLOW, so a symlink swapped in
         since validation is refused rather than followed."""
         path = self.resolved.get(raw)
-        return path if path is not None else self.sandbox.resolve(raw)
+        return path if path is not None else self.sandbox.resolve(raw, follow_last=follow_last)
 
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():
@@ -96,6 +96,9 @@ class Tool(Generic[A]):
     args_type: type[A]
     aliases: ClassVar[tuple[str, ...]] = ()
     side_effecting: ClassVar[bool] = False
+    #: False for tools that act on the entry a path names (delete, move): a symlink there
+    #: is the link itself, never its target.
+    follows_last_symlink: ClassVar[bool] = True
     risk: ClassVar[RiskLevel] = "low"
     timeout_kind: ClassVar[TimeoutKind] = "file"
     #: Runs in the daemon (on a worker thread) whatever the client's uid, because it only
@@ -126,7 +129,7 @@ class Tool(Generic[A]):
         return self.risk
 
     def prompts(self, args: A, resolved: dict[str, Path]) -> bool:
-        """Whether the default policy asks before this call (seed 004's dynamic approval):
+        """Whether the default policy asks before this call:
         every side-effecting call unless the tool knows better for these arguments.
         May look at the filesystem (``move_file``: does the destination exist?)."""
         return self.side_effecting

@@ -26,6 +26,7 @@ class DeleteFile(Tool[DeleteFileArgs]):
     )
     args_type = DeleteFileArgs
     side_effecting = True
+    follows_last_symlink = False
     risk = "high"
 
     def paths(self, args: DeleteFileArgs) -> list[str]:
@@ -35,7 +36,7 @@ class DeleteFile(Tool[DeleteFileArgs]):
         return f"Delete {args.path[:150]}{' recursively' if args.recursive else ''}"
 
     def run(self, args: DeleteFileArgs, ctx: ToolContext) -> ToolOutput:
-        path = ctx.resolve(args.path)
+        path = ctx.resolve(args.path, follow_last=False)
         with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
             deleted = delete(dir_fd, name, recursive=args.recursive, shown=args.path, prefix=args.path.rstrip("/"))
         listing = "\n".join(deleted)

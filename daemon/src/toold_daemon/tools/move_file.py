@@ -30,6 +30,7 @@ class MoveFile(Tool[MoveFileArgs]):
     )
     args_type = MoveFileArgs
     side_effecting = True
+    follows_last_symlink = False
     risk = "medium"
 
     def validate(self, args: MoveFileArgs) -> None:
@@ -47,7 +48,8 @@ class MoveFile(Tool[MoveFileArgs]):
         return destination is None or os.path.lexists(destination)  # asks only when replacing
 
     def run(self, args: MoveFileArgs, ctx: ToolContext) -> ToolOutput:
-        source, destination = ctx.resolve(args.source), ctx.resolve(args.destination)
+        source = ctx.resolve(args.source, follow_last=False)
+        destination = ctx.resolve(args.destination, follow_last=False)
         with (
             parent_dir(ctx.sandbox, source, shown=args.source) as (src_fd, src_name),
             parent_dir(ctx.sandbox, destination, create=True, shown=args.destination) as (dst_fd, dst_name),

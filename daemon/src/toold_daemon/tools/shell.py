@@ -7,6 +7,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from ..errors import bad_args
+from ..policy.engine import show_blanks
 from ._base import Command, Tool, ToolArgs, ToolContext, ToolOutput
 
 
@@ -47,9 +48,11 @@ class Shell(Tool[ShellArgs]):
     def summary(self, args: ShellArgs) -> str:
         where = f" (in {args.cwd[:60]})" if args.cwd else ""
         where += " in the background" if args.background else ""
-        line = args.command.replace("\n", " ⏎ ")
+        line = show_blanks(args.command)
         room = 200 - len("Run: ") - len(where)
-        return f"Run: {line if len(line) <= room else line[: room - 1] + '…'}{where}"
+        if len(line) > room:  # keep the tail in view too: what runs last matters as much
+            line = line[: room * 2 // 3] + " … " + line[-(room // 3 - 3) :]
+        return f"Run: {line}{where}"
 
     def timeout_seconds(self, args: ShellArgs) -> float | None:
         return args.timeout_ms / 1000 if args.timeout_ms else None
