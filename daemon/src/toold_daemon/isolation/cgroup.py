@@ -111,6 +111,12 @@ class Cgroups:
                 _write(os.path.join(path, file), value)
         return name
 
+    def limit_pids(self, name: str, pids_max: int) -> None:
+        """Set cgroup ``name``'s process limit (where a hierarchy enforces one)."""
+        for hierarchy, path in zip(self.hierarchies, self.paths(name), strict=True):
+            if "pids" in hierarchy.limits:
+                _write(os.path.join(path, "pids.max"), str(pids_max))
+
     def move(self, pid: int, name: str) -> bool:
         """Move another process (a zygote) into cgroup ``name`` in every hierarchy."""
         return bool(name) and all(_write(os.path.join(p, "cgroup.procs"), str(pid)) for p in self.paths(name))

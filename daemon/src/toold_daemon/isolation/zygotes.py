@@ -11,7 +11,9 @@ first.
 With cgroups, a zygote waits in a fresh call cgroup ("parked"): the next command is
 started there, so its call's cgroup holds it from its first instruction, and only then
 is the zygote moved on to a new one. Creating and moving happen after the command is
-started, while it runs, not before: a move costs ~0.15 ms.
+started, while it runs, not before: a move costs ~0.15 ms. The parked zygote counts
+against the cgroup's process limit, so a fresh cgroup allows one process more until the
+zygote has left; the call then has exactly its budget, however fast it forks.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Zygote:
     layers: dict[str, str]
     cgroups: Cgroups
     new_group: Callable[[], str]  # a fresh call cgroup, or "" when none can be made
+    pids_max: int = 0  # a call's process limit, set on its cgroup once the zygote has left
     parked: str = ""  # the fresh cgroup it waits in: the next command's
     abandoned: list[str] = field(default_factory=list)  # call cgroups of failed spawns
     born: float = field(default_factory=time.monotonic)
@@ -125,6 +128,8 @@ class Zygote:
                 if group and not self.park():
                     log.warning("zygote %d cannot leave a call's cgroup; retiring it", self.pid)
                     self.spawned = MAX_SPAWNS  # that call's kill will end it
+                elif group:
+                    self.cgroups.limit_pids(group, self.pids_max)
         self.spawned += 1
         if reply.error or reply.pid <= 0:
             self.cgroups.remove(group)
@@ -193,7 +198,15 @@ class Zygotes:
             raise
         finally:
             theirs.close()
-        zygote = Zygote(pid=pid, sock=sock, home=home, layers={}, cgroups=self._cgroups, new_group=self._new_group)
+        zygote = Zygote(
+            pid=pid,
+            sock=sock,
+            home=home,
+            layers={},
+            cgroups=self._cgroups,
+            new_group=self._new_group,
+            pids_max=self._limits[0],
+        )
         try:
             with trio.fail_after(_READY_TIMEOUT_S):
                 ready = _outcome_decoder.decode(await receive_frame(sock))
@@ -209,8 +222,10 @@ class Zygotes:
         return zygote
 
     def _new_group(self) -> str:
+        """A call cgroup to park a zygote in: one process over the call's limit, for the
+        zygote itself."""
         pids_max, memory_max = self._limits
-        return self._cgroups.create(f"call-{secrets.token_hex(12)}", pids_max=pids_max, memory_max=memory_max)
+        return self._cgroups.create(f"call-{secrets.token_hex(12)}", pids_max=pids_max + 1, memory_max=memory_max)
 
     def _retire(self, kind: Kind, zygote: Zygote) -> None:
         if self._pool.get(kind) is zygote:
