@@ -280,7 +280,7 @@ def test_welcome_reports_every_layer(client: Client) -> None:
         assert name in layers and layers[name].detail
 
 
-def test_a_required_layer_that_is_off_refuses_side_effecting_tools(tmp_path: Path, root: Path) -> None:
+def test_a_required_layer_that_is_off_refuses_every_tool(tmp_path: Path, root: Path) -> None:
     config = CONFIG + 'require = ["cgroup"]\ncgroups = false\n'
     d = start_daemon(tmp_path, root, config=config)
     try:
@@ -291,7 +291,9 @@ def test_a_required_layer_that_is_off_refuses_side_effecting_tools(tmp_path: Pat
         d.stop()
     assert result.error is not None and result.error.type == "IsolationUnavailable"
     assert "cgroup" in result.error.message and "should-not-run" not in result.content
-    assert read.ok
+    # reads run under the same confinement as commands: no layer, no read
+    assert read.error is not None and read.error.type == "IsolationUnavailable", read
+    assert "cgroup" in read.error.message
 
 
 def test_daemon_shutdown_kills_running_commands(tmp_path: Path, root: Path) -> None:

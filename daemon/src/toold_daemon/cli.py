@@ -71,8 +71,15 @@ def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, sock
 
     from .ipc import EndpointInUse, UnsafeRuntimePath
     from .journal import JournalError
+    from .sandbox.paths import UNCHECKED_FOR_TESTS
     from .server import ServeOptions, serve
 
+    if UNCHECKED_FOR_TESTS:
+        print(
+            "toold: WARNING: TOOLD_TEST_UNCHECKED_PATHS=1 turns the userspace path checks off "
+            "(a test setting: only the kernel layer of the tool workers confines paths)",
+            file=sys.stderr,
+        )
     options = ServeOptions(
         roots=args.root,
         endpoint=args.endpoint,

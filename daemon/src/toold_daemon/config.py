@@ -166,6 +166,10 @@ class IsolationConfig(_Section, frozen=True):
     # Capabilities (``CAP_NET_BIND_SERVICE`` …) a root client's commands keep; every other
     # one leaves the bounding set before anything of the call runs.
     keep_capabilities: list[str] = []
+    # Python tools (reads, writes, edits ...) run in confined, long-lived workers: at most
+    # this many at once across all users and workspaces; one idle this long exits.
+    max_workers: Annotated[int, Meta(ge=1, le=256)] = 8
+    worker_idle_seconds: Annotated[float, Meta(gt=0, le=86_400)] = 300.0
 
     def __post_init__(self) -> None:
         from .isolation.kernel import capability_number

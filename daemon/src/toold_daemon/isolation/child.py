@@ -42,12 +42,17 @@ def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int,
 
             serve(channel, layers)
             os._exit(0)
+        if request.worker:
+            from .worker import serve as serve_tools
+
+            serve_tools(channel, layers, work)
+            os._exit(0)
         os.environ.clear()
         os.environ.update(request.env)
         if request.argv:
             _supervise(request, channel, layers)
         else:
-            outcome = _run_tool(request, channel, work)
+            outcome = run_tool(request, channel, work)
             write_frame(channel, msgspec.structs.replace(outcome, layers=layers))
     except BaseException as exc:  # the child must never fall back into the spawner's loop
         try:
@@ -64,7 +69,8 @@ def _error(type_: str, code: str, message: str, **details: Any) -> Outcome:
     return Outcome(ok=False, error_type=type_, error_code=code, error_message=message, error_details=details)
 
 
-def _run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
+def run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
+    """Run (or preview) one Python tool call; its chunks go to ``channel`` as it runs."""
     tool, args, config, sandbox = work.tool, work.args, work.config, work.sandbox
     if tool is None or config is None:
         return _error("UnknownTool", "UNKNOWN_TOOL", f"the spawner does not know {request.tool!r}")

@@ -226,13 +226,15 @@ def _set_limits(limits: Limits) -> None:
         resource.setrlimit(which, (cap, cap))
 
 
-def landlock_ruleset(roots: list[str], writable: list[str], *, network: bool) -> int | str:
-    """Build the ruleset for these roots (in the spawner, cached): a fd, or why not."""
+def landlock_ruleset(roots: list[str], writable: list[str], *, network: bool, tools_only: bool = False) -> int | str:
+    """Build the ruleset for these roots (in the spawner, cached): a fd, or why not.
+    ``tools_only``: the narrower set of a tool worker (``tool_worker_rules``)."""
     abi = kernel.landlock_abi()
     if abi == 0:
         return "off: the kernel has no Landlock (needs Linux 5.13 with landlock in the LSM list)"
     try:
-        return kernel.landlock_ruleset(landlock_rules(roots, writable, abi), abi, deny_tcp=landlock_cuts_tcp(network))
+        rules = tool_worker_rules(roots, abi) if tools_only else landlock_rules(roots, writable, abi)
+        return kernel.landlock_ruleset(rules, abi, deny_tcp=landlock_cuts_tcp(network))
     except OSError as exc:
         return f"off: Landlock refused the ruleset ({exc.strerror})"
 
@@ -252,14 +254,38 @@ def _apply_landlock(ruleset: int | str) -> str:
 def landlock_rules(roots: list[str], writable: list[str], abi: int) -> list[tuple[str, int]]:
     """Read-write on the roots and the private temp dirs; read+execute on system
     directories and the interpreter; read on /etc and /proc; the usual devices."""
-    rw = kernel.fs_access_for_abi(abi) & ~(kernel.FS_MAKE_CHAR | kernel.FS_MAKE_BLOCK | kernel.FS_IOCTL_DEV)
+    rw = _read_write(abi)
     rules: list[tuple[str, int]] = [(root, rw) for root in [*roots, *writable]]
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(__file__))}
-    rules += [(p, kernel.READ_EXEC) for p in (*SYSTEM_READ_EXEC, *sorted(prefixes))]
+    rules += [(p, kernel.READ_EXEC) for p in (*SYSTEM_READ_EXEC, *_interpreter_paths())]
     rules += [(p, kernel.READ) for p in SYSTEM_READ]
     rules += [(p, kernel.READ | kernel.FS_WRITE_FILE | kernel.FS_TRUNCATE) for p in DEVICES_RW]
     rules += [(p, kernel.READ) for p in DEVICES_READ]
     return rules
+
+
+def tool_worker_rules(roots: list[str], abi: int) -> list[tuple[str, int]]:
+    """A tool worker reaches its roots (read-write), the system's programs and libraries
+    and the interpreter (for a lazy import, or ripgrep), nothing else: not /etc, not
+    /proc, not /tmp, not home directories. A read that the userspace checks would let out
+    of the roots is still refused by the kernel."""
+    rules: list[tuple[str, int]] = [(root, _read_write(abi)) for root in roots]
+    rules += [(p, kernel.READ_EXEC) for p in (*SYSTEM_READ_EXEC, *_interpreter_paths())]
+    rules += [(p, kernel.READ | kernel.FS_WRITE_FILE) for p in ("/dev/null",)]
+    rules += [(p, kernel.READ) for p in DEVICES_READ]
+    return rules
+
+
+def _read_write(abi: int) -> int:
+    return kernel.fs_access_for_abi(abi) & ~(kernel.FS_MAKE_CHAR | kernel.FS_MAKE_BLOCK | kernel.FS_IOCTL_DEV)
+
+
+def _interpreter_paths() -> list[str]:
+    """The interpreter's prefixes and the directories our packages are imported from."""
+    import toold_protocol
+
+    daemon_package = os.path.dirname(os.path.dirname(__file__))
+    protocol_package = os.path.dirname(toold_protocol.__file__ or daemon_package)
+    return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, daemon_package, protocol_package})
 
 
 def _seccomp(request: SpawnRequest, protected: tuple[int, ...]) -> str:

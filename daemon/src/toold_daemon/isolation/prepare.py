@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ class Work:
     config: Config | None
     sandbox: Sandbox | str | None  # a string: why the roots could not be resolved
     landlock: int | str  # a ruleset fd (the child's copy is closed after use) or why not
+    tools: dict[str, Tool[Any]] = field(default_factory=dict)  # what a tool worker may run
 
 
 class Preparer:
@@ -43,7 +44,7 @@ class Preparer:
         self.tools = tools
         self._configs: OrderedDict[bytes, Config] = OrderedDict()
         self._sandboxes: OrderedDict[tuple[bytes, tuple[str, ...]], Sandbox | str] = OrderedDict()
-        self._rulesets: OrderedDict[tuple[tuple[str, ...], tuple[str, ...], bool], int | str] = OrderedDict()
+        self._rulesets: OrderedDict[tuple[tuple[str, ...], tuple[str, ...], bool, bool], int | str] = OrderedDict()
         if kernel.seccomp_supported() is None:
             kernel.seccomp_program(sockets="none")
             kernel.seccomp_program(sockets="any")
@@ -51,13 +52,14 @@ class Preparer:
 
     def prepare(self, request: SpawnRequest) -> Work:
         """Raises ValueError (or msgspec errors) for a request the spawner cannot serve."""
-        tool = self.tools.get(request.tool) if not request.argv else None
-        if not request.argv and tool is None:
+        tool = self.tools.get(request.tool) if not (request.argv or request.worker) else None
+        if not (request.argv or request.worker) and tool is None:
             raise ValueError(f"unknown tool {request.tool!r}")
         config = self._config(request.config) if request.config else None
         args = msgspec.msgpack.decode(request.args, type=tool.args_type) if tool is not None else None
         sandbox = self._sandbox(request.config, config, request.roots) if config is not None else None
-        return Work(tool, args, config, sandbox, self._ruleset(request.roots, request.writable, request.network))
+        ruleset = self._ruleset(request.roots, request.writable, request.network, tools_only=request.worker)
+        return Work(tool, args, config, sandbox, ruleset, self.tools if request.worker else {})
 
     def _config(self, data: bytes) -> Config:
         return _cached(self._configs, data, lambda: msgspec.msgpack.decode(data, type=Config))
@@ -71,13 +73,15 @@ class Preparer:
 
         return _cached(self._sandboxes, (key, tuple(roots)), build)
 
-    def _ruleset(self, roots: list[str], writable: list[str], network: bool) -> int | str:
-        key = (tuple(roots), tuple(writable), network)
+    def _ruleset(self, roots: list[str], writable: list[str], network: bool, *, tools_only: bool) -> int | str:
+        key = (tuple(roots), tuple(writable), network, tools_only)
         if key not in self._rulesets and len(self._rulesets) >= _CACHE_SIZE:
             _, old = self._rulesets.popitem(last=False)
             if isinstance(old, int):
                 os.close(old)
-        return _cached(self._rulesets, key, lambda: landlock_ruleset(roots, writable, network=network))
+        return _cached(
+            self._rulesets, key, lambda: landlock_ruleset(roots, writable, network=network, tools_only=tools_only)
+        )
 
 
 def _cached(cache: OrderedDict[K, V], key: K, build: Callable[[], V]) -> V:

@@ -6,8 +6,9 @@ frames from the read end until the child's ``Outcome`` or end of file. Whatever 
 the call (outcome, timeout, cancel, crash), the whole process group and every escaped
 descendant are killed before the runner returns, and the temp dir is removed.
 
-Read-only tools for a client of the daemon's own uid stay on the thread runner: they
-cannot change anything and a fork would cost more than the read.
+Python tools (reads included, whoever the client is) run in tool workers (``workers``):
+confined like a command, kept warm, one frame each way per call. Commands run through a
+zygote (``zygotes``) or a fresh child.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from toold_protocol import Identity, IsolationLayer, ToolErrorType
 
 from ..config import Config
 from ..errors import ToolError
-from ..runner import ThreadRunner
+from ..sandbox import Sandbox
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import sweep as sweeping
 from .cgroup import Cgroups
@@ -38,6 +39,7 @@ from .jobs import Job, Jobs
 from .sockets import PeerGone, receive_frame, send_with_fd
 from .tempdirs import TempDirs
 from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
+from .workers import WorkerFailed, Workers, WorkerUnavailable
 from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,6 @@ class SpawnRunner:
         self.spawner_pid = spawner_pid
         self._control = trio.socket.from_stdlib_socket(control)
         self._lock = trio.Lock()
-        self._threads = ThreadRunner()
         self._euid = os.geteuid()
         self.config = config
         self._config_bytes = _encoder.encode(config)
@@ -75,25 +76,47 @@ class SpawnRunner:
         environment = config.tools.environment
         self._inherited_env = inherited_environment(os.environ, allow=environment.allowlist, deny=environment.denylist)
         self._temps = TempDirs(self._euid)
+        isolation = config.tools.isolation
+        self._limits = Limits(
+            cpu_seconds=isolation.cpu_seconds,
+            address_space_bytes=isolation.address_space_mb * 1024 * 1024,
+            file_size_bytes=isolation.file_size_mb * 1024 * 1024,
+            open_files=isolation.open_files,
+            processes=isolation.processes,
+        )
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
-        isolation = config.tools.isolation
         self._zygotes = (
             Zygotes(self._ask_spawner, self.cgroups, isolation.processes, isolation.address_space_mb * 1024 * 1024)
             if isolation.zygotes
             else None
         )
+        self.workers = Workers(
+            self._ask_spawner,
+            self.cgroups,
+            pids_max=isolation.processes,
+            memory_max=isolation.address_space_mb * 1024 * 1024,
+            max_workers=isolation.max_workers,
+            idle_seconds=isolation.worker_idle_seconds,
+        )
         self._nursery: trio.Nursery | None = None
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
-        """Where background jobs are followed; cancelling it (shutdown) kills them all."""
+        """Where background jobs are followed and idle workers retired; cancelling it
+        (shutdown) kills them all."""
         self._nursery = nursery
+        nursery.start_soon(self.workers.retire_idle_forever)
 
     @property
     def isolation(self) -> list[IsolationLayer]:
         return [
-            IsolationLayer(name="process", available=True, detail="each side-effecting call runs in a fresh child"),
+            IsolationLayer(
+                name="process",
+                available=True,
+                detail="every tool runs in a confined process as the client: Python tools in "
+                "long-lived workers, each command in its own process group and cgroup",
+            ),
             *(
                 IsolationLayer(name=name, available=state.startswith("on"), detail=state)
                 for name, state in sorted(self.layers.items())
@@ -118,30 +141,61 @@ class SpawnRunner:
         command = tool.command(args, ctx)
         if command is not None and command.background:
             return await self._start_background(tool, args, ctx, identity, command)
-        if not tool.side_effecting and self._own_privilege(identity):
-            return await self._threads.run(tool, args, ctx, identity)
-        outcome = await self._spawn(tool, args, ctx, identity, command=command)
-        if not outcome.ok:
-            raise ToolError(
-                ToolErrorType(outcome.error_type) if outcome.error_type in _TYPES else ToolErrorType.EXECUTION_FAILED,
-                outcome.error_code or "TOOL_FAILED",
-                outcome.error_message,
-                output=outcome.content or None,
-                **{k: v for k, v in outcome.error_details.items() if k != "output"},
-            )
+        if command is None:
+            outcome = await self._in_worker(tool, args, ctx, identity)
+        else:
+            outcome = await self._spawn(tool, args, ctx, identity, command=command)
+        _raise_for(outcome)
         return ToolOutput(outcome.content, outcome.display, outcome.data, outcome.allow_truncation, outcome.records)
 
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
-        """The call's diff preview, computed with the client's privileges: on a thread for
-        a client of the daemon's own uid, else in a child (``preview`` request)."""
-        if self._own_privilege(identity):
-            return await self._threads.preview(tool, args, ctx, identity)
-        outcome = await self._spawn(tool, args, ctx, identity, preview=True)
-        return outcome.content if outcome.ok and outcome.content else None
+        """The call's diff preview, computed in a worker with the client's privileges; a
+        call that would fail raises its error (the request then shows why)."""
+        outcome = await self._in_worker(tool, args, ctx, identity, preview=True)
+        _raise_for(outcome)
+        return outcome.content or None
 
-    def _own_privilege(self, identity: Identity) -> bool:
-        """Whether the client has exactly the daemon's privileges (then a thread may serve it)."""
-        return identity.uid in (self._euid, 0) and (self._euid != 0 or identity.uid == 0)
+    async def _in_worker(
+        self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity, *, preview: bool = False
+    ) -> Outcome:
+        """One Python tool call in a worker of the client's kind. A call that is cancelled
+        or times out ends its worker; the partial output says so."""
+        self._check_identity(identity)
+        request = self._tool_request(tool, args, ctx, identity, preview=preview)
+
+        def on_chunk(chunk: Chunk) -> None:
+            ctx.partial.append(chunk.data)
+            if ctx.emit is not None:
+                ctx.emit(chunk.stream, chunk.data, 1)
+
+        try:
+            return await self.workers.run(request, self._config_bytes, on_chunk)
+        except WorkerFailed as exc:
+            raise ChildFailed(ToolErrorType.EXECUTION_FAILED, "WORKER_DIED", f"Tool failed: {exc}") from None
+        except WorkerUnavailable as exc:
+            raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "ISOLATION_UNAVAILABLE", str(exc)) from None
+        except trio.Cancelled:
+            ctx.partial.append("\n[toold: the call's worker was stopped; the next call gets a fresh one]\n")
+            raise
+
+    async def open_workspace(self, identity: Identity, sandbox: Sandbox) -> None:
+        """Start (or find) the client's worker for ``sandbox``'s roots: it opens each root
+        as the client, so a workspace that user cannot read is refused here, with why."""
+        self._check_identity(identity)
+        ctx = ToolContext(call_id="workspace", sandbox=sandbox, config=self.config)
+        request = self._tool_request(None, None, ctx, identity, preview=False)
+        try:
+            await self.workers.ensure(request, self._config_bytes)
+        except WorkerUnavailable as exc:
+            raise ToolError(ToolErrorType.PERMISSION_DENIED, "WORKSPACE_REFUSED", str(exc)) from None
+
+    def _check_identity(self, identity: Identity) -> None:
+        if self._euid not in (identity.uid, 0):
+            raise ToolError(
+                ToolErrorType.ISOLATION_UNAVAILABLE,
+                "ISOLATION_UNAVAILABLE",
+                f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid}",
+            )
 
     async def _start_background(
         self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity, command: Command
@@ -226,12 +280,7 @@ class SpawnRunner:
     ) -> _Child:
         """Start a child for one call: its token, temp dir, cgroup and channel. On failure
         nothing is left behind; on success the caller owns killing and cleaning up."""
-        if self._euid not in (identity.uid, 0):
-            raise ToolError(
-                ToolErrorType.ISOLATION_UNAVAILABLE,
-                "ISOLATION_UNAVAILABLE",
-                f"this daemon runs as uid {self._euid} and cannot act for uid {identity.uid}",
-            )
+        self._check_identity(identity)
         token = secrets.token_hex(12)
         temp = self._temps.take(identity.uid, identity.gid)
         via_zygote = self._zygotes is not None and command is not None and bool(command.argv)
@@ -309,13 +358,7 @@ class SpawnRunner:
         env.update({k: v for k, v in (command.env if command else {}).items() if not is_injection(k)})
         env[sweeping.TOKEN_VARIABLE] = token  # set last: the sweep depends on it
         argv = [a.replace("{tmp}", temp) for a in command.argv] if command else []
-        limits = Limits(
-            cpu_seconds=isolation.cpu_seconds,
-            address_space_bytes=isolation.address_space_mb * 1024 * 1024,
-            file_size_bytes=isolation.file_size_mb * 1024 * 1024,
-            open_files=isolation.open_files,
-            processes=isolation.processes,
-        )
+        limits = self._limits
         roots = [] if probe else [str(r) for r in ctx.sandbox.roots]
         return SpawnRequest(
             call_id=ctx.call_id,
@@ -347,6 +390,29 @@ class SpawnRunner:
             if command
             else [],
             reads=dict(ctx.reads),
+        )
+
+    def _tool_request(
+        self, tool: Tool[Any] | None, args: Any, ctx: ToolContext, identity: Identity, *, preview: bool
+    ) -> SpawnRequest:
+        """A Python tool call for a worker: what the call needs, and what the worker's kind
+        and confinement are made of (used when a new worker starts)."""
+        isolation = self.config.tools.isolation
+        return SpawnRequest(
+            call_id=ctx.call_id,
+            token="",
+            tool=tool.name if tool is not None else "",
+            args=_encoder.encode(args) if tool is not None else b"",
+            roots=[str(r) for r in ctx.sandbox.roots],
+            resolved={k: str(v) for k, v in ctx.resolved.items()},
+            reads=dict(ctx.reads),
+            uid=identity.uid,
+            gid=identity.gid,
+            network=False,
+            network_namespace=isolation.network_namespace,
+            limits=self._limits,
+            require=list(isolation.require),
+            preview=preview,
         )
 
     async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int) -> int:
@@ -444,6 +510,7 @@ class SpawnRunner:
             await trio.sleep(0)
 
     def close(self) -> None:
+        self.workers.close()
         if self._zygotes is not None:
             self._zygotes.close()
         self._control.close()
@@ -452,6 +519,18 @@ class SpawnRunner:
 
 
 _TYPES = {t.value for t in ToolErrorType}
+
+
+def _raise_for(outcome: Outcome) -> None:
+    """A failed outcome as the ToolError it reports."""
+    if not outcome.ok:
+        raise ToolError(
+            ToolErrorType(outcome.error_type) if outcome.error_type in _TYPES else ToolErrorType.EXECUTION_FAILED,
+            outcome.error_code or "TOOL_FAILED",
+            outcome.error_message,
+            output=outcome.content or None,
+            **{k: v for k, v in outcome.error_details.items() if k != "output"},
+        )
 _COALESCE_CHARS = 64 * 1024
 
 

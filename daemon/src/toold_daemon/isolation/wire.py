@@ -56,6 +56,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     preview: bool = False  # run the tool's ``preview`` (a diff) instead of ``run``
     cgroups: list[str] = []  # the call's cgroup in each hierarchy, joined first thing
     zygote: bool = False  # confine, then start commands sent over the channel (a socket)
+    worker: bool = False  # confine, then run Python tool calls sent over the channel (a socket)
     keep_capabilities: list[str] = []  # left in the bounding set of a root client's processes
     readonly_paths: list[str] = []  # bound read-only in the command's own mount namespace
 
@@ -153,15 +154,26 @@ class FrameBuffer:
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data
+        """Add ``data``; every frame body now complete."""
+        self.add(data)
         bodies: list[bytes] = []
-        while len(self._buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self._buffer)
-            if size > MAX_FRAME:
-                raise ValueError(f"frame of {size} bytes is over the limit")
-            end = _HEADER.size + size
-            if len(self._buffer) < end:
-                break
-            bodies.append(bytes(self._buffer[_HEADER.size : end]))
-            del self._buffer[:end]
+        while (body := self.next()) is not None:
+            bodies.append(body)
         return bodies
+
+    def add(self, data: bytes) -> None:
+        self._buffer += data
+
+    def next(self) -> bytes | None:
+        """The next complete frame body, or None until more bytes arrive."""
+        if len(self._buffer) < _HEADER.size:
+            return None
+        (size,) = _HEADER.unpack_from(self._buffer)
+        if size > MAX_FRAME:
+            raise ValueError(f"frame of {size} bytes is over the limit")
+        end = _HEADER.size + size
+        if len(self._buffer) < end:
+            return None
+        body = bytes(self._buffer[_HEADER.size : end])
+        del self._buffer[:end]
+        return body

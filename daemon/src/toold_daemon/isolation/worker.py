@@ -1,0 +1,77 @@
+"""A tool worker: one confined, long-lived child that runs Python tools, one call at a time.
+
+Every built-in Python tool (reads, listings, glob, grep, writes, edits, patches, deletes,
+moves, diff previews) runs here, never in the daemon: the worker has the client's uid,
+no_new_privs, rlimits, a Landlock ruleset that reaches only the session's roots and the
+interpreter, seccomp and no network. The userspace path checks still run first; the
+kernel holds where they would fail.
+
+A worker serves one kind (uid, gid, roots, configuration) and answers one request at a
+time on its socket: ``SpawnRequest`` in, ``Chunk`` frames and one ``Outcome`` out. The
+daemon keeps several per kind for concurrency and kills one whose call times out or is
+cancelled (a Python function cannot be interrupted safely), so a hung tool never holds
+a worker that another call would then wait for.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+
+import msgspec
+
+from .child import run_tool
+from .prepare import Work
+from .wire import Outcome, SpawnRequest, receive_with_fds, write_frame
+
+_decoder = msgspec.msgpack.Decoder(SpawnRequest)
+
+
+def serve(sock_fd: int, layers: dict[str, str], work: Work) -> None:
+    """Announce the layers (or why this worker cannot serve its roots), then run calls
+    until the daemon closes the socket."""
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # the daemon may go away mid-write
+    refused = _unreachable_root(work)
+    if refused:
+        write_frame(sock_fd, Outcome(ok=False, error_code="WORKSPACE_REFUSED", error_message=refused))
+        return
+    write_frame(sock_fd, Outcome(ok=True, layers=layers))
+    sock = socket.socket(fileno=sock_fd)
+    while True:
+        received = receive_with_fds(sock)
+        if received is None:
+            return
+        body, fds = received
+        for fd in fds:  # a call carries no fds
+            os.close(fd)
+        write_frame(sock_fd, _answer(body, sock_fd, work))
+
+
+def _unreachable_root(work: Work) -> str:
+    """Why this worker, as the client, cannot open one of its roots ("" when it can)."""
+    if isinstance(work.sandbox, str) or work.sandbox is None:
+        return f"the workspace is not usable: {work.sandbox or 'no configuration'}"
+    for root in work.sandbox.roots:
+        try:
+            os.close(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        except OSError as exc:
+            return f"uid {os.getuid()} cannot open {root}: {exc.strerror}"
+    return ""
+
+
+def _answer(body: bytes, sock_fd: int, work: Work) -> Outcome:
+    try:
+        request = _decoder.decode(body)
+        tool = work.tools.get(request.tool)
+        if tool is None:
+            return Outcome(ok=False, error_type="UnknownTool", error_code="UNKNOWN_TOOL", error_message=request.tool)
+        args = msgspec.msgpack.decode(request.args, type=tool.args_type)
+    except (msgspec.MsgspecError, ValueError) as exc:
+        return Outcome(ok=False, error_type="BadArgs", error_code="BAD_REQUEST", error_message=str(exc)[:300])
+    call = Work(tool, args, work.config, work.sandbox, "", work.tools)
+    try:
+        return run_tool(request, sock_fd, call)
+    except Exception as exc:  # a tool's bug ends that call, never the worker
+        detail = f"{type(exc).__name__}: {exc}"[:300]
+        return Outcome(ok=False, error_type="ExecutionFailed", error_code="TOOL_FAILED", error_message=detail)

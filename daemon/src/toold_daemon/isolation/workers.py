@@ -1,0 +1,272 @@
+"""The trio side of tool workers (see ``worker``): a bounded pool, per kind of call.
+
+A kind is everything a worker's confinement and sandbox depend on: uid, gid, roots,
+the configuration and the required layers. A call takes an idle worker of its kind, or
+starts one through the spawner (a fork of an already-warm process, then confinement:
+a few milliseconds, once), sends one frame and reads frames back until the outcome.
+The worker goes back to the pool only after a clean outcome: a call that is cancelled or
+times out, or whose worker dies or sends garbage, ends that worker (SIGKILL to its
+cgroup and pid), and the next call of that kind gets a fresh one.
+
+At most ``max_workers`` live at once; when a new kind needs room, the least recently
+used idle worker is retired; when none is idle, the call waits for one. Workers idle
+for ``idle_seconds`` exit, and so does a worker after ``MAX_CALLS`` calls or
+``MAX_AGE_S`` seconds (its CPU-time rlimit counts across calls).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import select
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from .cgroup import Cgroups
+from .sockets import PeerGone, receive_frame
+from .wire import Chunk, FrameBuffer, Outcome, SpawnRequest, child_decoder, frame
+
+log = logging.getLogger(__name__)
+MAX_CALLS = 10_000
+MAX_AGE_S = 600.0
+_READY_TIMEOUT_S = 10.0
+
+Kind = tuple[int, int, tuple[str, ...], int, tuple[str, ...]]
+# (request for the worker itself, its socket end to hand over) -> the worker's pid
+StartChild = Callable[[SpawnRequest, int], Awaitable[int]]
+OnChunk = Callable[[Chunk], None]
+
+
+class WorkerFailed(Exception):
+    """The worker died mid-call or broke the protocol (the message says which); the call
+    gets an error result and the next call a fresh worker."""
+
+
+class WorkerUnavailable(Exception):
+    """No worker could be started (a required layer is off, the spawner is gone ...)."""
+
+
+def kind_of(request: SpawnRequest, config_generation: int) -> Kind:
+    return (request.uid, request.gid, tuple(request.roots), config_generation, tuple(request.require))
+
+
+@dataclass(eq=False)
+class Worker:
+    pid: int
+    sock: trio.socket.SocketType
+    kind: Kind
+    cgroup: str  # its own cgroup ("" without cgroups)
+    layers: dict[str, str] = field(default_factory=dict)
+    born: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    calls: int = 0
+    buffer: FrameBuffer = field(default_factory=FrameBuffer)
+
+    async def receive(self) -> Chunk | Outcome:
+        """The worker's next message (one recv usually brings a whole frame)."""
+        while (body := self.buffer.next()) is None:
+            data = await self.sock.recv(65536)
+            if not data:
+                raise PeerGone
+            self.buffer.add(data)
+        message: Chunk | Outcome = child_decoder.decode(body)
+        return message
+
+    def alive(self) -> bool:
+        """An idle worker sends nothing: a readable socket means it has exited (end of
+        file) or broke the protocol."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        return not poller.poll(0)
+
+    def worn_out(self) -> bool:
+        return self.calls >= MAX_CALLS or time.monotonic() - self.born > MAX_AGE_S
+
+
+class Workers:
+    def __init__(
+        self,
+        start_child: StartChild,
+        cgroups: Cgroups,
+        *,
+        pids_max: int,
+        memory_max: int,
+        max_workers: int,
+        idle_seconds: float,
+    ) -> None:
+        self._start_child = start_child
+        self._cgroups = cgroups
+        self._limits = (pids_max, memory_max)
+        self.max_workers = max(1, max_workers)
+        self.idle_seconds = idle_seconds
+        self._idle: list[Worker] = []  # least recently used first
+        self._live = 0  # idle, busy and starting
+        self._freed = trio.Event()
+        self._cgroups_to_remove: list[str] = []
+        self._config = b""
+        self._config_generation = 0
+
+    @property
+    def live(self) -> int:
+        return self._live
+
+    def pids(self) -> list[int]:
+        """The idle workers' pids (for tests and ``toold doctor``)."""
+        return [w.pid for w in self._idle]
+
+    async def run(self, request: SpawnRequest, config: bytes, on_chunk: OnChunk) -> Outcome:
+        """Run one call (``request`` without argv or config) in a worker of its kind, which
+        is started with ``config`` (the daemon's, encoded) if none is idle: its outcome.
+        Raises ``WorkerFailed`` when the worker dies or misbehaves."""
+        worker = await self._take(request, config)
+        clean = False
+        try:
+            await worker.sock.send(frame(request))
+            while True:
+                message = await worker.receive()
+                if isinstance(message, Outcome):
+                    clean = True
+                    return message
+                on_chunk(message)
+        except (PeerGone, ConnectionResetError, BrokenPipeError):
+            raise WorkerFailed("its worker exited mid-call (killed, or out of memory)") from None
+        except (OSError, ValueError, msgspec.DecodeError) as exc:
+            raise WorkerFailed(f"its worker broke the protocol ({exc})") from None
+        finally:
+            if clean:
+                self._give_back(worker)
+            else:  # cancelled, timed out, died: whatever the worker is doing, it ends now
+                self._end(worker)
+
+    async def ensure(self, request: SpawnRequest, config: bytes) -> None:
+        """Have an idle worker of ``request``'s kind ready (starting one proves that the
+        client can open its roots); raises ``WorkerUnavailable`` with the reason."""
+        self._give_back(await self._take(request, config), counts=False)
+
+    async def _take(self, request: SpawnRequest, config: bytes) -> Worker:
+        kind = kind_of(request, self._generation(config))
+        while True:
+            self._retire_idle()
+            for worker in reversed(self._idle):  # the most recently used: warmest caches
+                if worker.kind == kind:
+                    self._idle.remove(worker)
+                    if worker.alive():
+                        return worker
+                    self._end(worker)  # died while idle (killed, OOM): never hand it a call
+                    break
+            if self._live < self.max_workers:
+                break
+            if self._idle:
+                self._end(self._idle.pop(0))
+                break
+            self._freed = trio.Event() if self._freed.is_set() else self._freed
+            await self._freed.wait()
+        self._live += 1
+        try:
+            return await self._start(msgspec.structs.replace(request, config=config), kind)
+        except BaseException:
+            self._live -= 1
+            self._freed.set()
+            raise
+
+    def _generation(self, config: bytes) -> int:
+        """A small number per configuration (a reload makes a new kind), so the kind
+        need not hold the encoded configuration itself."""
+        if config != self._config:
+            self._config, self._config_generation = config, self._config_generation + 1
+        return self._config_generation
+
+    def _give_back(self, worker: Worker, *, counts: bool = True) -> None:
+        worker.calls += counts
+        worker.last_used = time.monotonic()
+        if worker.worn_out():
+            self._end(worker)
+            return
+        self._idle.append(worker)
+        self._freed.set()
+
+    def _retire_idle(self) -> None:
+        """End workers idle for longer than ``idle_seconds`` (called on every take and
+        by ``retire_idle_forever``)."""
+        now = time.monotonic()
+        for worker in [w for w in self._idle if now - w.last_used > self.idle_seconds]:
+            self._idle.remove(worker)
+            self._end(worker)
+
+    async def retire_idle_forever(self) -> None:
+        while True:
+            await trio.sleep(max(self.idle_seconds / 2, 0.05))
+            self._retire_idle()
+
+    async def _start(self, request: SpawnRequest, kind: Kind) -> Worker:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pids_max, memory_max = self._limits
+        group = self._cgroups.create(f"worker-{secrets.token_hex(8)}", pids_max=pids_max, memory_max=memory_max)
+        worker_request = msgspec.structs.replace(
+            request,
+            worker=True,
+            call_id="worker",
+            token="",
+            tool="",
+            args=b"",
+            resolved={},
+            reads={},
+            preview=False,
+            network=False,
+            writable=[],
+            cgroups=self._cgroups.paths(group),
+        )
+        sock = trio.socket.from_stdlib_socket(ours)
+        try:
+            pid = await self._start_child(worker_request, theirs.fileno())
+        except BaseException:
+            sock.close()
+            self._cgroups.remove(group)
+            raise
+        finally:
+            theirs.close()
+        worker = Worker(pid=pid, sock=sock, kind=kind, cgroup=group)
+        try:
+            with trio.fail_after(_READY_TIMEOUT_S):
+                ready = child_decoder.decode(await receive_frame(sock))
+        except (OSError, PeerGone, msgspec.DecodeError, trio.TooSlowError) as exc:
+            self._end(worker, counted=False)
+            raise WorkerUnavailable(f"no worker could be started: {exc or type(exc).__name__}") from None
+        if not isinstance(ready, Outcome) or not ready.ok:
+            self._end(worker, counted=False)
+            reason = ready.error_message if isinstance(ready, Outcome) else "no announcement"
+            raise WorkerUnavailable(f"no worker could be started: {reason}")
+        worker.layers = dict(ready.layers)
+        return worker
+
+    def _end(self, worker: Worker, *, counted: bool = True) -> None:
+        """Kill a worker that is not in the idle list, and free its place."""
+        worker.sock.close()
+        if not self._cgroups.kill(worker.cgroup):
+            try:
+                os.kill(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if worker.cgroup:
+            self._cgroups_to_remove.append(worker.cgroup)
+        self._cgroups_to_remove = [g for g in self._cgroups_to_remove if not self._cgroups.remove(g)]
+        if counted:
+            self._live -= 1
+            self._freed.set()
+
+    def close(self) -> None:
+        """End every idle worker (busy ones end with their calls' cancellation) and
+        remove their cgroups once they have exited."""
+        while self._idle:
+            self._end(self._idle.pop())
+        deadline = time.monotonic() + 1.0
+        while self._cgroups_to_remove and time.monotonic() < deadline:
+            time.sleep(0.005)
+            self._cgroups_to_remove = [g for g in self._cgroups_to_remove if not self._cgroups.remove(g)]
