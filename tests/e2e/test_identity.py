@@ -209,3 +209,23 @@ def test_fork_bomb_of_another_uid_ends_and_the_daemon_keeps_serving(daemon: Daem
         if proc.info["uids"] and proc.info["uids"].real == OTHER_UID and proc.info["cmdline"] != daemon_cmdline
     ]
     assert left == []
+
+
+def test_a_network_off_call_of_another_uid_keeps_that_uid(daemon: DaemonProcess) -> None:
+    """Cutting the network puts the call in a user namespace of its own; a process that is
+    not dumpable cannot write its own uid map, and everything would then run as the
+    overflow uid (65534), seen and written. The uid stays the client's."""
+    os.chmod(daemon.root, 0o777)
+    open_socket_to_everyone(daemon)
+
+    def act(client: Client) -> dict[str, Any]:
+        ran = client.call("run_code", {"language": "bash", "code": "id -u; id -g"})
+        listing = client.call("list_directory", {"path": "."})  # a worker: network off too
+        return {"ran": [ran.ok, ran.content], "listing": listing.ok}
+
+    report = as_other_user(daemon.endpoint, act)
+    assert report.get("exception") is None, report
+    ok, content = report["ran"]
+    assert ok, content
+    assert content.split()[:2] == [str(OTHER_UID), str(OTHER_GID)], content
+    assert report["listing"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -113,8 +114,12 @@ class Client:
         client_name: str = "toold-client",
         timeout: float = 30.0,
         transport: Transport | None = None,
+        workspace: str | os.PathLike[str] | None = None,
     ) -> None:
         self.endpoint = endpoint or default_endpoint()
+        # The directory this session works in (an absolute path: the daemon does not know
+        # our current directory). Sent with ``hello``, which then comes before any batch.
+        self.workspace = os.path.abspath(workspace) if workspace else ""
         self.timeout = timeout
         self.client_name = client_name
         self._transport = transport if transport is not None else ZmqTransport(self.endpoint)
@@ -148,9 +153,19 @@ class Client:
         return self._welcome
 
     def hello(self) -> Welcome:
-        reply = self._request(lambda i: Hello(id=i, protocol_version=PROTOCOL_VERSION, client_name=self.client_name))
+        reply = self._request(
+            lambda i: Hello(
+                id=i, protocol_version=PROTOCOL_VERSION, client_name=self.client_name, workspace=self.workspace
+            )
+        )
         self._welcome = _expect(reply, Welcome)
         return self._welcome
+
+    def _open_workspace(self) -> None:
+        """A session with a workspace says hello before anything runs (else its calls
+        would run in the daemon's roots); a refused workspace raises here."""
+        if self.workspace and self._welcome is None:
+            self.hello()
 
     # ------------------------------------------------------------------ requests
 
@@ -199,6 +214,7 @@ class Client:
         """Submit a batch and wait for it to finish; ``on_event`` sees every event as it arrives.
         ``on_confirm`` answers confirmation requests (return None to leave one to an approver)."""
         wire_calls = [_to_wire(call, index) for index, call in enumerate(calls)]
+        self._open_workspace()
         request = lambda i: SubmitBatch(  # noqa: E731
             id=i, calls=wire_calls, batch_id=batch_id, events=events, approval_timeout_seconds=approval_timeout
         )
@@ -297,6 +313,7 @@ class Client:
     def explain(self, name: str, arguments: Mapping[str, Any] | None = None) -> PolicyExplanation:
         """What the daemon's policy would decide for this call from this session (nothing runs)."""
         raw = msgspec.Raw(encode_value(dict(arguments or {})))
+        self._open_workspace()
         return _expect(self._request(lambda i: ExplainPolicy(id=i, name=name, arguments=raw)), PolicyExplanation)
 
     def reload_policy(self) -> None:

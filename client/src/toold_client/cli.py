@@ -1,13 +1,14 @@
 """``toolctl``: talk to a running toold from a shell. The only module that prints.
 
 Exit codes: 0 success, 1 a tool result was an error, 2 usage or connection error.
-``TOOLD_ENDPOINT`` stands for ``--endpoint``.
+``TOOLD_ENDPOINT`` stands for ``--endpoint``, ``TOOLD_WORKSPACE`` for ``--workspace``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -28,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint", default=None, help="daemon endpoint (default: $TOOLD_ENDPOINT or the per-user socket)"
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a reply")
+    parser.add_argument(
+        "--workspace",
+        default=os.environ.get("TOOLD_WORKSPACE") or None,
+        metavar="DIR",
+        help="the directory this session works in (default: $TOOLD_WORKSPACE, else the daemon's roots)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     ping = sub.add_parser("ping", help="check that the daemon answers")
@@ -105,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "ping":
             return _ping(endpoint, args.wait, args.timeout)
-        with Client(endpoint, client_name="toolctl", timeout=args.timeout) as client:
+        with Client(endpoint, client_name="toolctl", timeout=args.timeout, workspace=args.workspace) as client:
             if args.command == "call":
                 return _call(client, args, _confirm_handler(args))
             if args.command == "batch":

@@ -14,6 +14,7 @@ import trio
 
 from toold_protocol import BatchState, Disposition, Identity, PlannedCall, ToolResult
 
+from .sandbox import Sandbox
 from .tools._base import Tool
 
 
@@ -74,6 +75,7 @@ class Batch:
     digest: str = ""  # journal.fingerprint of the submitted calls: same id + same digest = same batch
     listeners: list[tuple[bytes, bool]] = field(default_factory=list)  # (peer, wants per-call events)
     approval_timeout: float | None = None  # the submitter's override of approval.timeout_seconds
+    sandbox: Sandbox | None = None  # the session's workspace; None: the daemon's roots
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:

@@ -127,7 +127,7 @@ class Executor:
     async def _run_call(self, batch: Batch, call: PreparedCall, tool: Tool[Any], emit: Emit) -> ToolResult:
         ctx = ToolContext(
             call_id=call.call_id,
-            sandbox=self.sandbox,
+            sandbox=batch.sandbox or self.sandbox,
             config=self.config,
             resolved=call.resolved,
             emit=_chunk_emitter(batch.batch_id, call.call_id, emit),

@@ -44,7 +44,7 @@ from toold_protocol import (
     ToolResult,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 JOURNAL_NAME = "journal.sqlite3"
 INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
 DISCARDED = "discarded after restart"
@@ -91,6 +91,8 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (batch_id, idx)
     );
     """,
+    # The session's workspace ("" = the daemon's roots): a recovered batch runs there again.
+    2: "ALTER TABLE batches ADD COLUMN workspace TEXT NOT NULL DEFAULT ''",
 }
 
 _encoder = msgspec.msgpack.Encoder()
@@ -140,6 +142,7 @@ class StoredBatch:
     fingerprint: str
     calls: list[StoredCall]
     results: list[ToolResult | None]  # by call index
+    workspace: str = ""  # the session's workspace, "" for the daemon's roots
 
 
 def fingerprint(calls: Sequence[ToolCall]) -> str:
@@ -224,14 +227,15 @@ class Journal:
         digest: str,
         calls: Sequence[ToolCall],
         planned: Sequence[PlannedCall],
+        workspace: str = "",
     ) -> None:
         """Step 1: the batch, its calls and pre-resolved results, atomically."""
         now = time.time()
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
             db.execute(
-                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 'planned', ?)",
-                (batch_id, identity.uid, identity.gid, identity.pid, client_name, turn_id, now, digest),
+                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 'planned', ?, ?)",
+                (batch_id, identity.uid, identity.gid, identity.pid, client_name, turn_id, now, digest, workspace),
             )
             db.executemany(
                 "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
@@ -305,8 +309,8 @@ class Journal:
 
     def load(self, batch_id: str) -> StoredBatch | None:
         row = self._db.execute(
-            "SELECT batch_id, uid, gid, pid, client_name, turn_id, submitted, finished, state, fingerprint "
-            "FROM batches WHERE batch_id = ?",
+            "SELECT batch_id, uid, gid, pid, client_name, turn_id, submitted, finished, state, fingerprint, "
+            "workspace FROM batches WHERE batch_id = ?",
             (batch_id,),
         ).fetchone()
         if row is None:
@@ -346,6 +350,7 @@ class Journal:
             row[9],
             calls,
             results,
+            row[10],
         )
 
     def summaries(self, *, uid: int | None, limit: int = 1000) -> list[tuple[str, str, float, int, int]]:

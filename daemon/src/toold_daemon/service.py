@@ -79,6 +79,7 @@ from .policy.engine import describe_command
 from .registry import Registry
 from .sandbox import Sandbox
 from .tools import ToolContext
+from .workspaces import WorkspaceRefused, Workspaces
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ class Session:
     protocol_version: int = PROTOCOL_VERSION
     running: int = 0
     grants: set[str] = field(default_factory=set)  # "allow for this session" answers
+    sandbox: Sandbox | None = None  # its workspace's; None: the daemon's roots
+    workspace: str = ""  # as accepted (canonical), "" for the daemon's roots
+    workspace_problem: str = ""  # why this session may run nothing ("" when it may)
 
 
 class Service:
@@ -128,9 +132,13 @@ class Service:
         self._turns: dict[tuple[int, str], int] = {}
         self.confirmations = Confirmations()
         self._nursery: trio.Nursery | None = None
+        self.workspaces = Workspaces(config, sandbox)
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
+
+    def sandbox_of(self, session: Session) -> Sandbox:
+        return session.sandbox or self.sandbox
 
     # ------------------------------------------------------------------ entry point
 
@@ -282,6 +290,31 @@ class Service:
             return
         session.protocol_version = min(message.protocol_version, PROTOCOL_VERSION)
         session.client_name = message.client_name
+        if message.workspace:
+            assert self._nursery is not None
+            session.workspace_problem = "the session's workspace is still being opened; wait for welcome"
+            self._nursery.start_soon(self._open_workspace, session, message)
+            return
+        self._welcome(session, message)
+
+    async def _open_workspace(self, session: Session, message: Hello) -> None:
+        """Accept ``message.workspace`` for this session or refuse it (WORKSPACE_REFUSED; the
+        session then runs nothing): allowed place first, then the client's own worker must
+        open it, as the client."""
+        try:
+            sandbox = self.workspaces.choose(session.identity.uid, message.workspace)
+            open_workspace = getattr(self.executor.runner, "open_workspace", None)
+            if open_workspace is not None:
+                await open_workspace(session.identity, sandbox)
+        except (WorkspaceRefused, ToolError) as exc:
+            reason = exc.message if isinstance(exc, ToolError) else str(exc)
+            session.workspace_problem = f"workspace refused: {reason}"
+            self._error(session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, session.workspace_problem)
+            return
+        session.sandbox, session.workspace, session.workspace_problem = sandbox, str(sandbox.roots[0]), ""
+        self._welcome(session, message)
+
+    def _welcome(self, session: Session, message: Hello) -> None:
         tools = self.config.tools
         self._reply(
             session,
@@ -292,7 +325,7 @@ class Service:
                 session_id=session.session_id,
                 identity=session.identity,
                 tools_mode=tools.mode,
-                roots=[str(r) for r in self.sandbox.roots],
+                roots=[str(r) for r in self.sandbox_of(session).roots],
                 isolation=self.isolation,
                 limits={
                     "max_tool_calls_per_batch": tools.max_tool_calls_per_batch,
@@ -313,6 +346,9 @@ class Service:
     def _submit(self, session: Session, message: SubmitBatch) -> None:
         if not self.accepting:
             self._error(session.peer, message.id, ProtocolErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
+            return
+        if session.workspace_problem:
+            self._error(session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, session.workspace_problem)
             return
         if message.batch_id is not None and self._resubmitted(session, message):
             return
@@ -344,6 +380,7 @@ class Service:
             results=[None] * len(calls),
             digest=fingerprint(message.calls),
             approval_timeout=message.approval_timeout_seconds,
+            sandbox=session.sandbox,
         )
         planned = [c.planned() for c in calls]
         if self.journal is not None:  # journaled before it is acknowledged
@@ -355,6 +392,7 @@ class Service:
                 digest=batch.digest,
                 calls=message.calls,
                 planned=planned,
+                workspace=session.workspace,
             )
         self._remember(batch)
         self._reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=planned))
@@ -468,7 +506,7 @@ class Service:
         """Plans as this session: its identity, its client name, its grants, today's policy."""
         return planner.Planner(
             self.registry,
-            self.sandbox,
+            self.sandbox_of(session),
             self.config,
             session.identity,
             session.client_name,
@@ -529,7 +567,8 @@ class Service:
         or when it cannot be made quickly: a preview never blocks the request)."""
         if call.tool is None:
             return None
-        ctx = ToolContext(call_id=call.call_id, sandbox=self.sandbox, config=self.config, resolved=call.resolved)
+        sandbox = batch.sandbox or self.sandbox
+        ctx = ToolContext(call_id=call.call_id, sandbox=sandbox, config=self.config, resolved=call.resolved)
         with trio.move_on_after(5):
             try:
                 diff = await self.executor.runner.preview(call.tool, call.args, ctx, batch.identity)
@@ -783,8 +822,15 @@ class Service:
             self.batches.pop(stored.batch_id, None)
             self._reply(session, Ack(id=message.id))
             return
-        # Planned as the batch's original owner and client, under today's policy.
-        owner = planner.Planner(self.registry, self.sandbox, self.config, stored.identity, stored.client_name)
+        # Planned as the batch's original owner and client, in its workspace, under today's policy.
+        try:
+            sandbox = self.workspaces.choose(stored.identity.uid, stored.workspace) if stored.workspace else None
+        except WorkspaceRefused as exc:
+            self._error(session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, f"workspace refused: {exc}")
+            return
+        owner = planner.Planner(
+            self.registry, sandbox or self.sandbox, self.config, stored.identity, stored.client_name
+        )
         calls = owner.plan([c.tool_call() for c in stored.calls])
         for call in calls:
             recorded = stored.results[call.index]
@@ -797,6 +843,7 @@ class Service:
             calls=calls,
             results=list(stored.results),
             digest=stored.fingerprint,
+            sandbox=sandbox,
         )
         self.journal.set_state(stored.batch_id, "running")
         self._remember(batch)

@@ -141,6 +141,9 @@ class Hello(_Message, tag="hello", frozen=True):
     protocol_version: int = PROTOCOL_VERSION
     client_name: Annotated[str, Meta(max_length=128)] = ""
     client_version: Annotated[str, Meta(max_length=64)] = ""
+    #: An absolute directory this session works in: its only root, where relative paths
+    #: resolve and commands start. Empty: the daemon's own roots.
+    workspace: Annotated[str, Meta(max_length=4096)] = ""
 
 
 class ListTools(_Message, tag="list_tools", frozen=True):

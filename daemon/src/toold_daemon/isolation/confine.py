@@ -178,9 +178,17 @@ def _unshare_as_same_uid(flags: int) -> None:
     so files keep their owner and nothing gains a privilege outside."""
     uid, gid = os.getuid(), os.getgid()
     kernel.unshare(kernel.CLONE_NEWUSER | flags)
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    # A process that is not dumpable (the daemon's hardening, inherited; or the kernel's
+    # rule after setuid) finds /proc/self owned by root and may not write its own maps:
+    # the namespace would stay unmapped and everything in it would run as the overflow
+    # uid. Dumpable only while the maps are written.
+    kernel.prctl(kernel.PR_SET_DUMPABLE, 1)
+    try:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    finally:
+        kernel.prctl(kernel.PR_SET_DUMPABLE, 0)
 
 
 def network_report(*, allowed: bool, namespace: str, seccomp: str, landlock_tcp: bool) -> str:

@@ -1,0 +1,92 @@
+"""Per-session workspaces: which directory a client may make its session's only root.
+
+A client names a workspace in ``hello``. It is accepted when, with symlinks resolved, it
+lies inside one of the daemon's roots or inside a place ``[tools.sandbox] allowed_roots``
+grants (an entry starting with ``~`` means the client's own home directory, from its
+passwd entry, so one line serves every user). The lexical check happens here; whether
+the client can really open it is proven by starting the client's worker on it (as the
+client, under its confinement), which the service does next.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections import OrderedDict
+from pathlib import Path
+
+from .config import Config
+from .sandbox import Sandbox, build_sandbox
+
+_CACHE_SIZE = 64
+
+
+class WorkspaceRefused(Exception):
+    """The workspace cannot be this client's (the message says why, for the client)."""
+
+
+def home_of(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_dir or None
+    except KeyError:
+        return None
+
+
+def allowed_places(config: Config, daemon_roots: tuple[Path, ...], uid: int) -> list[str]:
+    """Where this uid may open a workspace: the daemon's roots and the configured
+    ``allowed_roots`` (``~`` expanded to this uid's home; an entry for a uid without a
+    home is skipped), each canonical."""
+    places = [str(root) for root in daemon_roots]
+    for entry in config.tools.sandbox.allowed_roots:
+        place = entry
+        if entry == "~" or entry.startswith("~/"):
+            home = home_of(uid)
+            if home is None:
+                continue
+            place = home + entry[1:]
+        elif not entry.startswith("/"):
+            continue  # "~user" and relative entries name nobody's place in particular
+        places.append(os.path.realpath(place))
+    return list(dict.fromkeys(places))
+
+
+def inside(path: str, place: str) -> bool:
+    return path == place or path.startswith(place.rstrip("/") + "/")
+
+
+class Workspaces:
+    """Chooses and remembers the sandbox of each workspace (the same roots, patterns and
+    flags as the daemon's own sandbox, with the workspace as the only root)."""
+
+    def __init__(self, config: Config, daemon_sandbox: Sandbox) -> None:
+        self.config = config
+        self.daemon_sandbox = daemon_sandbox
+        self._sandboxes: OrderedDict[str, Sandbox] = OrderedDict()
+
+    def choose(self, uid: int, workspace: str) -> Sandbox:
+        """The sandbox for ``workspace`` as asked by ``uid``; raises WorkspaceRefused."""
+        if not workspace.startswith("/"):
+            raise WorkspaceRefused(f"a workspace must be an absolute path: {workspace!r}")
+        if "\x00" in workspace:
+            raise WorkspaceRefused("a workspace must not contain NUL bytes")
+        real = os.path.realpath(workspace)  # symlinks resolved before the check
+        places = allowed_places(self.config, self.daemon_sandbox.roots, uid)
+        if not any(inside(real, place) for place in places):
+            shown = f" (resolved to {real})" if real != os.path.normpath(workspace) else ""
+            raise WorkspaceRefused(
+                f"{workspace}{shown} is outside the places this daemon allows workspaces: " + ", ".join(places)
+            )
+        return self._sandbox(real)
+
+    def _sandbox(self, real: str) -> Sandbox:
+        if real in self._sandboxes:
+            self._sandboxes.move_to_end(real)
+            return self._sandboxes[real]
+        try:
+            sandbox = build_sandbox(self.config, [Path(real)])
+        except (OSError, ValueError) as exc:
+            raise WorkspaceRefused(str(exc)) from None
+        self._sandboxes[real] = sandbox
+        while len(self._sandboxes) > _CACHE_SIZE:
+            self._sandboxes.popitem(last=False)
+        return sandbox
