@@ -15,6 +15,7 @@ from pathlib import Path
 from . import __version__
 from .config import Config, ConfigError, load_file
 from .hardening import harden_process
+from .isolation.admission import Admission
 from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
 from .tools import builtin_tools
@@ -60,10 +61,31 @@ def main(argv: list[str] | None = None) -> int:
     if scrubbed:
         logging.getLogger("toold").info("removed secret-looking variables from the environment: %s", scrubbed)
     # The fork server starts now, while this process is single-threaded and trio not running.
-    spawner = start_spawner([*builtin_tools(), Probe()])
+    spawner = start_spawner([*builtin_tools(), Probe()], admission_for(args, config))
     if args.command == "doctor":
         return doctor(config, spawner)
     return run_serve(args, config, spawner)
+
+
+def admission_for(args: argparse.Namespace, config: Config) -> Admission:
+    """The spawner's own rules, from the administrator's config and command line."""
+    from .sandbox import build_sandbox
+    from .server import resolve_endpoint_quietly
+
+    try:
+        roots = tuple(str(r) for r in build_sandbox(config, getattr(args, "root", None) or []).roots)
+    except (OSError, ValueError):
+        roots = ()  # serving fails on these roots anyway, and says why
+    endpoint = resolve_endpoint_quietly(config, getattr(args, "endpoint", None) or "")
+    daemon = config.daemon
+    return Admission(
+        daemon_roots=roots,
+        allowed_roots=tuple(config.tools.sandbox.allowed_roots),
+        allowed_uids=tuple(daemon.allowed_uids) if daemon.allowed_uids is not None else None,
+        allowed_gids=tuple(daemon.allowed_gids),
+        allow_root_clients=daemon.root_clients_allowed(),
+        socket_path=endpoint.removeprefix("ipc://") if endpoint.startswith("ipc://") else "",
+    )
 
 
 def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, socket.socket]) -> int:

@@ -234,6 +234,19 @@ class DaemonConfig(_Section, frozen=True):
     # A separate policy file (the keys of [tools.approval] at top level, rules as [[rules]]);
     # when set it replaces [tools.approval]. Relative to this file's directory.
     policy_file: str = ""
+    # Who may have tools run for them; the spawner (the only root process) checks every
+    # request itself. None: whoever the socket's owner, group and mode let connect.
+    allowed_uids: list[int] | None = None
+    allowed_gids: list[int] = []  # members (primary group) of these may too
+    # Tools for root clients. Unset: allowed when the daemon runs as root for itself
+    # (no ``user``), refused when it serves others as a system service (``user`` set).
+    allow_root_clients: bool | None = None
+    # The unprivileged user the protocol process becomes once the spawner runs, the socket
+    # is bound and the journal open (the system service's "toold"). "": stay as started.
+    user: str = ""
+
+    def root_clients_allowed(self) -> bool:
+        return self.allow_root_clients if self.allow_root_clients is not None else not self.user
 
 
 class JournalConfig(_Section, frozen=True):

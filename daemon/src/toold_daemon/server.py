@@ -111,6 +111,11 @@ def prepare_runtime_dir(directory: Path) -> None:
     check_private_dir(directory, exact_mode=0o700)
 
 
+def resolve_endpoint_quietly(config: Config, endpoint: str) -> str:
+    """The endpoint ``serve`` will use, without preparing anything on disk."""
+    return endpoint or config.daemon.endpoint or f"ipc://{default_runtime_dir() / SOCKET_NAME}"
+
+
 def resolve_endpoint(config: Config, options: ServeOptions) -> str:
     endpoint = options.endpoint or config.daemon.endpoint
     if endpoint:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 from .config import Config
@@ -32,12 +33,16 @@ def home_of(uid: int) -> str | None:
         return None
 
 
-def allowed_places(config: Config, daemon_roots: tuple[Path, ...], uid: int) -> list[str]:
-    """Where this uid may open a workspace: the daemon's roots and the configured
-    ``allowed_roots`` (``~`` expanded to this uid's home; an entry for a uid without a
-    home is skipped), each canonical."""
+def allowed_places(config: Config, daemon_roots: Sequence[Path | str], uid: int) -> list[str]:
+    """Where this uid may open a workspace (see ``allowed_places_for``)."""
+    return allowed_places_for(config.tools.sandbox.allowed_roots, daemon_roots, uid)
+
+
+def allowed_places_for(allowed_roots: Sequence[str], daemon_roots: Sequence[Path | str], uid: int) -> list[str]:
+    """The daemon's roots and the ``allowed_roots`` entries (``~`` expanded to this uid's
+    home; an entry for a uid without a home is skipped), each canonical."""
     places = [str(root) for root in daemon_roots]
-    for entry in config.tools.sandbox.allowed_roots:
+    for entry in allowed_roots:
         place = entry
         if entry == "~" or entry.startswith("~/"):
             home = home_of(uid)

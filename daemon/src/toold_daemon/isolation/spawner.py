@@ -21,17 +21,20 @@ import msgspec
 
 from ..tools._base import Tool
 from . import kernel
+from .admission import Admission, Refused, enable_credentials, receive_checked
 from .child import run_child
 from .confine import guarded_pids
 from .prepare import Preparer
-from .wire import Spawned, SpawnRequest, frame, receive_with_fds
+from .wire import Spawned, SpawnRequest, frame
 
 _request_decoder = msgspec.msgpack.Decoder(SpawnRequest)
 
 
-def start(tools: list[Tool[Any]]) -> tuple[int, socket.socket]:
-    """Fork the spawner; return its pid and the daemon's end of the control socket."""
+def start(tools: list[Tool[Any]], admission: Admission | None = None) -> tuple[int, socket.socket]:
+    """Fork the spawner; return its pid and the daemon's end of the control socket.
+    ``admission``: whom and which roots it serves (default: only this process's uid)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    enable_credentials(theirs)  # before anything is sent: a message sent earlier has none
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -39,7 +42,7 @@ def start(tools: list[Tool[Any]]) -> tuple[int, socket.socket]:
         ours.close()
         code = 0
         try:
-            _serve(theirs, {tool.name: tool for tool in tools})
+            _serve(theirs, {tool.name: tool for tool in tools}, admission or Admission())
         except BaseException:
             code = 1
         finally:
@@ -48,7 +51,7 @@ def start(tools: list[Tool[Any]]) -> tuple[int, socket.socket]:
     return pid, ours
 
 
-def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
+def _serve(control: socket.socket, tools: dict[str, Tool[Any]], admission: Admission) -> None:
     daemon_pid = os.getppid()
     kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != daemon_pid:
@@ -62,16 +65,22 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]]) -> None:
         for sockets in ("any", "none"):
             kernel.seccomp_program(sockets=sockets, protected_pids=guarded_pids(my_pid, (daemon_pid,), zygote=False))
     while True:
-        received = receive_with_fds(control)
+        try:
+            received = receive_checked(control, daemon_pid)
+        except Refused as exc:
+            control.sendall(frame(Spawned(error=f"refused: {exc}")))
+            continue
         if received is None:
             return  # the daemon closed its end
         body, fds = received
         try:
             request = _request_decoder.decode(body)
-        except msgspec.DecodeError as exc:
+            admission.check(request)
+        except (msgspec.DecodeError, Refused) as exc:
             for fd in fds:
                 os.close(fd)
-            control.sendall(frame(Spawned(error=f"bad spawn request: {exc}")))
+            why = f"refused: {exc}" if isinstance(exc, Refused) else f"bad spawn request: {exc}"
+            control.sendall(frame(Spawned(error=why)))
             continue
         if len(fds) != 1:
             for fd in fds:

@@ -1,0 +1,159 @@
+"""The spawner, the only process that keeps root, checks every request on its own: a
+compromised protocol process (or a tool that got hold of the spawner's socket) must not
+get a child for a uid the administrator did not admit, on roots that uid may not use,
+or at all when the request does not come from the protocol process itself.
+
+These tests are the protocol process: they start a real spawner and talk to it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from toold_daemon.config import Config
+from toold_daemon.isolation.admission import Admission
+from toold_daemon.isolation.spawner import start
+from toold_daemon.isolation.wire import Outcome, Spawned, SpawnRequest, child_decoder, frame, read_frame
+from toold_daemon.tools import builtin_tools
+
+_spawned = msgspec.msgpack.Decoder(Spawned)
+_config = msgspec.msgpack.encode(Config())
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the spawner changes uid only as root")
+
+
+@pytest.fixture
+def places() -> Iterator[tuple[Path, Path]]:
+    with tempfile.TemporaryDirectory() as daemon_root, tempfile.TemporaryDirectory() as elsewhere:
+        yield Path(daemon_root), Path(elsewhere)
+
+
+def spawner(admission: Admission) -> socket.socket:
+    """A real spawner for ``admission``; we hold the protocol process's end."""
+    return start(list(builtin_tools()), admission)[1]
+
+
+def ask(control: socket.socket, request: SpawnRequest) -> Spawned:
+    """Send one request with a fresh channel; the spawner's reply (a started child's
+    first frame must be its outcome, which shows it ran)."""
+    read_end, write_end = os.pipe()
+    control.sendmsg([frame(request)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, write_end.to_bytes(4, "little"))])
+    os.close(write_end)
+    header = _recv_exact(control, 4)
+    reply = _spawned.decode(_recv_exact(control, int.from_bytes(header, "big")))
+    if reply.pid:
+        body = read_frame(read_end)
+        assert body is not None and isinstance(child_decoder.decode(body), Outcome)
+    os.close(read_end)
+    return reply
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "the spawner closed its socket"
+        data += chunk
+    return data
+
+
+def listing(root: Path, uid: int) -> SpawnRequest:
+    return SpawnRequest(
+        call_id="c1",
+        token="t" * 24,
+        tool="list_directory",
+        args=msgspec.msgpack.encode({"path": "."}),
+        config=_config,
+        roots=[str(root)],
+        uid=uid,
+        gid=uid,
+        network=False,
+    )
+
+
+def test_a_uid_outside_the_admitted_set_is_refused(places: tuple[Path, Path]) -> None:
+    """The protocol process asks for a child as a uid the config does not admit."""
+    daemon_root, _ = places
+    control = spawner(Admission(daemon_roots=(str(daemon_root),), allowed_uids=(4242,)))
+    try:
+        refused = ask(control, listing(daemon_root, 4343))
+        assert refused.pid == 0 and "uid 4343 may not use this daemon" in refused.error
+        admitted = ask(control, listing(daemon_root, 4242))
+        assert admitted.pid > 0, admitted.error
+    finally:
+        control.close()
+
+
+def test_root_is_refused_unless_root_clients_are_allowed(places: tuple[Path, Path]) -> None:
+    daemon_root, _ = places
+    control = spawner(Admission(daemon_roots=(str(daemon_root),), allow_root_clients=False))
+    try:
+        refused = ask(control, listing(daemon_root, 0))
+        assert "uid 0 may not use this daemon" in refused.error
+    finally:
+        control.close()
+    control = spawner(Admission(daemon_roots=(str(daemon_root),), allow_root_clients=True))
+    try:
+        admitted = ask(control, listing(daemon_root, 0))
+        assert admitted.pid > 0, admitted.error
+    finally:
+        control.close()
+
+
+def test_roots_that_uid_may_not_use_are_refused(places: tuple[Path, Path]) -> None:
+    """An admitted uid, but roots outside the daemon's roots and its allowed places:
+    outright, by a parent of an allowed place, and by a sibling that shares a prefix."""
+    daemon_root, elsewhere = places
+    admission = Admission(daemon_roots=(str(daemon_root),), allowed_uids=(4242,))
+    control = spawner(admission)
+    try:
+        for bad in (elsewhere, daemon_root.parent, Path(str(daemon_root) + "-evil"), Path("/")):
+            refused = ask(control, listing(bad, 4242))
+            assert refused.pid == 0 and "may not use" in refused.error, (bad, refused)
+        inside = daemon_root / "sub"
+        inside.mkdir()
+        admitted = ask(control, listing(inside, 4242))
+        assert admitted.pid > 0, admitted.error
+    finally:
+        control.close()
+
+
+def test_tilde_places_are_each_uids_own_home() -> None:
+    """``~`` in allowed_roots is the asking uid's home: root's home is no place for 4242."""
+    control = spawner(Admission(allowed_roots=("~",), allowed_uids=(4242,), allow_root_clients=True))
+    try:
+        root_home = Path(os.path.expanduser("~root"))
+        refused = ask(control, listing(root_home, 4242))
+        assert "may not use" in refused.error
+        admitted = ask(control, listing(root_home, 0))
+        assert admitted.pid > 0, admitted.error
+    finally:
+        control.close()
+
+
+def test_a_request_not_sent_by_the_protocol_process_is_refused(places: tuple[Path, Path]) -> None:
+    """A process that got hold of the spawner's socket (inherited, or passed to it) sends a
+    well-formed request for an admitted uid: the kernel names it as the sender, and the
+    spawner refuses it. The protocol process's own next request is served."""
+    daemon_root, _ = places
+    control = spawner(Admission(daemon_roots=(str(daemon_root),), allowed_uids=(4242,)))
+    try:
+        child = os.fork()
+        if child == 0:  # the intruder
+            code = 1
+            try:
+                reply = ask(control, listing(daemon_root, 4242))
+                code = 0 if reply.pid == 0 and "not the daemon's" in reply.error else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the spawner served a request from another process"
+        admitted = ask(control, listing(daemon_root, 4242))
+        assert admitted.pid > 0, admitted.error
+    finally:
+        control.close()
