@@ -27,7 +27,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     processes: int = 512
 
 
-class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
+class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn", omit_defaults=True):
     """Run ``tool`` (a registered Python tool) or, when ``argv`` is set, a command."""
 
     call_id: str
@@ -71,7 +71,7 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, tag="chunk"):
     data: str
 
 
-class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome"):
+class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome", omit_defaults=True):
     """The child's last word: a tool output, or a ToolError's parts."""
 
     ok: bool
