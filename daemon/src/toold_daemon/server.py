@@ -159,6 +159,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 service.bind_nursery(nursery)
                 if isinstance(runner, SpawnRunner):
                     runner.bind_nursery(nursery)
+                    nursery.start_soon(runner.workers.retire_idle_forever)
                 await nursery.start(ipc.serve, service.handle)
                 log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
                 if ready is not None:

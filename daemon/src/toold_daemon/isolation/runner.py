@@ -103,10 +103,8 @@ class SpawnRunner:
         self._nursery: trio.Nursery | None = None
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
-        """Where background jobs are followed and idle workers retired; cancelling it
-        (shutdown) kills them all."""
+        """Where background jobs are followed; cancelling it (shutdown) kills them all."""
         self._nursery = nursery
-        nursery.start_soon(self.workers.retire_idle_forever)
 
     @property
     def isolation(self) -> list[IsolationLayer]:
