@@ -58,6 +58,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become 
 
 def as_other_user(endpoint: str, action: Callable[[Client], dict[str, Any]]) -> dict[str, Any]:
     """Run ``action`` in a forked child running as the throwaway user; return what it reports."""
+    return as_user(endpoint, OTHER_UID, OTHER_GID, action)
+
+
+def as_user(endpoint: str, uid: int, gid: int, action: Callable[[Client], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``action`` in a forked child that has dropped to ``uid``/``gid`` before it
+    connects; return what it reports (``{"exception": ...}`` if it raised)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
@@ -65,9 +71,9 @@ def as_other_user(endpoint: str, action: Callable[[Client], dict[str, Any]]) -> 
         report: dict[str, Any]
         try:
             os.setgroups([])
-            os.setgid(OTHER_GID)
-            os.setuid(OTHER_UID)
-            with Client(endpoint, timeout=10) as client:
+            os.setgid(gid)
+            os.setuid(uid)
+            with Client(endpoint, timeout=20) as client:
                 report = action(client)
         except BaseException as exc:
             report = {"exception": repr(exc)}

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import DaemonProcess, start_daemon
-from tests.e2e.test_identity import OTHER_UID, as_other_user, open_socket_to_everyone
+from tests.e2e.test_identity import OTHER_UID, as_other_user, as_user, open_socket_to_everyone
 from toold_client import Client, RemoteError
 
 CONFIG = """
@@ -165,7 +165,7 @@ def test_tilde_is_each_users_own_home_and_two_users_work_at_once(daemon: DaemonP
                     crossed = exc.code
             return {"roots": welcome.roots, "read": read.content, "shell": shell.content, "crossed": crossed}
 
-        reports[tag] = _as_user(daemon.endpoint, uid, gid, act)
+        reports[tag] = as_user(daemon.endpoint, uid, gid, act)
 
     threads = [
         threading.Thread(target=session, args=("a", a_uid, a_gid, a_home, b_home)),
@@ -182,27 +182,3 @@ def test_tilde_is_each_users_own_home_and_two_users_work_at_once(daemon: DaemonP
         assert f"{tag}'s file" in report["read"]
         assert report["shell"].split()[:2] == [str(uid), str(home / "projects" / "app")], report["shell"]
         assert report["crossed"] == "WORKSPACE_REFUSED"  # "~" is the asker's home, never another's
-
-
-def _as_user(endpoint: str, uid: int, gid: int, action: Any) -> dict[str, Any]:
-    import json
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        try:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            with Client(endpoint, timeout=20) as client:
-                report = action(client)
-        except BaseException as exc:
-            report = {"exception": repr(exc)}
-        os.write(write_end, json.dumps(report).encode())
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)  # type: ignore[no-any-return]
