@@ -93,6 +93,7 @@ def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, sock
 
     from .ipc import EndpointInUse, UnsafeRuntimePath
     from .journal import JournalError
+    from .privileges import CannotDrop
     from .sandbox.paths import UNCHECKED_FOR_TESTS
     from .server import ServeOptions, serve
 
@@ -117,7 +118,7 @@ def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, sock
     except UnsafeRuntimePath as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
-    except JournalError as exc:
+    except (JournalError, CannotDrop) as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:

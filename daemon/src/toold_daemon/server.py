@@ -24,11 +24,12 @@ from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
 from .config import Config
 from .executor import Executor
-from .ipc import Admission, IpcServer, check_private_dir
+from .ipc import Admission, IpcServer, check_private_dir, ipc_path
 from .isolation.peers import tool_process
 from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
 from .journal import Journal
+from .privileges import CannotDrop, drop_to
 from .registry import Registry
 from .runner import ThreadRunner
 from .sandbox import build_sandbox
@@ -111,6 +112,26 @@ def prepare_runtime_dir(directory: Path) -> None:
     check_private_dir(directory, exact_mode=0o700)
 
 
+def _drop_privileges(
+    config: Config, runner: ThreadRunner | SpawnRunner, journal: Journal | None, ipc: IpcServer
+) -> None:
+    """Become ``[daemon] user`` now that the spawner runs, the socket is bound and the
+    journal is open (see ``privileges``); a drop that cannot be made stops the daemon."""
+    if not isinstance(runner, SpawnRunner):
+        raise CannotDrop("[daemon] user needs the isolated spawner (tools must run as their clients)")
+    own: list[Path] = []
+    if journal is not None:
+        state = journal.path.parent
+        companions = [journal.path.with_name(journal.path.name + suffix) for suffix in ("-wal", "-shm")]
+        own += [state, journal.path, state / "journal.lock", *companions]
+    socket_path = ipc_path(ipc.endpoint)
+    if socket_path is not None:
+        own += [socket_path.parent, socket_path, socket_path.with_name(socket_path.name + ".lock")]
+    report = drop_to(config.daemon.user, own=own, cgroups=runner.cgroups)
+    for name, state_ in sorted(report.items()):
+        log.info("protocol process %s: %s", name, state_)
+
+
 def resolve_endpoint_quietly(config: Config, endpoint: str) -> str:
     """The endpoint ``serve`` will use, without preparing anything on disk."""
     return endpoint or config.daemon.endpoint or f"ipc://{default_runtime_dir() / SOCKET_NAME}"
@@ -154,6 +175,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     )
     try:
         ipc.bind()
+        if config.daemon.user:
+            _drop_privileges(config, runner, journal, ipc)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 service.bind_nursery(nursery)

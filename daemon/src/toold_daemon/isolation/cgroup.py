@@ -135,6 +135,17 @@ class Cgroups:
         """Remove an emptied cgroup everywhere; False while processes are still leaving it."""
         return all([_rmdir(path) for path in self.paths(name)])
 
+    def keep_unified_only(self) -> None:
+        """Give up the cgroup v1 hierarchies (remove their bases): an unprivileged process
+        can create cgroups in a delegated v1 base but cannot move another user's process
+        between them, so calls would end up sharing them. Limits then come from v2 where
+        it delegates them (and from rlimits)."""
+        for hierarchy in self.hierarchies:
+            if hierarchy.version == 1:
+                _rmdir(hierarchy.base)
+                self.notes.append(f"v1 {', '.join(sorted(hierarchy.limits))} given up by the unprivileged daemon")
+        self.hierarchies = tuple(h for h in self.hierarchies if h.version == 2)
+
     def remove_bases(self) -> None:
         for hierarchy in self.hierarchies:
             with contextlib.suppress(OSError):

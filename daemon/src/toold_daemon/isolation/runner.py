@@ -17,7 +17,6 @@ import logging
 import os
 import pwd
 import secrets
-import shutil
 import signal
 import socket
 from dataclasses import dataclass
@@ -37,8 +36,18 @@ from .cgroup import Cgroups
 from .environment import acceptable, inherited_environment, is_injection
 from .jobs import Job, Jobs
 from .sockets import PeerGone, receive_frame, send_with_fd
-from .tempdirs import TempDirs
-from .wire import Chunk, FrameBuffer, Limits, Outcome, Spawned, SpawnRequest, child_decoder, frame
+from .wire import (
+    Chunk,
+    FrameBuffer,
+    Limits,
+    Outcome,
+    Spawned,
+    SpawnRequest,
+    TempDone,
+    TempWanted,
+    child_decoder,
+    frame,
+)
 from .workers import WorkerFailed, Workers, WorkerUnavailable
 from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
 
@@ -75,7 +84,6 @@ class SpawnRunner:
         # The daemon's environment is read once: filtering it per call cost ~0.1 ms.
         environment = config.tools.environment
         self._inherited_env = inherited_environment(os.environ, allow=environment.allowlist, deny=environment.denylist)
-        self._temps = TempDirs(self._euid)
         isolation = config.tools.isolation
         self._limits = Limits(
             cpu_seconds=isolation.cpu_seconds,
@@ -210,7 +218,9 @@ class SpawnRunner:
 
         def kill() -> None:  # from shell_jobs' worker thread; the follower then sweeps
             job.state = "killed"  # before the signal: the outcome that follows must not say "exited"
-            _signal_group(child.pid, signal.SIGKILL)
+            # the cgroup first: an unprivileged daemon cannot signal another user's group
+            if not self.cgroups.kill(child.cgroup):
+                _signal_group(child.pid, signal.SIGKILL)
 
         job.kill = kill
         limit = tool.timeout_seconds(args) or BACKGROUND_TIMEOUT_S
@@ -280,7 +290,7 @@ class SpawnRunner:
         nothing is left behind; on success the caller owns killing and cleaning up."""
         self._check_identity(identity)
         token = secrets.token_hex(12)
-        temp = self._temps.take(identity.uid, identity.gid)
+        temp = await self._take_temp(identity)
         via_zygote = self._zygotes is not None and command is not None and bool(command.argv)
         read_end, write_end = os.pipe()
         try:
@@ -295,7 +305,8 @@ class SpawnRunner:
                 pid, group = await self._fork_child(request, write_end)
         except BaseException:
             os.close(read_end)
-            shutil.rmtree(temp, ignore_errors=True)
+            with trio.CancelScope(shield=True):
+                await self._chore(TempDone(path=temp))
             raise
         finally:
             os.close(write_end)
@@ -374,7 +385,7 @@ class SpawnRunner:
             gid=identity.gid,
             network=command.network if command else not probe,
             network_namespace=isolation.network_namespace,
-            writable=[self._temps.uid_base(identity.uid, identity.gid)],
+            writable=[os.path.dirname(temp)] if temp else [],  # the uid's own temp base
             temp=temp,
             limits=limits,
             idle_timeout_s=command.idle_timeout_s if command else 0.0,
@@ -412,6 +423,26 @@ class SpawnRunner:
             require=list(isolation.require),
             preview=preview,
         )
+
+    async def _take_temp(self, identity: Identity) -> str:
+        """A private temp dir of the client's uid, made by the spawner (it can chown)."""
+        reply = await self._chore(TempWanted(uid=identity.uid, gid=identity.gid))
+        if reply.error or not reply.path:
+            raise ToolError(
+                ToolErrorType.ISOLATION_UNAVAILABLE, "NO_TEMP_DIR", f"no temp dir for the call: {reply.error}"
+            )
+        return reply.path
+
+    async def _chore(self, message: TempWanted | TempDone) -> Spawned:
+        """One request to the spawner without an fd; an exited spawner is an error reply."""
+        async with self._lock:
+            try:
+                data = frame(message)
+                while data:
+                    data = data[await self._control.send(data) :]
+                return _spawned_decoder.decode(await receive_frame(self._control))
+            except (PeerGone, OSError):
+                return Spawned(error="the spawner process has exited")
 
     async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int) -> int:
         async with self._lock:
@@ -499,7 +530,7 @@ class SpawnRunner:
                     while not self.cgroups.remove(child.cgroup):
                         await trio.sleep(0.001)
                     emptied = True
-            self._temps.give_back(child.temp, child.uid, reusable=emptied)
+            await self._chore(TempDone(path=child.temp, reusable=emptied))
 
     async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
         for _ in range(1000):
@@ -511,8 +542,7 @@ class SpawnRunner:
         self.workers.close()
         if self._zygotes is not None:
             self._zygotes.close()
-        self._control.close()
-        self._temps.close()
+        self._control.close()  # the spawner then removes every temp dir it made
         self.cgroups.remove_bases()
 
 

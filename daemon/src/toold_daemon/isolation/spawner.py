@@ -25,9 +25,10 @@ from .admission import Admission, Refused, enable_credentials, receive_checked
 from .child import run_child
 from .confine import guarded_pids
 from .prepare import Preparer
-from .wire import Spawned, SpawnRequest, frame
+from .tempdirs import TempDirs
+from .wire import Spawned, SpawnerMessage, SpawnRequest, TempDone, TempWanted, frame
 
-_request_decoder = msgspec.msgpack.Decoder(SpawnRequest)
+_request_decoder = msgspec.msgpack.Decoder(SpawnerMessage)
 
 
 def start(tools: list[Tool[Any]], admission: Admission | None = None) -> tuple[int, socket.socket]:
@@ -62,10 +63,23 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]], admission: Admis
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     my_pid = os.getpid()
-    preparer = Preparer(tools)
     if kernel.seccomp_supported() is None:  # every child's filter, built once before the forks
         for sockets in ("any", "none"):
             kernel.seccomp_program(sockets=sockets, protected_pids=guarded_pids(my_pid, (daemon_pid,), zygote=False))
+    preparer = Preparer(tools)
+    temps = TempDirs(os.geteuid(), daemon_pid)
+    try:
+        _loop(control, preparer, admission, temps, pids=(my_pid, daemon_pid))
+    finally:
+        temps.close()
+
+
+def _loop(
+    control: socket.socket, preparer: Preparer, admission: Admission, temps: TempDirs, *, pids: tuple[int, int]
+) -> None:
+    """Serve requests until the daemon closes its end. ``pids``: (ours, the daemon's)."""
+    my_pid, daemon_pid = pids
+    lent: dict[str, int] = {}  # temp dirs handed out -> their uid
     while True:
         try:
             received = receive_checked(control, daemon_pid)
@@ -76,7 +90,13 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]], admission: Admis
             return  # the daemon closed its end
         body, fds = received
         try:
-            request = _request_decoder.decode(body)
+            message = _request_decoder.decode(body)
+            if not isinstance(message, SpawnRequest):
+                for fd in fds:
+                    os.close(fd)
+                control.sendall(frame(_temp_chore(message, admission, temps, lent)))
+                continue
+            request = message
             admission.check(request)
         except (msgspec.DecodeError, Refused) as exc:
             for fd in fds:
@@ -107,3 +127,21 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]], admission: Admis
             run_child(request, channel, work, my_pid, daemon_pid)
         os.close(channel)
         control.sendall(frame(Spawned(pid=pid)))
+
+
+def _temp_chore(message: TempWanted | TempDone, admission: Admission, temps: TempDirs, lent: dict[str, int]) -> Spawned:
+    """Make or take back a call's temp dir, for admitted uids and dirs we handed out only."""
+    if isinstance(message, TempWanted):
+        if not admission.uid_allowed(message.uid, message.gid):
+            return Spawned(error=f"refused: uid {message.uid} may not use this daemon")
+        try:
+            path = temps.take(message.uid, message.gid)
+        except OSError as exc:
+            return Spawned(error=f"no temp dir: {exc.strerror}")
+        lent[path] = message.uid
+        return Spawned(path=path)
+    uid = lent.pop(message.path, None)
+    if uid is None:
+        return Spawned(error=f"refused: {message.path!r} is not a temp dir this spawner lent")
+    temps.give_back(message.path, uid, reusable=message.reusable)
+    return Spawned()

@@ -61,9 +61,29 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn", omit_
     readonly_paths: list[str] = []  # bound read-only in the command's own mount namespace
 
 
+class TempWanted(msgspec.Struct, frozen=True, kw_only=True, tag="temp"):
+    """A private temp dir (a call's TMPDIR) for ``uid``: made by the spawner, which can
+    chown it when the protocol process no longer can. The reply carries its path."""
+
+    uid: int
+    gid: int
+
+
+class TempDone(msgspec.Struct, frozen=True, kw_only=True, tag="temp_done"):
+    """A temp dir the spawner handed out is free again: pooled if ``reusable`` (nothing of
+    the call can still write there) and untouched, else removed."""
+
+    path: str
+    reusable: bool = False
+
+
+SpawnerMessage = SpawnRequest | TempWanted | TempDone
+
+
 class Spawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
     pid: int = 0
     error: str = ""
+    path: str = ""  # the temp dir, for ``TempWanted``
 
 
 class Chunk(msgspec.Struct, frozen=True, kw_only=True, tag="chunk"):

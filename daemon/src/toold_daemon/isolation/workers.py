@@ -252,7 +252,7 @@ class Workers:
         if not self._cgroups.kill(worker.cgroup):
             try:
                 os.kill(worker.pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
         if worker.cgroup:
             self._cgroups_to_remove.append(worker.cgroup)

@@ -1,0 +1,155 @@
+"""A daemon started as root with ``[daemon] user``: the protocol process gives up root
+for good; every tool still runs as its client, in a worker or a command of that uid.
+Root only; the service user is created here if it is missing."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import DaemonProcess, start_daemon
+from tests.e2e.test_identity import OTHER_GID, OTHER_UID, as_other_user, open_socket_to_everyone
+from toold_client import Client
+
+SERVICE_USER = "toold-svc-test"
+CONFIG = f"""
+[daemon]
+user = "{SERVICE_USER}"
+allow_root_clients = true
+
+[tools.approval]
+allowlist = ["shell", "run_code"]
+"""
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None, reason="needs root")
+
+
+def service_user() -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "-M",
+                "-d",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--user-group",
+                SERVICE_USER,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        entry = pwd.getpwnam(SERVICE_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
+def cgroup_v2_kill() -> bool:
+    """Whether this machine gives the daemon a cgroup v2 hierarchy of its own."""
+    from toold_daemon.isolation.cgroup import Cgroups
+
+    found = Cgroups.detect()
+    try:
+        return any(h.version == 2 for h in found.hierarchies)
+    finally:
+        found.remove_bases()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    service_user()
+    if not cgroup_v2_kill():
+        pytest.skip("an unprivileged daemon needs cgroup v2 (cgroup.kill) to stop other users' commands")
+    shared = Path(tempfile.mkdtemp(prefix="toold-privsep-"))
+    os.chmod(shared, 0o711)
+    root = shared / "workspace"
+    root.mkdir(mode=0o755)
+    d = start_daemon(tmp_path, root, socket_dir=shared / "run", config=CONFIG)
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def protocol_process(daemon: DaemonProcess) -> psutil.Process:
+    return psutil.Process(daemon.proc.pid)
+
+
+def test_the_protocol_process_is_the_service_user_for_good(daemon: DaemonProcess) -> None:
+    uid, gid = service_user()
+    with daemon.client(timeout=30) as client:
+        client.ping()
+    process = protocol_process(daemon)
+    assert tuple(process.uids()) == (uid, uid, uid)  # real, effective, saved
+    assert tuple(process.gids()) == (gid, gid, gid)
+    status = Path(f"/proc/{daemon.proc.pid}/status").read_text()
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    assert fields["CapEff"].strip() == "0000000000000000"
+    assert fields["CapPrm"].strip() == "0000000000000000"
+    assert fields["CapBnd"].strip() == "0000000000000000"
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert fields["Groups"].strip() == ""
+    # the spawner keeps root: it is the only process that may start children as others
+    [spawner] = [c for c in process.children() if c.uids().effective == 0]
+    assert spawner.pid > 0
+
+
+def test_tools_still_run_as_each_client(daemon: DaemonProcess) -> None:
+    """A root client reads its own 0600 file (so the read ran in a worker as root, not in
+    the daemon, which could not); the throwaway user cannot; commands report the
+    client's uid; a command that outlives its timeout is still killed."""
+    secret = daemon.root / "secret.txt"
+    secret.write_text("root only\n")
+    os.chmod(secret, 0o600)
+    open_socket_to_everyone(daemon)
+    with daemon.client(timeout=30) as client:
+        read = client.call("read_file", {"path": "secret.txt"})
+        assert read.ok and "root only" in read.content, read
+        shell = client.call("shell", {"command": "id -u"})
+        assert shell.ok and shell.content.split()[0] == "0", shell.content
+        written = client.call("write_file", {"path": "by-root.txt", "content": "x\n"})
+        assert written.ok, written.content
+    assert (daemon.root / "by-root.txt").stat().st_uid == 0
+
+    def act(client: Client) -> dict[str, Any]:
+        denied = client.call("read_file", {"path": "secret.txt"})
+        ran = client.call("shell", {"command": "id -u; id -g"})
+        started = time.monotonic()
+        slow = client.call("shell", {"command": "sleep 30", "timeout_ms": 1000})
+        return {
+            "denied": [denied.ok, denied.error.type if denied.error else None],
+            "ran": ran.content,
+            "slow": [slow.ok, slow.error.type if slow.error else None, time.monotonic() - started],
+        }
+
+    report = as_other_user(daemon.endpoint, act)
+    assert report.get("exception") is None, report
+    assert report["denied"] == [False, "PermissionDenied"]
+    assert report["ran"].split()[:2] == [str(OTHER_UID), str(OTHER_GID)]
+    ok, kind, took = report["slow"]
+    assert not ok and kind == "Timeout" and took < 15
+    time.sleep(0.5)
+    sleepers = [p for p in psutil.process_iter(["cmdline", "uids"]) if p.info["cmdline"] == ["sleep", "30"]]
+    assert not [p for p in sleepers if p.info["uids"].real == OTHER_UID], "the timed-out command lives on"
+
+
+def test_the_dropped_daemon_stops_cleanly(daemon: DaemonProcess) -> None:
+    with daemon.client(timeout=30) as client:
+        assert client.call("list_directory", {"path": "."}).ok
+    assert daemon.stop(signal.SIGTERM) == 0
+    assert not daemon.socket.exists()
