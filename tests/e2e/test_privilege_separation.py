@@ -153,3 +153,45 @@ def test_the_dropped_daemon_stops_cleanly(daemon: DaemonProcess) -> None:
         assert client.call("list_directory", {"path": "."}).ok
     assert daemon.stop(signal.SIGTERM) == 0
     assert not daemon.socket.exists()
+
+
+def test_an_unprivileged_daemon_opens_workspaces_in_private_homes(tmp_path: Path) -> None:
+    """The daemon's own user cannot look into a 0700 home; the client's worker can, and
+    the spawner (root) resolves the path before it lets a worker start there. A symlink in
+    the home that leads out of it is still refused."""
+    from tests.e2e.test_identity import as_user
+    from tests.e2e.test_workspaces import _user_with_home
+
+    service_user()
+    if not cgroup_v2_kill():
+        pytest.skip("an unprivileged daemon needs cgroup v2")
+    uid, gid, home = _user_with_home("p")
+    (home / "projects" / "escape").symlink_to("/etc")
+    shared = Path(tempfile.mkdtemp(prefix="toold-privsep-"))
+    os.chmod(shared, 0o711)
+    (shared / "root").mkdir(mode=0o755)
+    config = CONFIG + '\n[tools.sandbox]\nallowed_roots = ["~/projects"]\n'
+    d = start_daemon(tmp_path, shared / "root", socket_dir=shared / "run", config=config)
+    try:
+        open_socket_to_everyone(d)
+
+        def act(client: Client) -> dict[str, Any]:
+            client.workspace = str(home / "projects" / "app")
+            roots = client.hello().roots
+            read = client.call("read_file", {"path": "mine.txt"})
+            with Client(client.endpoint, timeout=10, workspace=home / "projects" / "escape") as other:
+                try:
+                    other.hello()
+                    escaped = "accepted"
+                except Exception as exc:  # RemoteError
+                    escaped = str(exc)
+            return {"roots": roots, "read": read.content, "escaped": escaped}
+
+        report = as_user(d.endpoint, uid, gid, act)
+    finally:
+        d.stop()
+        shutil.rmtree(shared, ignore_errors=True)
+    assert report.get("exception") is None, report
+    assert report["roots"] == [str(home / "projects" / "app")]
+    assert "p's file" in report["read"]
+    assert report["escaped"].startswith("WORKSPACE_REFUSED"), report["escaped"]

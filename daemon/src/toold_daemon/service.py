@@ -305,7 +305,8 @@ class Service:
             sandbox = self.workspaces.choose(session.identity.uid, message.workspace)
             open_workspace = getattr(self.executor.runner, "open_workspace", None)
             if open_workspace is not None:
-                await open_workspace(session.identity, sandbox)
+                canonical = await open_workspace(session.identity, sandbox)
+                sandbox = self.workspaces.settle(session.identity.uid, sandbox, canonical or [])
         except (WorkspaceRefused, ToolError) as exc:
             reason = exc.message if isinstance(exc, ToolError) else str(exc)
             session.workspace_problem = f"workspace refused: {reason}"

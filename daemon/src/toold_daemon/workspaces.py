@@ -66,32 +66,53 @@ class Workspaces:
     def __init__(self, config: Config, daemon_sandbox: Sandbox) -> None:
         self.config = config
         self.daemon_sandbox = daemon_sandbox
-        self._sandboxes: OrderedDict[str, Sandbox] = OrderedDict()
+        self._sandboxes: OrderedDict[tuple[str, bool], Sandbox] = OrderedDict()
 
     def choose(self, uid: int, workspace: str) -> Sandbox:
-        """The sandbox for ``workspace`` as asked by ``uid``; raises WorkspaceRefused."""
+        """The sandbox for ``workspace`` as asked by ``uid``; raises WorkspaceRefused. An
+        unprivileged daemon may not see into the place (a private home): then the path is
+        resolved as far as it can see, and the client's worker settles it (``settle``)."""
         if not workspace.startswith("/"):
             raise WorkspaceRefused(f"a workspace must be an absolute path: {workspace!r}")
         if "\x00" in workspace:
             raise WorkspaceRefused("a workspace must not contain NUL bytes")
         real = os.path.realpath(workspace)  # symlinks resolved before the check
+        self._check_place(uid, workspace, real)
+        try:
+            os.stat(real)
+        except PermissionError:
+            return self._sandbox(real, verified=False)
+        except OSError:
+            pass  # missing or not a directory: the sandbox says so
+        return self._sandbox(real, verified=True)
+
+    def settle(self, uid: int, sandbox: Sandbox, canonical: list[str]) -> Sandbox:
+        """The sandbox again once the client's worker has resolved its roots as the client
+        (they differ only where the daemon could not see); checked against the places."""
+        if not canonical or canonical == [str(root) for root in sandbox.roots]:
+            return sandbox
+        for root in canonical:
+            self._check_place(uid, root, root)
+        return self._sandbox(canonical[0], verified=False)
+
+    def _check_place(self, uid: int, asked: str, real: str) -> None:
         places = allowed_places(self.config, self.daemon_sandbox.roots, uid)
         if not any(inside(real, place) for place in places):
-            shown = f" (resolved to {real})" if real != os.path.normpath(workspace) else ""
+            shown = f" (resolved to {real})" if real != os.path.normpath(asked) else ""
             raise WorkspaceRefused(
-                f"{workspace}{shown} is outside the places this daemon allows workspaces: " + ", ".join(places)
+                f"{asked}{shown} is outside the places this daemon allows workspaces: " + ", ".join(places)
             )
-        return self._sandbox(real)
 
-    def _sandbox(self, real: str) -> Sandbox:
-        if real in self._sandboxes:
-            self._sandboxes.move_to_end(real)
-            return self._sandboxes[real]
+    def _sandbox(self, real: str, *, verified: bool) -> Sandbox:
+        key = (real, verified)
+        if key in self._sandboxes:
+            self._sandboxes.move_to_end(key)
+            return self._sandboxes[key]
         try:
-            sandbox = build_sandbox(self.config, [Path(real)])
+            sandbox = build_sandbox(self.config, [Path(real)], verified=verified)
         except (OSError, ValueError) as exc:
             raise WorkspaceRefused(str(exc)) from None
-        self._sandboxes[real] = sandbox
+        self._sandboxes[key] = sandbox
         while len(self._sandboxes) > _CACHE_SIZE:
             self._sandboxes.popitem(last=False)
         return sandbox

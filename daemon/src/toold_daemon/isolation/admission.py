@@ -53,7 +53,8 @@ class Admission:
         if request.roots and not self.any_root:
             places = allowed_places_for(self.allowed_roots, self.daemon_roots, uid)
             for root in request.roots:
-                if not any(inside(root, place) for place in places):
+                real = os.path.realpath(root)  # as root: every symlink on the way resolved
+                if not any(inside(real, place) for place in places):
                     raise Refused(f"uid {uid} may not use {root} as a root")
 
     def uid_allowed(self, uid: int, gid: int) -> bool:

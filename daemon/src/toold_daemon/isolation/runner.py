@@ -184,14 +184,15 @@ class SpawnRunner:
             ctx.partial.append("\n[toold: the call's worker was stopped; the next call gets a fresh one]\n")
             raise
 
-    async def open_workspace(self, identity: Identity, sandbox: Sandbox) -> None:
+    async def open_workspace(self, identity: Identity, sandbox: Sandbox) -> list[str]:
         """Start (or find) the client's worker for ``sandbox``'s roots: it opens each root
-        as the client, so a workspace that user cannot read is refused here, with why."""
+        as the client, so a workspace that user cannot read is refused here, with why.
+        Returns the roots as the worker's sandbox canonicalised them."""
         self._check_identity(identity)
         ctx = ToolContext(call_id="workspace", sandbox=sandbox, config=self.config)
         request = self._tool_request(None, None, ctx, identity, preview=False)
         try:
-            await self.workers.ensure(request, self._config_bytes)
+            return await self.workers.ensure(request, self._config_bytes)
         except WorkerUnavailable as exc:
             raise ToolError(ToolErrorType.PERMISSION_DENIED, "WORKSPACE_REFUSED", str(exc)) from None
 

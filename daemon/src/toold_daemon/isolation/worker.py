@@ -21,6 +21,7 @@ import socket
 
 import msgspec
 
+from ..sandbox import Sandbox
 from .child import run_tool
 from .prepare import Work
 from .wire import Outcome, SpawnRequest, receive_with_fds, write_frame
@@ -36,7 +37,9 @@ def serve(sock_fd: int, layers: dict[str, str], work: Work) -> None:
     if refused:
         write_frame(sock_fd, Outcome(ok=False, error_code="WORKSPACE_REFUSED", error_message=refused))
         return
-    write_frame(sock_fd, Outcome(ok=True, layers=layers))
+    assert isinstance(work.sandbox, Sandbox)
+    roots = [str(root) for root in work.sandbox.roots]  # canonical, as the spawner resolved them
+    write_frame(sock_fd, Outcome(ok=True, layers=layers, data={"roots": roots}))
     sock = socket.socket(fileno=sock_fd)
     while True:
         received = receive_with_fds(sock)

@@ -64,6 +64,7 @@ class Worker:
     kind: Kind
     cgroup: str  # its own cgroup ("" without cgroups)
     layers: dict[str, str] = field(default_factory=dict)
+    roots: list[str] = field(default_factory=list)  # canonical, as its sandbox has them
     born: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     calls: int = 0
@@ -145,10 +146,12 @@ class Workers:
             else:  # cancelled, timed out, died: whatever the worker is doing, it ends now
                 self._end(worker)
 
-    async def ensure(self, request: SpawnRequest, config: bytes) -> None:
+    async def ensure(self, request: SpawnRequest, config: bytes) -> list[str]:
         """Have an idle worker of ``request``'s kind ready (starting one proves that the
-        client can open its roots); raises ``WorkerUnavailable`` with the reason."""
-        self._give_back(await self._take(request, config), counts=False)
+        client can open its roots): its canonical roots. Raises ``WorkerUnavailable``."""
+        worker = await self._take(request, config)
+        self._give_back(worker, counts=False)
+        return worker.roots
 
     async def _take(self, request: SpawnRequest, config: bytes) -> Worker:
         kind = kind_of(request, self._generation(config))
@@ -244,6 +247,7 @@ class Workers:
             reason = ready.error_message if isinstance(ready, Outcome) else "no announcement"
             raise WorkerUnavailable(f"no worker could be started: {reason}")
         worker.layers = dict(ready.layers)
+        worker.roots = [str(r) for r in (ready.data or {}).get("roots", [])]
         return worker
 
     def _end(self, worker: Worker, *, counted: bool = True) -> None:

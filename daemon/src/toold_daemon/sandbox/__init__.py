@@ -8,8 +8,9 @@ from ..config import DEFAULT_DENIED_PATTERNS, DEFAULT_PROTECTED_PATTERNS, Config
 from .paths import Sandbox as Sandbox
 
 
-def build_sandbox(config: Config, roots: list[Path]) -> Sandbox:
-    """The sandbox a configuration describes (``roots`` from the command line win)."""
+def build_sandbox(config: Config, roots: list[Path], *, verified: bool = True) -> Sandbox:
+    """The sandbox a configuration describes (``roots`` from the command line win).
+    ``verified`` false: ``roots`` are canonical already (see ``Sandbox``)."""
     sandbox_config = config.tools.sandbox
     chosen = roots or [Path(r) for r in sandbox_config.allowed_roots] or [Path.cwd()]
     denied = list(sandbox_config.denied_patterns)
@@ -19,7 +20,11 @@ def build_sandbox(config: Config, roots: list[Path]) -> Sandbox:
     if sandbox_config.include_default_protected:
         protected = [*DEFAULT_PROTECTED_PATTERNS, *protected]
     return Sandbox(
-        chosen, denied_patterns=denied, protected_patterns=protected, allow_absolute=sandbox_config.allow_absolute
+        chosen,
+        denied_patterns=denied,
+        protected_patterns=protected,
+        allow_absolute=sandbox_config.allow_absolute,
+        verified=verified,
     )
 
 

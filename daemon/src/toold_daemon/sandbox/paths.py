@@ -59,11 +59,18 @@ class Sandbox:
         denied_patterns: Iterable[str] = (),
         protected_patterns: Iterable[str] = (),
         allow_absolute: bool = False,
+        verified: bool = True,
     ) -> None:
+        """``verified`` false: the roots are canonical already, checked by someone who can
+        see them (the client's worker, for a workspace the daemon's own user cannot
+        traverse); they are taken as given."""
         if not roots:
             raise ValueError("a sandbox needs at least one root")
         canonical: list[Path] = []
         for root in roots:
+            if not verified:
+                canonical.append(Path(os.path.normpath(root)))
+                continue
             real = Path(os.path.realpath(root))
             if not real.is_dir():
                 raise ValueError(f"sandbox root is not a directory: {root}")
