@@ -19,7 +19,16 @@ import pytest
 from toold_daemon.config import Config
 from toold_daemon.isolation.admission import Admission
 from toold_daemon.isolation.spawner import start
-from toold_daemon.isolation.wire import Outcome, Spawned, SpawnRequest, child_decoder, frame, read_frame
+from toold_daemon.isolation.wire import (
+    Outcome,
+    Spawned,
+    SpawnRequest,
+    TempDone,
+    TempWanted,
+    child_decoder,
+    frame,
+    read_frame,
+)
 from toold_daemon.tools import builtin_tools
 
 _spawned = msgspec.msgpack.Decoder(Spawned)
@@ -155,5 +164,38 @@ def test_a_request_not_sent_by_the_protocol_process_is_refused(places: tuple[Pat
         assert os.waitstatus_to_exitcode(status) == 0, "the spawner served a request from another process"
         admitted = ask(control, listing(daemon_root, 4242))
         assert admitted.pid > 0, admitted.error
+    finally:
+        control.close()
+
+
+def chore(control: socket.socket, message: TempWanted | TempDone) -> Spawned:
+    control.sendall(frame(message))
+    header = _recv_exact(control, 4)
+    return _spawned.decode(_recv_exact(control, int.from_bytes(header, "big")))
+
+
+def test_temp_dirs_only_for_admitted_uids_and_only_its_own_taken_back(tmp_path: Path) -> None:
+    """An unprivileged daemon asks the spawner for calls' temp dirs. It gets them only for
+    admitted uids, and can hand back only one the spawner lent: never a path of its choice
+    (which the spawner, as root, would otherwise remove)."""
+    control = spawner(Admission(allowed_uids=(4242,)))
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    try:
+        refused = chore(control, TempWanted(uid=4343, gid=4343))
+        assert refused.path == "" and "uid 4343 may not use" in refused.error
+        lent = chore(control, TempWanted(uid=4242, gid=4242))
+        assert lent.path and not lent.error
+        made = Path(lent.path)
+        assert made.is_dir() and made.stat().st_uid == 4242 and (made.stat().st_mode & 0o777) == 0o700
+        forged = chore(control, TempDone(path=str(victim), reusable=False))
+        assert "not a temp dir this spawner lent" in forged.error
+        assert (victim / "keep.txt").read_text() == "mine"
+        (made / "left-behind").write_text("x")
+        assert chore(control, TempDone(path=lent.path, reusable=True)).error == ""
+        assert not made.exists()  # touched: removed, not pooled
+        again = chore(control, TempDone(path=lent.path))
+        assert "not a temp dir this spawner lent" in again.error  # once only
     finally:
         control.close()

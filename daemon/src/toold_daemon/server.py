@@ -127,6 +127,7 @@ def _drop_privileges(
     socket_path = ipc_path(ipc.endpoint)
     if socket_path is not None:
         own += [socket_path.parent, socket_path, socket_path.with_name(socket_path.name + ".lock")]
+    runner.temps_from_spawner()
     report = drop_to(config.daemon.user, own=own, cgroups=runner.cgroups)
     for name, state_ in sorted(report.items()):
         log.info("protocol process %s: %s", name, state_)

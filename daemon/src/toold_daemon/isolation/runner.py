@@ -36,6 +36,7 @@ from .cgroup import Cgroups
 from .environment import acceptable, inherited_environment, is_injection
 from .jobs import Job, Jobs
 from .sockets import PeerGone, receive_frame, send_with_fd
+from .tempdirs import TempDirs
 from .wire import (
     Chunk,
     FrameBuffer,
@@ -95,6 +96,7 @@ class SpawnRunner:
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
+        self._temps: TempDirs | None = TempDirs(self._euid)  # None: the spawner's (see temps_from_spawner)
         self._zygotes = (
             Zygotes(self._ask_spawner, self.cgroups, isolation.processes, isolation.address_space_mb * 1024 * 1024)
             if isolation.zygotes
@@ -307,7 +309,7 @@ class SpawnRunner:
         except BaseException:
             os.close(read_end)
             with trio.CancelScope(shield=True):
-                await self._chore(TempDone(path=temp))
+                await self._give_back_temp(temp, identity.uid, reusable=False)
             raise
         finally:
             os.close(write_end)
@@ -425,14 +427,30 @@ class SpawnRunner:
             preview=preview,
         )
 
+    def temps_from_spawner(self) -> None:
+        """From now on the spawner makes and takes back the calls' temp dirs: this process
+        is about to give up the privileges that chown them (``privileges``)."""
+        if self._temps is not None:
+            self._temps.close()
+            self._temps = None
+
     async def _take_temp(self, identity: Identity) -> str:
-        """A private temp dir of the client's uid, made by the spawner (it can chown)."""
+        """A private temp dir of the client's uid: made here while this process may chown
+        (no round trip on the call's path), else by the spawner."""
+        if self._temps is not None:
+            return self._temps.take(identity.uid, identity.gid)
         reply = await self._chore(TempWanted(uid=identity.uid, gid=identity.gid))
         if reply.error or not reply.path:
             raise ToolError(
                 ToolErrorType.ISOLATION_UNAVAILABLE, "NO_TEMP_DIR", f"no temp dir for the call: {reply.error}"
             )
         return reply.path
+
+    async def _give_back_temp(self, temp: str, uid: int, *, reusable: bool) -> None:
+        if self._temps is not None:
+            self._temps.give_back(temp, uid, reusable=reusable)
+        else:
+            await self._chore(TempDone(path=temp, reusable=reusable))
 
     async def _chore(self, message: TempWanted | TempDone) -> Spawned:
         """One request to the spawner without an fd; an exited spawner is an error reply."""
@@ -531,7 +549,7 @@ class SpawnRunner:
                     while not self.cgroups.remove(child.cgroup):
                         await trio.sleep(0.001)
                     emptied = True
-            await self._chore(TempDone(path=child.temp, reusable=emptied))
+            await self._give_back_temp(child.temp, child.uid, reusable=emptied)
 
     async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
         for _ in range(1000):
@@ -544,6 +562,8 @@ class SpawnRunner:
         if self._zygotes is not None:
             self._zygotes.close()
         self._control.close()  # the spawner then removes every temp dir it made
+        if self._temps is not None:
+            self._temps.close()
         self.cgroups.remove_bases()
 
 

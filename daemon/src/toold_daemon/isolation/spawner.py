@@ -67,15 +67,33 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]], admission: Admis
         for sockets in ("any", "none"):
             kernel.seccomp_program(sockets=sockets, protected_pids=guarded_pids(my_pid, (daemon_pid,), zygote=False))
     preparer = Preparer(tools)
-    temps = TempDirs(os.geteuid(), daemon_pid)
+    temps = _LazyTemps(daemon_pid)  # used once the daemon has given up root
     try:
         _loop(control, preparer, admission, temps, pids=(my_pid, daemon_pid))
     finally:
         temps.close()
 
 
+class _LazyTemps:
+    """The spawner's temp dirs, made on first use: a daemon that keeps its privileges
+    makes its own and never asks."""
+
+    def __init__(self, daemon_pid: int) -> None:
+        self._daemon_pid = daemon_pid
+        self._dirs: TempDirs | None = None
+
+    def get(self) -> TempDirs:
+        if self._dirs is None:
+            self._dirs = TempDirs(os.geteuid(), self._daemon_pid, cleanup_stale=False)
+        return self._dirs
+
+    def close(self) -> None:
+        if self._dirs is not None:
+            self._dirs.close()
+
+
 def _loop(
-    control: socket.socket, preparer: Preparer, admission: Admission, temps: TempDirs, *, pids: tuple[int, int]
+    control: socket.socket, preparer: Preparer, admission: Admission, temps: _LazyTemps, *, pids: tuple[int, int]
 ) -> None:
     """Serve requests until the daemon closes its end. ``pids``: (ours, the daemon's)."""
     my_pid, daemon_pid = pids
@@ -129,13 +147,15 @@ def _loop(
         control.sendall(frame(Spawned(pid=pid)))
 
 
-def _temp_chore(message: TempWanted | TempDone, admission: Admission, temps: TempDirs, lent: dict[str, int]) -> Spawned:
+def _temp_chore(
+    message: TempWanted | TempDone, admission: Admission, temps: _LazyTemps, lent: dict[str, int]
+) -> Spawned:
     """Make or take back a call's temp dir, for admitted uids and dirs we handed out only."""
     if isinstance(message, TempWanted):
         if not admission.uid_allowed(message.uid, message.gid):
             return Spawned(error=f"refused: uid {message.uid} may not use this daemon")
         try:
-            path = temps.take(message.uid, message.gid)
+            path = temps.get().take(message.uid, message.gid)
         except OSError as exc:
             return Spawned(error=f"no temp dir: {exc.strerror}")
         lent[path] = message.uid
@@ -143,5 +163,5 @@ def _temp_chore(message: TempWanted | TempDone, admission: Admission, temps: Tem
     uid = lent.pop(message.path, None)
     if uid is None:
         return Spawned(error=f"refused: {message.path!r} is not a temp dir this spawner lent")
-    temps.give_back(message.path, uid, reusable=message.reusable)
+    temps.get().give_back(message.path, uid, reusable=message.reusable)
     return Spawned()

@@ -21,11 +21,12 @@ POOL_PER_UID = 16
 
 
 class TempDirs:
-    def __init__(self, daemon_euid: int, daemon_pid: int | None = None) -> None:
+    def __init__(self, daemon_euid: int, daemon_pid: int | None = None, *, cleanup_stale: bool = True) -> None:
         """``daemon_pid`` names the base (default: this process): the spawner keeps the
         temp dirs of its daemon, whose pid tells a later start whether they are stale."""
         self._euid = daemon_euid
-        remove_stale_bases(daemon_euid)
+        if cleanup_stale:
+            remove_stale_bases(daemon_euid)
         self.base = tempfile.mkdtemp(prefix=f"toold-{daemon_euid}-p{daemon_pid or os.getpid()}-")
         os.chmod(self.base, 0o711)  # noqa: S103 - other uids may only traverse to their own dir
         self._pool: dict[int, list[str]] = {}
