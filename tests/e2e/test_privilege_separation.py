@@ -195,3 +195,36 @@ def test_an_unprivileged_daemon_opens_workspaces_in_private_homes(tmp_path: Path
     assert report["roots"] == [str(home / "projects" / "app")]
     assert "p's file" in report["read"]
     assert report["escaped"].startswith("WORKSPACE_REFUSED"), report["escaped"]
+
+
+def test_a_uid_the_config_does_not_admit_gets_no_tool_run(tmp_path: Path) -> None:
+    """The socket lets everyone connect, but ``allowed_uids`` names only root: the spawner
+    refuses every child for the throwaway user, whatever the protocol process asks."""
+    shared = Path(tempfile.mkdtemp(prefix="toold-admit-"))
+    os.chmod(shared, 0o711)
+    (shared / "root").mkdir(mode=0o755)
+    (shared / "root" / "open.txt").write_text("world-readable\n")
+    config = '[daemon]\nallowed_uids = [0]\n\n[tools.approval]\nallowlist = ["shell"]\n'
+    d = start_daemon(tmp_path, shared / "root", socket_dir=shared / "run", config=config)
+    try:
+        open_socket_to_everyone(d)
+
+        def act(client: Client) -> dict[str, Any]:
+            read = client.call("read_file", {"path": "open.txt"})
+            shell = client.call("shell", {"command": "echo ran"})
+            return {
+                "read": [read.ok, read.error.message if read.error else ""],
+                "shell": [shell.ok, shell.content],
+            }
+
+        report = as_other_user(d.endpoint, act)
+        with d.client(timeout=20) as client:  # root is admitted
+            assert client.call("read_file", {"path": "open.txt"}).ok
+    finally:
+        d.stop()
+        shutil.rmtree(shared, ignore_errors=True)
+    assert report.get("exception") is None, report
+    ok, message = report["read"]
+    assert not ok and f"uid {OTHER_UID} may not use this daemon" in message
+    ok, content = report["shell"]
+    assert not ok and "ran" not in content.replace("echo ran", "")
