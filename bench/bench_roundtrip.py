@@ -32,16 +32,28 @@ def echo_server(endpoint: str, ready: multiprocessing.synchronize.Event) -> None
         sock.send_multipart([peer, encode(Pong(id=message.id))])
 
 
+def four_kb_root(tmp: Path) -> Path:
+    """A sandbox root holding ``four_kb.txt`` (64 lines of 64 bytes)."""
+    root = tmp / "root"
+    root.mkdir()
+    (root / "four_kb.txt").write_text(("x" * 63 + "\n") * 64)
+    return root
+
+
+def start_echo_server(endpoint: str) -> multiprocessing.Process:
+    """The baseline's server, started and bound (terminate it when done)."""
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=echo_server, args=(endpoint, ready), daemon=True)
+    server.start()
+    ready.wait()
+    return server
+
+
 def main(n: int = 3000) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "root"
-        root.mkdir()
-        (root / "four_kb.txt").write_text(("x" * 63 + "\n") * 64)
+        root = four_kb_root(Path(tmp))
         endpoint = f"ipc://{tmp}/echo.sock"
-        ready = multiprocessing.Event()
-        server = multiprocessing.Process(target=echo_server, args=(endpoint, ready), daemon=True)
-        server.start()
-        ready.wait()
+        server = start_echo_server(endpoint)
         ctx = zmq.Context()
         dealer = ctx.socket(zmq.DEALER)
         dealer.connect(endpoint)

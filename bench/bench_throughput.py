@@ -18,7 +18,7 @@ from pathlib import Path
 import zmq
 
 from _common import running_daemon
-from bench_roundtrip import echo_server
+from bench_roundtrip import four_kb_root, start_echo_server
 from toold_client import Client
 from toold_protocol import Ping, decode_daemon_message, encode
 
@@ -67,14 +67,9 @@ def rate(target: object, endpoint: str) -> float:
 
 def main(rounds: int = 3) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "root"
-        root.mkdir()
-        (root / "four_kb.txt").write_text(("x" * 63 + "\n") * 64)
+        root = four_kb_root(Path(tmp))
         echo_endpoint = f"ipc://{tmp}/echo.sock"
-        ready = multiprocessing.Event()
-        server = multiprocessing.Process(target=echo_server, args=(echo_endpoint, ready), daemon=True)
-        server.start()
-        ready.wait()
+        server = start_echo_server(echo_endpoint)
         echo_rates, read_rates = [], []
         with running_daemon(root) as endpoint:
             for _ in range(rounds):

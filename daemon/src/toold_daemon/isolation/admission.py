@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 
 from ..workspaces import allowed_places_for, inside
-from .wire import MAX_FRAME, SpawnRequest
+from .wire import MAX_FRAME, SpawnRequest, close_fds
 
 PROBE = "_probe"
 _UCRED = struct.Struct("3i")
@@ -110,14 +110,14 @@ def receive_checked(sock: socket.socket, sender_pid: int) -> tuple[bytes, list[i
         return None
     (size,) = _HEADER.unpack(header)
     if size > MAX_FRAME:
-        _close(fds)
+        close_fds(fds)
         raise ValueError(f"frame of {size} bytes is over the limit")
     body = _read(sock, size, fds, senders) if size else b""
     if body is None:
-        _close(fds)
+        close_fds(fds)
         return None
     if senders != {sender_pid}:
-        _close(fds)
+        close_fds(fds)
         strangers = sorted(senders - {sender_pid})
         raise Refused(f"a request from pid {strangers[0] if strangers else '?'}, not the daemon's")
     return body, fds
@@ -139,11 +139,3 @@ def _read(sock: socket.socket, size: int, fds: list[int], senders: set[int]) -> 
             return None
         parts += data
     return bytes(parts)
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass

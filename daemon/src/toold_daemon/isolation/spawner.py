@@ -26,7 +26,7 @@ from .child import run_child
 from .confine import guarded_pids
 from .prepare import Preparer
 from .tempdirs import TempDirs
-from .wire import Spawned, SpawnerMessage, SpawnRequest, TempDone, TempWanted, frame
+from .wire import Spawned, SpawnerMessage, SpawnRequest, TempDone, TempWanted, close_fds, frame
 
 _request_decoder = msgspec.msgpack.Decoder(SpawnerMessage)
 
@@ -110,21 +110,18 @@ def _loop(
         try:
             message = _request_decoder.decode(body)
             if not isinstance(message, SpawnRequest):
-                for fd in fds:
-                    os.close(fd)
+                close_fds(fds)
                 control.sendall(frame(_temp_chore(message, admission, temps, lent)))
                 continue
             request = message
             admission.check(request)
         except (msgspec.DecodeError, Refused) as exc:
-            for fd in fds:
-                os.close(fd)
+            close_fds(fds)
             why = f"refused: {exc}" if isinstance(exc, Refused) else f"bad spawn request: {exc}"
             control.sendall(frame(Spawned(error=why)))
             continue
         if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
+            close_fds(fds)
             control.sendall(frame(Spawned(error="a spawn request carries exactly one fd")))
             continue
         channel = fds[0]

@@ -137,6 +137,15 @@ def read_exact(fd: int, size: int) -> bytes | None:
     return b"".join(parts)
 
 
+def close_fds(fds: list[int]) -> None:
+    """Close fds received with a frame we will not use (one already closed is fine)."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def receive_with_fds(sock: socket.socket) -> tuple[bytes, list[int]] | None:
     """One frame from a blocking socket, with the fds attached to its first bytes
     (SCM_RIGHTS); None at end of file."""

@@ -24,7 +24,7 @@ import msgspec
 from ..sandbox import Sandbox
 from .child import run_tool
 from .prepare import Work
-from .wire import Outcome, SpawnRequest, receive_with_fds, write_frame
+from .wire import Outcome, SpawnRequest, close_fds, receive_with_fds, write_frame
 
 _decoder = msgspec.msgpack.Decoder(SpawnRequest)
 
@@ -46,8 +46,7 @@ def serve(sock_fd: int, layers: dict[str, str], work: Work) -> None:
         if received is None:
             return
         body, fds = received
-        for fd in fds:  # a call carries no fds
-            os.close(fd)
+        close_fds(fds)  # a call carries none
         write_frame(sock_fd, _answer(body, sock_fd, work))
 
 

@@ -26,7 +26,7 @@ import msgspec
 
 from .child import start_command
 from .supervisor import Supervisor
-from .wire import Outcome, Spawned, SpawnRequest, frame, receive_with_fds, write_frame
+from .wire import Outcome, Spawned, SpawnRequest, close_fds, frame, receive_with_fds, write_frame
 
 _decoder = msgspec.msgpack.Decoder(SpawnRequest)
 Started = tuple[SpawnRequest, int, int, dict[int, str], float]  # request, channel, pid, pipes, started at
@@ -58,10 +58,10 @@ def _start(body: bytes, fds: list[int]) -> tuple[Spawned, Started | None]:
     try:
         request = _decoder.decode(body)
     except msgspec.DecodeError as exc:
-        _close(fds)
+        close_fds(fds)
         return Spawned(error=f"bad command request: {exc}"), None
     if len(fds) != 1 or not request.argv:
-        _close(fds)
+        close_fds(fds)
         return Spawned(error="a command request carries argv and exactly one fd"), None
     channel = fds[0]
     os.set_inheritable(channel, False)  # the command must not get the channel
@@ -73,11 +73,3 @@ def _start(body: bytes, fds: list[int]) -> tuple[Spawned, Started | None]:
         os.close(channel)
         return Spawned(error=f"cannot start {request.argv[0]}: {exc.strerror or exc}"), None
     return Spawned(pid=pid), (request, channel, pid, pipes, started)
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
