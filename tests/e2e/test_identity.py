@@ -152,7 +152,7 @@ def test_another_uid_gets_its_own_identity_and_its_own_privileges(daemon: Daemon
     assert "root only" not in content and "Permission denied" in content
 
 
-def test_another_uid_cannot_see_cancel_recover_or_take_over_a_batch(daemon: DaemonProcess) -> None:
+def test_another_uid_cannot_see_cancel_recover_take_over_or_block_a_batch(daemon: DaemonProcess) -> None:
     big_tree(daemon.root, 2000)
     open_socket_to_everyone(daemon)
     with daemon.client() as owner:
@@ -167,16 +167,22 @@ def test_another_uid_cannot_see_cancel_recover_or_take_over_a_batch(daemon: Daem
                 "get": remote_code(lambda: client.get_batch("roots-batch")),
                 "cancel": remote_code(lambda: client.cancel("roots-batch")),
                 "recover": remote_code(lambda: client.recover("roots-batch", "discard")),
+                "full id": remote_code(lambda: client.get_batch(accepted.batch_id)),
                 "resubmit": remote_code(lambda: client.submit(calls, batch_id="roots-batch")),
+                "mine": client.get_batch("roots-batch").batch_id,
                 "listed": [b.batch_id for b in client.list_batches()],
             }
 
         report = as_other_user(daemon.endpoint, act)
         finished = owner.wait_batch(accepted.batch_id)
     assert report.get("exception") is None, report
-    assert report["get"] == report["cancel"] == report["recover"] == "UNKNOWN_BATCH"
-    assert report["resubmit"] == "DUPLICATE_BATCH_ID"
-    assert report["listed"] == []
+    assert report["get"] == report["cancel"] == report["recover"] == report["full id"] == "UNKNOWN_BATCH"
+    # Batch ids are namespaced per uid: the same id is another user's own batch, which
+    # neither blocks theirs nor tells them the id was used.
+    assert accepted.batch_id == "0:roots-batch"
+    assert report["resubmit"] == "no error"
+    assert report["mine"] == f"{OTHER_UID}:roots-batch"
+    assert report["listed"] == [f"{OTHER_UID}:roots-batch"]
     assert finished.state == "finished" and all(r.ok for r in finished.results)
 
 

@@ -126,6 +126,7 @@ class Client:
         self._ids = itertools.count(1)
         self._replies: dict[int, DaemonMessage] = {}
         self._events: dict[str, collections.deque[DaemonMessage]] = collections.defaultdict(collections.deque)
+        self._uid = os.getuid()  # the daemon namespaces batch ids this client chooses by it
         # Confirmation requests as they arrive, for approvers (bounded; oldest dropped first).
         self._confirmations: collections.deque[ConfirmationRequested] = collections.deque(maxlen=1000)
         # After ``watch``: every unsolicited message in arrival order (bounded).
@@ -230,10 +231,12 @@ class Client:
         on_confirm: ConfirmHandler | None = None,
         timeout: float | None = None,
     ) -> BatchFinished:
-        """Deliver this batch's events until ``batch_finished``. ``timeout`` is per event (None: wait)."""
-        queue = self._events[batch_id]
+        """Deliver this batch's events until ``batch_finished``. ``timeout`` is per event (None: wait).
+        ``batch_id`` may be the id this client chose: the daemon keeps chosen ids in the
+        client's uid namespace (``abc`` → ``1000:abc``), and events carry that full id."""
+        names = [batch_id] if batch_id.startswith(f"{self._uid}:") else [batch_id, f"{self._uid}:{batch_id}"]
         while True:
-            while queue:
+            while (queue := next((self._events[n] for n in names if self._events.get(n)), None)) is not None:
                 event = queue.popleft()
                 if on_event is not None:
                     on_event(event)
@@ -242,7 +245,8 @@ class Client:
                     if decision is not None:
                         self.confirm(event.correlation_id, decision)
                 if isinstance(event, BatchFinished):
-                    del self._events[batch_id]
+                    for name in names:
+                        self._events.pop(name, None)
                     return event
             self._receive_one(timeout if timeout is not None else None)
 

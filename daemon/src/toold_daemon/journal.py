@@ -307,6 +307,9 @@ class Journal:
 
     # ------------------------------------------------------------------ reads
 
+    def exists(self, batch_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?", (batch_id,)).fetchone() is not None
+
     def load(self, batch_id: str) -> StoredBatch | None:
         row = self._db.execute(
             "SELECT batch_id, uid, gid, pid, client_name, turn_id, submitted, finished, state, fingerprint, "

@@ -351,7 +351,8 @@ class Service:
         if session.workspace_problem:
             self._error(session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, session.workspace_problem)
             return
-        if message.batch_id is not None and self._resubmitted(session, message):
+        chosen = own_batch_id(session.identity.uid, message.batch_id) if message.batch_id is not None else None
+        if chosen is not None and self._resubmitted(session, message, chosen):
             return
         if session.running >= self.config.daemon.max_batches_per_session:
             self._error(
@@ -371,7 +372,7 @@ class Service:
                 f"uid {uid} already runs {running} batches (max_running_batches_per_uid)",
             )
             return
-        batch_id = message.batch_id or secrets.token_hex(12)
+        batch_id = chosen or secrets.token_hex(12)
         calls = self._planner(session).plan(message.calls, turn_iteration=self._count_turn(session, message.turn_id))
         batch = Batch(
             batch_id=batch_id,
@@ -399,14 +400,13 @@ class Service:
         self._reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=planned))
         self._start(session, batch, message.events == "all")
 
-    def _resubmitted(self, session: Session, message: SubmitBatch) -> bool:
-        """A batch id seen before: answer from the record and never run anything twice.
+    def _resubmitted(self, session: Session, message: SubmitBatch, batch_id: str) -> bool:
+        """A batch id this uid used before: answer from the record and never run anything twice.
 
         The same calls → the recorded plan, then the recorded results (or the live events of
-        a batch still running). Different calls, or another uid's batch → DUPLICATE_BATCH_ID.
+        a batch still running). Different calls → DUPLICATE_BATCH_ID. (Chosen ids live in
+        their uid's namespace, so another user's id never lands here.)
         """
-        batch_id = message.batch_id
-        assert batch_id is not None
         live = self.batches.get(batch_id)
         stored = self.journal.load(batch_id) if live is None and self.journal is not None else None
         if live is None and stored is None:
@@ -655,7 +655,7 @@ class Service:
     def _supply(self, session: Session, message: SupplyResult) -> None:
         """Parse-only mode: a person's result for a pending call, from the batch's own uid
         (or an approver group). The result is bounded and sanitized like a tool's."""
-        batch = self.batches.get(message.batch_id)
+        batch = self.batches.get(self._batch_key(session, message.batch_id))
         approver_gids = self.config.tools.approval.approver_gids
         allowed = batch is not None and (
             session.identity.uid == batch.identity.uid
@@ -755,7 +755,8 @@ class Service:
 
     def _get_batch(self, session: Session, message: GetBatch) -> None:
         """From memory while the daemon knows the batch, else from the journal (after a restart)."""
-        batch = self.batches.get(message.batch_id)
+        key = self._batch_key(session, message.batch_id)
+        batch = self.batches.get(key)
         if batch is not None and self._may_see(session, batch.identity.uid):
             self._reply(
                 session,
@@ -768,7 +769,7 @@ class Service:
                 ),
             )
             return
-        stored = self.journal.load(message.batch_id) if self.journal is not None and batch is None else None
+        stored = self.journal.load(key) if self.journal is not None and batch is None else None
         if stored is None or not self._may_see(session, stored.identity.uid):
             self._error(session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}")
             return
@@ -805,8 +806,9 @@ class Service:
         if self.journal is None:
             self._error(session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal")
             return
-        live = self.batches.get(message.batch_id)
-        stored = self.journal.load(message.batch_id)
+        key = self._batch_key(session, message.batch_id)
+        live = self.batches.get(key)
+        stored = self.journal.load(key)
         if stored is None or not self._may_see(session, stored.identity.uid):
             self._error(session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}")
             return
@@ -876,11 +878,19 @@ class Service:
 
     def _owned_batch(self, session: Session, request_id: int, batch_id: str) -> Batch | None:
         """The batch, if this session's uid owns it (root may see all). Another uid's batch looks unknown."""
-        batch = self.batches.get(batch_id)
+        batch = self.batches.get(self._batch_key(session, batch_id))
         if batch is None or (session.identity.uid not in (batch.identity.uid, 0)):
             self._error(session.peer, request_id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {batch_id!r}")
             return None
         return batch
+
+    def _batch_key(self, session: Session, reference: str) -> str:
+        """The batch a reference names: the id this uid chose (``abc`` is ``1000:abc`` for
+        uid 1000), else the reference as it is (an id the daemon made, or a full one)."""
+        own = own_batch_id(session.identity.uid, reference)
+        if own in self.batches or (self.journal is not None and own != reference and self.journal.exists(own)):
+            return own
+        return reference
 
     def _remember(self, batch: Batch) -> None:
         """Keep finished batches for get_batch; beyond the configured count, drop the oldest
@@ -931,3 +941,10 @@ def _reasons_for_people(call: PreparedCall) -> list[str]:
     if call.name in policy.SHELL_TOOLS and isinstance(command, str):
         reasons += describe_command(command)
     return reasons
+
+
+def own_batch_id(uid: int, chosen: str) -> str:
+    """A client-chosen batch id in its uid's namespace: ``abc`` → ``1000:abc`` (already
+    namespaced ids stay as they are), so one user's id never blocks or reveals another's."""
+    prefix = f"{uid}:"
+    return chosen if chosen.startswith(prefix) else prefix + chosen

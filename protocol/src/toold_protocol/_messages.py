@@ -21,7 +21,10 @@ from ._version import PROTOCOL_VERSION
 
 RequestId = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 CallId = Annotated[str, Meta(min_length=1, max_length=256)]
-BatchId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+#: A batch id a client chooses; the daemon keeps it in the client's uid namespace
+#: (``abc`` from uid 1000 is ``1000:abc``), so references allow room for the prefix.
+ChosenBatchId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+BatchId = Annotated[str, Meta(min_length=1, max_length=160, pattern=r"^[A-Za-z0-9._:-]+$")]
 ToolName = Annotated[str, Meta(min_length=1, max_length=128)]
 
 RiskLevel = Literal["low", "medium", "high"]
@@ -158,7 +161,7 @@ class SubmitBatch(_Message, tag="submit_batch", frozen=True):
 
     id: RequestId
     calls: list[ToolCall]
-    batch_id: BatchId | None = None
+    batch_id: ChosenBatchId | None = None
     turn_id: Annotated[str, Meta(max_length=128)] | None = None
     events: EventMode = "all"
     #: How long this batch's confirmation may wait for an answer, instead of the
