@@ -78,6 +78,11 @@ class SandboxConfig(_Section, frozen=True):
     # Entries directly below each root that commands (shell, run_code) may read but not
     # change; a rule cannot lift this, the administrator can by emptying the list.
     readonly_for_commands: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_READONLY_FOR_COMMANDS))
+    # Commands find denied files below the roots covered by empty read-only stand-ins
+    # (those that exist when the workspace's commands start); the search visits at most
+    # this many entries, then the layer reports itself partial.
+    hide_denied_from_commands: bool = True
+    hide_denied_max_entries: PositiveInt = 100_000
 
 
 class TimeoutsConfig(_Section, frozen=True):

@@ -24,6 +24,7 @@ from .errors import ToolError, bad_args, limits_exceeded, sandbox_violation
 from .policy.engine import COMMAND_TOOLS
 from .registry import Registry
 from .sandbox import Sandbox
+from .sandbox.named import denied_words
 from .tools import Tool
 
 SUMMARY_CHARS = 200
@@ -153,6 +154,7 @@ class Planner:
             requires_approval=tool.requires_approval(item.args),
             prompts=tool.prompts(item.args, item.resolved),
             protected=self._protected_target(tool, item),
+            names_denied=self._denied_in_command(tool, item),
         )
         verdict = policy.evaluate(facts, self.identity, self.client_name, tools.approval)
         item.risk = verdict.risk
@@ -176,6 +178,20 @@ class Planner:
             if pattern is not None:
                 return f"{raw[:120]} (protected: {pattern})"
         return None
+
+    def _denied_in_command(self, tool: Tool[Any], item: PreparedCall) -> str | None:
+        """For a shell command: the first of its words that names a denied file."""
+        arguments = msgspec.to_builtins(item.args)
+        command = arguments.get("command") if isinstance(arguments, dict) else None
+        if tool.name not in policy.SHELL_TOOLS or not isinstance(command, str):
+            return None
+        parts = policy.split_command(command)
+        if parts is None:
+            return None  # unreadable commands are asked about anyway
+        cwd = arguments.get("cwd")
+        base = item.resolved.get(cwd) if isinstance(cwd, str) else None
+        words = (word for part in parts for word in part.words)
+        return denied_words(self.sandbox, words, str(base or self.sandbox.working_dir))
 
 
 def grant_key(item: PreparedCall) -> str:

@@ -15,6 +15,8 @@ import resource
 import signal
 import sys
 
+from ..sandbox.denied_tree import find_denied
+from ..sandbox.paths import Sandbox
 from . import cgroup, kernel
 from .wire import Limits, SpawnRequest
 
@@ -53,13 +55,17 @@ def confine(
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     layers["capabilities"] = _drop_capabilities(request.keep_capabilities)
     readonly = [p for p in request.readonly_paths if os.path.lexists(p)]
-    if readonly and os.geteuid() == 0:  # while we may still mount without a user namespace
-        layers["readonly_paths"] = _mount_read_only(readonly, new_user_namespace=False)
+    views = bool(readonly or request.hidden_patterns)
+    as_root = os.geteuid() == 0
+    if views and as_root:  # while we may still mount without a user namespace
+        layers.update(_mount_views(request, readonly, new_user_namespace=False))
     layers["privilege"] = _drop_identity(request.uid, request.gid)
     namespace = _cut_network(request) if not request.network else ""
-    if readonly and "readonly_paths" not in layers:
+    # Never a user namespace of our own for a process that is uid 0 in it: it would hold
+    # every capability there again. A root daemon mounted above, once.
+    if views and not as_root:
         in_own_user_namespace = namespace.startswith("on") and os.getuid() != 0
-        layers["readonly_paths"] = _mount_read_only(readonly, new_user_namespace=not in_own_user_namespace)
+        layers.update(_mount_views(request, readonly, new_user_namespace=not in_own_user_namespace))
     kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
     layers["no_new_privs"] = "on"
     _set_limits(request.limits)
@@ -133,22 +139,50 @@ def _drop_identity(uid: int, gid: int) -> str:
     return "on"
 
 
-def _mount_read_only(paths: list[str], *, new_user_namespace: bool) -> str:
-    """In a mount namespace of our own, bind each path over itself read-only, so that
-    commands can read ``.git`` but never plant a hook or rewrite its config. Paths that
-    resolve outside where they lie (a ``.git`` symlink) are bound at their target too."""
+def _mount_views(request: SpawnRequest, readonly: list[str], *, new_user_namespace: bool) -> dict[str, str]:
+    """In a mount namespace of our own: cover each denied file below the roots with an
+    empty stand-in (layer ``denied_files``), then bind each of ``readonly`` over itself
+    read-only, so that commands can read ``.git`` but never plant a hook or rewrite its
+    config (layer ``readonly_paths``). Both layers are off if the namespace is refused."""
     try:
         if new_user_namespace:
             _unshare_as_same_uid(kernel.CLONE_NEWNS)
         else:
             kernel.unshare(kernel.CLONE_NEWNS)
         kernel.make_mounts_private()
-        for path in paths:
-            kernel.bind_read_only(path)
     except OSError as exc:
-        return f"off: read-only paths for commands refused ({exc.strerror})"
-    names = sorted({os.path.basename(p) for p in paths})
-    return f"on ({', '.join(names)} read-only for commands)"
+        why = f"off: no mount namespace for commands ({exc.strerror})"
+        return {"readonly_paths": why, "denied_files": why} if readonly else {"denied_files": why}
+    layers = {"denied_files": _hide_denied(request)}
+    if readonly:
+        try:
+            for path in readonly:
+                kernel.bind_read_only(path)
+            names = sorted({os.path.basename(p) for p in readonly})
+            layers["readonly_paths"] = f"on ({', '.join(names)} read-only for commands)"
+        except OSError as exc:
+            layers["readonly_paths"] = f"off: read-only paths for commands refused ({exc.strerror})"
+    return layers
+
+
+def _hide_denied(request: SpawnRequest) -> str:
+    if not request.hidden_patterns:
+        return "off: no denied patterns"
+    if not request.roots:
+        return "off: no roots"
+    sandbox = Sandbox(request.roots, denied_patterns=request.hidden_patterns, verified=False)
+    found = find_denied(sandbox, max_entries=request.hide_max_entries)
+    try:
+        for path in found.files:
+            kernel.hide_file(path)
+        for path in found.directories:
+            kernel.hide_directory(path)
+    except OSError as exc:
+        return f"off: a denied file could not be covered ({exc.strerror})"
+    count = len(found.files) + len(found.directories)
+    if not found.complete:
+        return f"partial: {count} hidden; stopped after {request.hide_max_entries} entries (hide_denied_max_entries)"
+    return f"on ({count} hidden when commands started)"
 
 
 def _cut_network(request: SpawnRequest) -> str:

@@ -140,8 +140,16 @@ _KEPT_MOUNT_FLAGS = {
 }  # fmt: skip
 
 
-def mount(source: str | None, target: str, flags: int) -> None:
-    _check(_libc.mount(source.encode() if source else None, target.encode(), None, ctypes.c_ulong(flags), None))
+def mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str | None = None) -> None:
+    _check(
+        _libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        )
+    )
 
 
 def make_mounts_private() -> None:
@@ -152,10 +160,28 @@ def make_mounts_private() -> None:
 def bind_read_only(path: str) -> None:
     """Make ``path`` (and everything below it) read-only in this mount namespace."""
     mount(path, path, MS_BIND | MS_REC)
+    _remount_read_only(path)
+
+
+def _remount_read_only(path: str) -> None:
+    """Make the bind mount at ``path`` read-only, keeping the flags the kernel locked on it
+    (a user namespace may not clear nosuid, nodev, …)."""
     kept = os.statvfs(path).f_flag
     flags = MS_BIND | MS_REMOUNT | MS_RDONLY
     flags |= sum(ms for st, ms in _KEPT_MOUNT_FLAGS.items() if kept & st)
     mount(None, path, flags)
+
+
+def hide_file(path: str) -> None:
+    """Show ``path`` (a regular file) as ``/dev/null`` in this mount namespace: reads find
+    nothing, writes go nowhere, the file on disk is untouched."""
+    mount("/dev/null", path, MS_BIND)
+    _remount_read_only(path)
+
+
+def hide_directory(path: str) -> None:
+    """Show ``path`` (a directory) as an empty, read-only one in this mount namespace."""
+    mount("toold-hidden", path, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "tmpfs", "size=4k,mode=0555")
 
 
 def landlock_abi() -> int:

@@ -401,6 +401,10 @@ class SpawnRunner:
             ]
             if command
             else [],
+            hidden_patterns=list(ctx.sandbox.denied_patterns)
+            if command and self.config.tools.sandbox.hide_denied_from_commands
+            else [],
+            hide_max_entries=self.config.tools.sandbox.hide_denied_max_entries,
             reads=dict(ctx.reads),
         )
 
@@ -580,6 +584,8 @@ def _raise_for(outcome: Outcome) -> None:
             output=outcome.content or None,
             **{k: v for k, v in outcome.error_details.items() if k != "output"},
         )
+
+
 _COALESCE_CHARS = 64 * 1024
 
 

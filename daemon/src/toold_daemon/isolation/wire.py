@@ -59,6 +59,8 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn", omit_
     worker: bool = False  # confine, then run Python tool calls sent over the channel (a socket)
     keep_capabilities: list[str] = []  # left in the bounding set of a root client's processes
     readonly_paths: list[str] = []  # bound read-only in the command's own mount namespace
+    hidden_patterns: list[str] = []  # denied files below the roots, covered for commands
+    hide_max_entries: int = 100_000  # entries the search for them may visit
 
 
 class TempWanted(msgspec.Struct, frozen=True, kw_only=True, tag="temp"):

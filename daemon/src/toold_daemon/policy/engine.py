@@ -5,6 +5,7 @@ Precedence:
 1. approval ``enabled = false`` → deny ("Tool execution disabled by policy");
 2. ``denylist`` → deny;
 3. sandbox violations are found by the planner before the policy is asked;
+   A command whose words name a denied file is asked about whatever follows.
 4. rules: tool-specific before ``*``, first match wins; for shell commands every
    simple command of a compound command is judged: any deny denies, any ask (or a
    redirection, or a command that cannot be parsed) asks;
@@ -48,6 +49,9 @@ class Facts:
     #: A path this call writes where other programs run code from (``.git/hooks/…``):
     #: asked about unless an explicit rule allows it or the preset is "all".
     protected: str | None = None
+    #: A denied file a command's words name (``cat .env``): asked about whatever the
+    #: rules or the preset say; a deny rule still denies.
+    names_denied: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,8 @@ def _evaluate(facts: Facts, identity: Identity, client_name: str, approval: Appr
         return Verdict("deny", f"{facts.tool} is on the approval denylist", facts.risk)
     ruled = _by_rules(facts, identity, client_name, approval)
     verdict = ruled if ruled is not None else _by_mode(facts, approval)
+    if verdict.decision != "deny" and facts.names_denied:
+        return Verdict("ask", f"the command names a denied file: {facts.names_denied}", "high", verdict.rule)
     if verdict.decision != "deny" and facts.protected and ruled is None and approval.preset != "all":
         return Verdict("ask", f"{facts.tool} writes {facts.protected}", _max_risk(verdict.risk, "high"))
     if verdict.decision == "allow" and facts.requires_approval and approval.preset != "all":

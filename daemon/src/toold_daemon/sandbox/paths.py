@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import bad_args, from_os_error, sandbox_violation
 from ..globmatch import compile_glob
+from .denied_tree import denied_inodes
 
 # Tests only: with TOOLD_TEST_UNCHECKED_PATHS=1 in the daemon's environment, resolving
 # is lexical and opening follows symlinks, so a test can show that the kernel layer of
@@ -177,6 +179,18 @@ class Sandbox:
                 return next(p for p, regex in candidates if regex.match(subject))
         return None
 
+    def refuse_denied_link(self, st: os.stat_result, shown: str) -> None:
+        """Refuse a regular file that is another name (a hard link) of a denied file
+        below the roots: the name check alone would let ``notes.txt`` read ``.env``."""
+        if (
+            st.st_nlink > 1
+            and stat.S_ISREG(st.st_mode)
+            and self.denied_patterns
+            and (st.st_dev, st.st_ino) in denied_inodes(self)
+        ):
+            message = f"Access to {shown} is denied: it is a hard link to a denied file"
+            raise sandbox_violation("DENIED_PATTERN", message, attempted=shown)
+
     def protected_pattern(self, path: Path) -> str | None:
         """The first protected pattern matching canonical ``path`` (relative to its root):
         a place other programs run code from, which built-in writes ask about."""
@@ -218,11 +232,17 @@ class Sandbox:
         if not parts:
             return fd
         try:
-            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            opened = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
         except OSError as exc:
             raise from_os_error(exc, shown) from None
         finally:
             os.close(fd)
+        try:
+            self.refuse_denied_link(os.fstat(opened), shown)
+        except BaseException:
+            os.close(opened)
+            raise
+        return opened
 
     def open_dir(self, path: Path, *, display: str | None = None) -> int:
         return self.open(path, os.O_RDONLY | os.O_DIRECTORY, display=display)

@@ -59,9 +59,10 @@ def parent_dir(sandbox: Sandbox, path: Path, *, create: bool = False, shown: str
         os.close(fd)
 
 
-def read_existing(dir_fd: int, name: str, *, shown: str) -> Existing | None:
+def read_existing(dir_fd: int, name: str, *, shown: str, sandbox: Sandbox) -> Existing | None:
     """The current bytes and mode of a regular file, None if there is none. Never follows
-    a symlink; a directory or other kind of file is an error."""
+    a symlink; a directory or other kind of file is an error, a hard link to a denied
+    file is refused."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -73,6 +74,7 @@ def read_existing(dir_fd: int, name: str, *, shown: str) -> Existing | None:
         if not stat.S_ISREG(st.st_mode):
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_A_REGULAR_FILE", f"{shown} is {kind}", path=shown)
+        sandbox.refuse_denied_link(st, shown)
         return Existing(f.read(), stat.S_IMODE(st.st_mode))
 
 
@@ -164,7 +166,15 @@ def _list_tree(dir_fd: int, name: str, prefix: str, limit: int = 1000) -> list[s
 
 
 def move(
-    src_dir: int, src_name: str, dst_dir: int, dst_name: str, *, overwrite: bool, shown_src: str, shown_dst: str
+    src_dir: int,
+    src_name: str,
+    dst_dir: int,
+    dst_name: str,
+    *,
+    overwrite: bool,
+    shown_src: str,
+    shown_dst: str,
+    sandbox: Sandbox,
 ) -> None:
     """Rename within or across directories; across filesystems copy then delete, so a crash
     in between leaves the source intact (at worst both exist)."""
@@ -180,14 +190,16 @@ def move(
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise from_os_error(exc, shown_src) from None
-        _copy_across(src_dir, src_name, dst_dir, dst_name, shown_src=shown_src, shown_dst=shown_dst)
+        _copy_across(src_dir, src_name, dst_dir, dst_name, shown_src=shown_src, shown_dst=shown_dst, sandbox=sandbox)
     os.fsync(dst_dir)
     if src_dir != dst_dir:
         os.fsync(src_dir)
 
 
-def _copy_across(src_dir: int, src_name: str, dst_dir: int, dst_name: str, *, shown_src: str, shown_dst: str) -> None:
-    existing = read_existing(src_dir, src_name, shown=shown_src)
+def _copy_across(
+    src_dir: int, src_name: str, dst_dir: int, dst_name: str, *, shown_src: str, shown_dst: str, sandbox: Sandbox
+) -> None:
+    existing = read_existing(src_dir, src_name, shown=shown_src, sandbox=sandbox)
     if existing is None:
         raise ToolError(ToolErrorType.FILE_NOT_FOUND, "FILE_NOT_FOUND", f"File not found: {shown_src}")
     atomic_write(dst_dir, dst_name, existing.data, mode=existing.mode, shown=shown_dst)

@@ -68,7 +68,7 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
             path = ctx.resolve(raw)
             try:
                 with parent_dir(ctx.sandbox, path, shown=raw) as (dir_fd, name):
-                    existing = read_existing(dir_fd, name, shown=raw)
+                    existing = read_existing(dir_fd, name, shown=raw, sandbox=ctx.sandbox)
             except ToolError as exc:
                 if exc.type == ToolErrorType.FILE_NOT_FOUND:
                     return None
@@ -105,7 +105,7 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
                 _, dir_fd, name = dirs[raw]
                 if dir_fd < 0:
                     return None
-                existing = read_existing(dir_fd, name, shown=raw)
+                existing = read_existing(dir_fd, name, shown=raw, sandbox=ctx.sandbox)
                 if existing is None:
                     return None
                 originals[raw] = existing.data
@@ -123,7 +123,7 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
                     check_fresh(ctx, path, originals[change.path], dir_fd=dir_fd, name=name, shown=change.path)
                 if change.move_to and change.move_to != change.path:
                     _, dst_fd, dst_name = dirs[change.move_to]
-                    if read_existing(dst_fd, dst_name, shown=change.move_to) is not None:
+                    if read_existing(dst_fd, dst_name, shown=change.move_to, sandbox=ctx.sandbox) is not None:
                         raise _patch_failed(change.move_to, "Move to a file that exists")
             for raw, (path, dir_fd, _) in list(dirs.items()):
                 if dir_fd < 0:

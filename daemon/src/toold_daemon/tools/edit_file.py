@@ -109,7 +109,7 @@ class EditFile(Tool[EditFileArgs]):
     def preview(self, args: EditFileArgs, ctx: ToolContext) -> str | None:
         path = ctx.resolve(args.path)
         with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
-            existing = read_existing(dir_fd, name, shown=args.path)
+            existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
         if existing is None:
             return None
         before = decode(existing.data, args.path)
@@ -118,7 +118,7 @@ class EditFile(Tool[EditFileArgs]):
     def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolOutput:
         path = ctx.resolve(args.path)
         with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
-            existing = read_existing(dir_fd, name, shown=args.path)
+            existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
             if existing is None:
                 raise ToolError(ToolErrorType.FILE_NOT_FOUND, "FILE_NOT_FOUND", f"File not found: {args.path}")
             check_fresh(ctx, path, existing.data, dir_fd=dir_fd, name=name, shown=args.path)

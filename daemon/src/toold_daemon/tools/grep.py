@@ -204,7 +204,22 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
     ctx.check_cancelled()
     if code == 2 and not hits and b"regex" in stderr.lower():
         return None
-    return [_relative_to_workspace(h, sandbox, root) for h in hits]
+    return [_relative_to_workspace(h, sandbox, root) for h in _without_denied_links(hits, sandbox, root)]
+
+
+def _without_denied_links(hits: list[Hit], sandbox: Sandbox, root: Path) -> list[Hit]:
+    """ripgrep opens files itself: drop hits in hard links to denied files, which the
+    ``--glob`` exclusions cannot see (the Python engine opens through the sandbox)."""
+    refused: dict[str, bool] = {}
+    for path in {h.path for h in hits}:
+        try:
+            sandbox.refuse_denied_link(os.lstat(root / path), path)
+            refused[path] = False
+        except ToolError:
+            refused[path] = True
+        except OSError:
+            refused[path] = False
+    return [h for h in hits if not refused[h.path]]
 
 
 def _below(path: str, rel: str) -> str:

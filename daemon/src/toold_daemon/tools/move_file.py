@@ -62,6 +62,7 @@ class MoveFile(Tool[MoveFileArgs]):
                 overwrite=args.overwrite,
                 shown_src=args.source,
                 shown_dst=args.destination,
+                sandbox=ctx.sandbox,
             )
         return ToolOutput(
             f"Moved {args.source} to {args.destination}",

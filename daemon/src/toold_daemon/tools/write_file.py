@@ -57,7 +57,7 @@ class WriteFile(Tool[WriteFileArgs]):
             return None
         path = ctx.resolve(args.path)
         with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
-            existing = read_existing(dir_fd, name, shown=args.path)
+            existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
         if existing is None:
             return None
         return unified_diff(existing.data.decode("utf-8", errors="replace"), args.content, args.path)
@@ -66,7 +66,7 @@ class WriteFile(Tool[WriteFileArgs]):
         path = ctx.resolve(args.path)
         data = _decode_base64(args.content) if args.encoding == "base64" else args.content.encode("utf-8")
         with parent_dir(ctx.sandbox, path, create=args.create_dirs, shown=args.path) as (dir_fd, name):
-            existing = read_existing(dir_fd, name, shown=args.path)
+            existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
             if existing is not None and not args.overwrite:
                 raise ToolError(
                     ToolErrorType.FILE_EXISTS,

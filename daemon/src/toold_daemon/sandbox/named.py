@@ -1,0 +1,132 @@
+"""Which denied files the words of a command name.
+
+The kernel hides denied files that exist when a workspace's commands start (see
+``hidden.py``); this is the second, lexical layer: a command whose words name a denied
+path — directly (``cat .env``), through an option (``--file=.env``), through a symlink
+(``cat notes`` where ``notes -> .env``) or through a glob that expands to one
+(``cat .e*``) — is asked about. Globs are expanded against the directory when the
+daemon can list it; when it cannot (a private home), a glob that could match a denied
+name by the patterns alone counts as naming one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+
+from .paths import Sandbox
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_MAX_WORDS = 4096  # a command longer than this in words is asked about anyway
+_MAX_GLOB_MATCHES = 10_000
+
+
+def denied_words(sandbox: Sandbox, words: Iterable[str], cwd: str) -> str | None:
+    """``"WORD (pattern)"`` for the first word naming a denied path, else None."""
+    for count, word in enumerate(words):
+        if count >= _MAX_WORDS:
+            return f"{word[:60]}… (too many words to check)"
+        for candidate in _path_candidates(word):
+            pattern = _denied(sandbox, candidate, cwd)
+            if pattern is not None:
+                return f"{word[:120]} ({pattern})"
+    return None
+
+
+def _path_candidates(word: str) -> list[str]:
+    """The word, and what follows ``=`` in ``--opt=value``/``NAME=value``."""
+    if "\x00" in word:  # a substitution: the command is asked about for that already
+        return []
+    candidates = [word]
+    if "=" in word:
+        candidates.append(word.split("=", 1)[1])
+    return [c for c in candidates if c and c not in (".", "..", "/")]
+
+
+def _denied(sandbox: Sandbox, word: str, cwd: str) -> str | None:
+    path = _expand_home(word)
+    absolute = os.path.normpath(os.path.join(cwd, path))
+    if _GLOB_CHARS.search(path):
+        return _denied_glob(sandbox, absolute)
+    return _denied_path(sandbox, absolute)
+
+
+def _expand_home(word: str) -> str:
+    """``~`` and ``~user`` stand for some home directory: any absolute place will do for
+    patterns that start with ``**/``."""
+    if word.startswith("~"):
+        rest = word.split("/", 1)[1] if "/" in word else ""
+        return "/home/~/" + rest
+    return word
+
+
+def _denied_path(sandbox: Sandbox, absolute: str) -> str | None:
+    pattern = _pattern_of(sandbox, absolute)
+    if pattern is not None:
+        return pattern
+    try:  # a symlink (or a directory on the way) that leads to a denied file
+        real = os.path.realpath(absolute)
+    except (OSError, ValueError):
+        return None
+    return _pattern_of(sandbox, real) if real != absolute else None
+
+
+def _pattern_of(sandbox: Sandbox, absolute: str) -> str | None:
+    pattern = sandbox.denied_pattern(Path(absolute))
+    if pattern is None and sandbox.root_of(Path(absolute)) is None:
+        # Outside the roots, relative patterns ("**/.ssh/**") still say what a secret is.
+        pattern = sandbox.denied_pattern(Path(sandbox.roots[0], absolute.lstrip("/")))
+    return pattern
+
+
+def _denied_glob(sandbox: Sandbox, absolute: str) -> str | None:
+    directory, name = os.path.split(absolute)
+    if _GLOB_CHARS.search(directory):
+        return _could_match(sandbox, absolute)
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _could_match(sandbox, absolute)
+    matcher = re.compile(fnmatch.translate(name))
+    hidden_too = name.startswith(".")  # the shell's "*" skips dot files unless the glob starts with "."
+    chosen = (e for e in entries if matcher.match(e) and (hidden_too or not e.startswith(".")))
+    for count, entry in enumerate(chosen):
+        if count >= _MAX_GLOB_MATCHES:
+            return f"more than {_MAX_GLOB_MATCHES} matches"
+        pattern = _denied_path(sandbox, os.path.join(directory, entry))
+        if pattern is not None:
+            return pattern
+    return None
+
+
+def _could_match(sandbox: Sandbox, absolute: str) -> str | None:
+    """Without a directory listing: does the glob's last name match a name a denied
+    pattern stands for (``.e*`` matches ``.env``)?"""
+    name = os.path.basename(absolute)
+    for pattern, example in _examples(sandbox.denied_patterns):
+        if example.startswith(".") and not name.startswith("."):
+            continue
+        if fnmatch.fnmatchcase(example, name):
+            return pattern
+    return None
+
+
+@lru_cache(maxsize=64)
+def _examples(patterns: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Names each pattern's last literal component stands for: ``**/.env*`` → ``.env``,
+    ``.envx``; ``**/*.pem`` → ``.pem``, ``x.pem``; ``**/.ssh/**`` → ``.ssh``."""
+    examples: list[tuple[str, str]] = []
+    for pattern in patterns:
+        names = [part for part in pattern.split("/") if part and part != "**"]
+        if not names:
+            continue
+        last = re.sub(r"\[[^]]*\]", "x", names[-1]).replace("?", "x")
+        for filler in ("", "x"):
+            examples.append((pattern, last.replace("*", filler)))
+    return tuple(examples)
