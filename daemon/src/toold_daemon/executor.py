@@ -29,6 +29,7 @@ from . import results
 from .batches import Batch, PreparedCall
 from .config import Config
 from .errors import ToolError
+from .output import NOTHING_UNSEEN, Unseen
 from .reads import ReadTracker
 from .runner import ToolRunner
 from .sandbox import Sandbox
@@ -163,8 +164,20 @@ class Executor:
         if output is None or scope.cancelled_caught:
             ctx.cancelled.set()
             partial = "".join(ctx.partial)
+            dropped_bytes, dropped_lines = ctx.partial_dropped
+            # What streamed past the kept part is counted; what the command would still
+            # have printed is not known: "at least".
+            unseen = Unseen(dropped_bytes, dropped_lines, exact=False) if dropped_bytes else NOTHING_UNSEEN
             if batch.cancel_reason is not None:
-                return _cancelled(call.call_id, batch.cancel_reason, duration_ms=_ms(started), output=partial)
+                return _cancelled(
+                    call.call_id,
+                    batch.cancel_reason,
+                    duration_ms=_ms(started),
+                    output=partial,
+                    unseen=unseen,
+                    max_bytes=limits.max_bytes,
+                    max_lines=limits.max_lines,
+                )
             elapsed = time.monotonic() - started
             return results.failure(
                 call.call_id,
@@ -178,6 +191,7 @@ class Executor:
                 ),
                 duration_ms=_ms(started),
                 output=partial,
+                unseen=unseen,
                 max_bytes=limits.max_bytes,
                 max_lines=limits.max_lines,
             )
@@ -191,6 +205,8 @@ class Executor:
             max_bytes=limits.max_bytes,
             max_lines=limits.max_lines,
             duration_ms=_ms(started),
+            tail=output.tail,
+            unseen=output.unseen,
         )
 
     async def _wait_supplied(self, batch: Batch, call: PreparedCall) -> ToolResult:
@@ -224,12 +240,24 @@ def _ms(started: float) -> float:
     return (time.monotonic() - started) * 1000
 
 
-def _cancelled(call_id: str, reason: str, *, duration_ms: float = 0.0, output: str = "") -> ToolResult:
+def _cancelled(
+    call_id: str,
+    reason: str,
+    *,
+    duration_ms: float = 0.0,
+    output: str = "",
+    unseen: Unseen = NOTHING_UNSEEN,
+    max_bytes: int = 102_400,
+    max_lines: int = 10_000,
+) -> ToolResult:
     return results.failure(
         call_id,
         ToolError(ToolErrorType.CANCELLED, "CANCELLED", f"Cancelled: {reason}"),
         duration_ms=duration_ms,
         output=output,
+        unseen=unseen,
+        max_bytes=max_bytes,
+        max_lines=max_lines,
     )
 
 

@@ -1,7 +1,10 @@
 """Bounding and sanitizing tool output. Every result passes through here.
 
 ``truncate`` keeps the head of a text within a byte, character and line limit and
-appends a marker that counts what was omitted; the marker is *inside* the limit.
+appends a marker that counts what was omitted; the marker is *inside* the limit. What
+the producer dropped before the text reached us (a command's output past what its
+supervisor keeps) is counted too (``unseen``), so the marker tells how much the tool
+really produced; a count that is not known exactly says "at least".
 ``sanitize_for_terminal`` (shared with clients, from the protocol package) neutralizes
 escape sequences and control characters so output can be shown in a terminal.
 """
@@ -12,7 +15,22 @@ from dataclasses import dataclass
 
 from toold_protocol import sanitize_for_terminal
 
-__all__ = ["Truncation", "count_lines", "sanitize_for_terminal", "truncate"]
+__all__ = ["Truncation", "Unseen", "count_lines", "sanitize_for_terminal", "truncate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Unseen:
+    """Output a tool produced that is not in the text handed to ``truncate``."""
+
+    bytes: int = 0
+    lines: int = 0
+    exact: bool = True  # False: at least this much (the producer stopped counting)
+
+    def __bool__(self) -> bool:
+        return self.bytes > 0 or self.lines > 0 or not self.exact
+
+
+NOTHING_UNSEEN = Unseen()
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +41,9 @@ class Truncation:
     omitted_lines: int = 0
 
 
-def _marker(omitted_bytes: int, omitted_lines: int) -> str:
-    return f"[output truncated: {omitted_bytes} bytes, {omitted_lines} lines omitted]"
+def _marker(omitted_bytes: int, omitted_lines: int, *, exact: bool = True) -> str:
+    at_least = "" if exact else "at least "
+    return f"[output truncated: {at_least}{omitted_bytes} bytes, {at_least}{omitted_lines} lines omitted]"
 
 
 def count_lines(text: str) -> int:
@@ -35,44 +54,67 @@ def count_lines(text: str) -> int:
 
 
 def truncate(
-    text: str, *, max_bytes: int | None = None, max_chars: int | None = None, max_lines: int | None = None
+    text: str,
+    *,
+    max_bytes: int | None = None,
+    max_chars: int | None = None,
+    max_lines: int | None = None,
+    unseen: Unseen = NOTHING_UNSEEN,
+    head: str = "",
+    tail: str = "",
 ) -> Truncation:
-    """Cut ``text`` so that it fits every given limit, marker included.
-
-    The cut lands on a character boundary (never splits UTF-8). If a limit is smaller
-    than the marker itself, the marker is cut to the limit.
+    """``head + text + tail`` cut to fit every given limit, marker included. Only ``text``
+    is cut (``head``, an error line, and ``tail``, an exit-code line, are always kept
+    whole when they fit). The cut lands on a character boundary. If a limit is smaller
+    than what must be kept, the whole result is cut to the limit.
     """
     encoded = text.encode("utf-8", "surrogatepass")
     total_lines = count_lines(text)
-    if (
-        (max_bytes is None or len(encoded) <= max_bytes)
-        and (max_chars is None or len(text) <= max_chars)
-        and (max_lines is None or total_lines <= max_lines)
-    ):
-        return Truncation(text, False)
+    whole = _join(head, text, tail)
+    if not unseen and _fits(whole, max_bytes, max_chars, max_lines):
+        return Truncation(whole, False)
 
-    # The marker grows with its numbers; the totals bound them, +1 for a joining newline.
-    worst = len(_marker(len(encoded), total_lines)) + 1
+    # The marker grows with its numbers; the totals bound them.
+    worst = _marker(len(encoded) + unseen.bytes, total_lines + unseen.lines, exact=unseen.exact)
+    fixed = _join(head, worst, tail)
     body = text
     if max_lines is not None:
-        body = body[: _index_after_lines(body, max(0, max_lines - 1))]
-    if max_chars is not None and len(body) > max(0, max_chars - worst):
-        body = body[: max(0, max_chars - worst)]
+        body = body[: _index_after_lines(body, max(0, max_lines - count_lines(fixed)))]
+    if max_chars is not None:
+        body = body[: max(0, max_chars - len(fixed) - 1)]
     if max_bytes is not None:
+        budget = max(0, max_bytes - len(fixed.encode("utf-8", "surrogatepass")) - 1)
         body_bytes = body.encode("utf-8", "surrogatepass")
-        budget = max(0, max_bytes - worst)
         if len(body_bytes) > budget:
             body = body_bytes[:budget].decode("utf-8", "ignore")
-    kept_bytes = len(body.encode("utf-8", "surrogatepass"))
-    omitted_bytes = len(encoded) - kept_bytes
-    omitted_lines = total_lines - count_lines(body)
-    joiner = "" if not body or body.endswith("\n") else "\n"
-    result = body + joiner + _marker(omitted_bytes, omitted_lines)
-    limits = [x for x in (max_bytes, max_chars) if x is not None]
-    if limits and len(result.encode("utf-8", "surrogatepass")) > min(limits):
-        # Only possible when the limit is smaller than the marker itself.
-        result = _marker(len(encoded), total_lines)[: min(limits)]
+    omitted_bytes = len(encoded) - len(body.encode("utf-8", "surrogatepass")) + unseen.bytes
+    omitted_lines = total_lines - count_lines(body) + unseen.lines
+    result = _join(head, _join(body, _marker(omitted_bytes, omitted_lines, exact=unseen.exact)), tail)
+    if not _fits(result, max_bytes, max_chars, max_lines):
+        # Only when a limit is smaller than what must be kept.
+        limits = [x for x in (max_bytes, max_chars) if x is not None]
+        cut = result.encode("utf-8", "surrogatepass")[: min(limits)] if limits else result.encode()
+        result = cut.decode("utf-8", "ignore")
+        if max_lines is not None:
+            result = result[: _index_after_lines(result, max_lines)].rstrip("\n")
     return Truncation(result, True, omitted_bytes, omitted_lines)
+
+
+def _join(first: str, second: str, third: str = "") -> str:
+    """Texts one after another, each starting on a line of its own."""
+    out = first
+    for part in (second, third):
+        if part:
+            out += ("" if not out or out.endswith("\n") else "\n") + part
+    return out
+
+
+def _fits(text: str, max_bytes: int | None, max_chars: int | None, max_lines: int | None) -> bool:
+    return (
+        (max_lines is None or count_lines(text) <= max_lines)
+        and (max_chars is None or len(text) <= max_chars)
+        and (max_bytes is None or len(text.encode("utf-8", "surrogatepass")) <= max_bytes)
+    )
 
 
 def _index_after_lines(text: str, lines: int) -> int:

@@ -7,9 +7,13 @@ from typing import Any
 from toold_protocol import ToolErrorInfo, ToolErrorType, ToolResult
 
 from .errors import ToolError
-from .output import sanitize_for_terminal, truncate
+from .output import NOTHING_UNSEEN, Unseen, sanitize_for_terminal, truncate
 
 _MAX_ERROR_CHARS = 2000
+
+
+#: Error details that carry a failed tool's output to ``failure``, not to the client.
+OUTPUT_DETAILS = frozenset({"output", "output_tail", "unseen_bytes", "unseen_lines"})
 
 
 def success(
@@ -22,12 +26,16 @@ def success(
     max_bytes: int,
     max_lines: int,
     duration_ms: float,
+    tail: str = "",
+    unseen: Unseen = NOTHING_UNSEEN,
 ) -> ToolResult:
     truncated = False
     original = content
     if allow_truncation:
-        cut = truncate(content, max_bytes=max_bytes, max_lines=max_lines)
+        cut = truncate(content, max_bytes=max_bytes, max_lines=max_lines, unseen=unseen, tail=tail)
         content, truncated = cut.text, cut.truncated
+    elif tail:
+        content = content + ("" if not content or content.endswith("\n") else "\n") + tail
     if display is None or display is original:
         shown, shown_truncated = content, truncated  # the same text: bound it once
     else:
@@ -50,21 +58,28 @@ def failure(
     *,
     duration_ms: float = 0.0,
     output: str = "",
+    unseen: Unseen = NOTHING_UNSEEN,
     max_bytes: int = 102_400,
     max_lines: int = 10_000,
 ) -> ToolResult:
-    """An error result. ``output`` (what a command printed before failing, or before its
-    timeout) follows the error line, bounded like any output: the model needs both."""
+    """An error result: the error line, then the output (what a command printed before
+    failing, or before its timeout), bounded by the same limits as a success, error line
+    and exit code included: the model needs both."""
     info = error.info() if isinstance(error, ToolError) else error
     message = truncate(info.message, max_chars=_MAX_ERROR_CHARS).text
     details = dict(info.details)
-    output = output or str(details.pop("output", None) or "")
+    output = output or str(details.get("output") or "")
+    tail = str(details.get("output_tail") or "")
+    if not unseen and (details.get("unseen_bytes") or details.get("unseen_lines")):
+        unseen = Unseen(int(details.get("unseen_bytes") or 0), int(details.get("unseen_lines") or 0))
+    details = {k: v for k, v in details.items() if k not in OUTPUT_DETAILS}
     info = ToolErrorInfo(type=info.type, code=info.code, message=message, details=details)
-    text = f"Error ({info.type}): {message}"
-    truncated = False
-    if output:
-        cut = truncate(output, max_bytes=max_bytes, max_lines=max_lines)
-        text, truncated = f"{text}\n\n{cut.text}", cut.truncated
+    head = f"Error ({info.type}): {message}"
+    if output or tail or unseen:
+        cut = truncate(output, max_bytes=max_bytes, max_lines=max_lines, unseen=unseen, head=head + "\n\n", tail=tail)
+        text, truncated = cut.text, cut.truncated
+    else:
+        text, truncated = head, False
     return ToolResult(
         call_id=call_id,
         ok=False,

@@ -29,6 +29,8 @@ from toold_protocol import Identity, IsolationLayer, ToolErrorType
 
 from ..config import Config
 from ..errors import ToolError
+from ..output import Unseen
+from ..results import OUTPUT_DETAILS
 from ..sandbox import Sandbox
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import sweep as sweeping
@@ -154,7 +156,15 @@ class SpawnRunner:
         else:
             outcome = await self._spawn(tool, args, ctx, identity, command=command)
         _raise_for(outcome)
-        return ToolOutput(outcome.content, outcome.display, outcome.data, outcome.allow_truncation, outcome.records)
+        return ToolOutput(
+            outcome.content,
+            outcome.display,
+            outcome.data,
+            outcome.allow_truncation,
+            outcome.records,
+            tail=outcome.tail,
+            unseen=Unseen(outcome.unseen_bytes, outcome.unseen_lines),
+        )
 
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
         """The call's diff preview, computed in a worker with the client's privileges; a
@@ -500,9 +510,14 @@ class SpawnRunner:
                         break
                     chunks.append(message)
                 for stream_name, text, count in _coalesce(chunks):
-                    if kept < keep:
-                        ctx.partial.append(text[: keep - kept])
+                    room = max(0, keep - kept)
+                    if room:
+                        ctx.partial.append(text[:room])
                         kept += len(text)
+                    if len(text) > room:
+                        dropped = text[room:]
+                        ctx.partial_dropped[0] += len(dropped.encode("utf-8", "surrogatepass"))
+                        ctx.partial_dropped[1] += dropped.count("\n")
                     if ctx.emit is not None:
                         ctx.emit(stream_name, text, count)
                 if outcome is not None:
@@ -582,7 +597,10 @@ def _raise_for(outcome: Outcome) -> None:
             outcome.error_code or "TOOL_FAILED",
             outcome.error_message,
             output=outcome.content or None,
-            **{k: v for k, v in outcome.error_details.items() if k != "output"},
+            output_tail=outcome.tail or None,
+            unseen_bytes=outcome.unseen_bytes or None,
+            unseen_lines=outcome.unseen_lines or None,
+            **{k: v for k, v in outcome.error_details.items() if k not in OUTPUT_DETAILS},
         )
 
 

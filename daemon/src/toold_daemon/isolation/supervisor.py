@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..output import Unseen, count_lines
 from .wire import Chunk, Outcome, SpawnRequest, frame
 
 _READ_SIZE = 65536
@@ -34,38 +35,64 @@ Role = Literal["pipe", "exit", "channel", "other"]
 
 
 class Captured:
-    """Keeps the first ``keep`` bytes of a stream and counts the rest: memory stays bounded
-    whatever the command prints."""
+    """Keeps the first ``keep`` bytes of a stream and counts all of it (bytes and lines):
+    memory stays bounded whatever the command prints, and the result can say exactly how
+    much it does not show."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self.head = bytearray()
         self.total = 0
+        self.newlines = 0
+        self.ends_with_newline = True
 
     def add(self, data: bytes) -> None:
+        if not data:
+            return
         self.total += len(data)
+        self.newlines += data.count(b"\n")
+        self.ends_with_newline = data.endswith(b"\n")
         room = self.keep - len(self.head)
         if room > 0:
             self.head += data[:room]
 
+    @property
+    def lines(self) -> int:
+        return self.newlines + (0 if self.ends_with_newline or not self.total else 1)
+
+    @property
+    def binary(self) -> bool:
+        return looks_binary(self.head)
+
     def text(self) -> str:
-        text = self.head.decode("utf-8", errors="replace")
-        if looks_binary(self.head):
-            text = f"[binary output: {self.total} bytes, not shown]"
-        elif self.total > len(self.head):
-            text += f"\n[... {self.total - len(self.head)} more bytes of output omitted]"
-        return text
+        """The kept head as text (a character cut at the end is left out), or a summary
+        of output that is mostly binary."""
+        if self.binary:
+            return f"[binary output: {self.total} bytes, not shown]"
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return decoder.decode(bytes(self.head), final=self.total == len(self.head))
+
+    def unseen(self, shown: str) -> Unseen:
+        """What the stream held beyond ``shown`` (this stream's ``text()``)."""
+        if self.binary:
+            return Unseen()
+        return Unseen(
+            bytes=max(0, self.total - len(shown.encode("utf-8", "surrogatepass"))),
+            lines=max(0, self.lines - count_lines(shown)),
+        )
 
 
 def looks_binary(data: bytes | bytearray) -> bool:
+    """Mostly binary: a NUL byte, or more than three characters in ten that are not text.
+    A stray byte that is not UTF-8 does not make readable output binary."""
     sample = bytes(data[:8192])
     if b"\0" in sample:
         return True
-    try:
-        sample.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc.start < len(sample) - 4  # a character cut at the end of the sample is fine
-    return False
+    if not sample:
+        return False
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(sample, final=False)
+    odd = sum(1 for ch in text if ch == "\ufffd" or (ch < " " and ch not in "\n\r\t\x1b\x08\x0c"))
+    return odd * 10 > 3 * max(1, len(text))
 
 
 @dataclass(eq=False)
@@ -294,33 +321,37 @@ def _kill(pid: int) -> None:
 
 
 def command_outcome(status: int | None, captured: dict[str, Captured], elapsed_ms: float, *, idle: float) -> Outcome:
-    """stdout, then a ``[stderr]`` section, then the exit code; a failure keeps the output."""
+    """stdout, then a ``[stderr]`` section; the exit code as the tail (kept by every cut);
+    what the streams held beyond their kept heads as ``unseen``. A failure keeps the output."""
     stdout, stderr = captured["stdout"].text(), captured["stderr"].text()
+    unseen = _sum(captured["stdout"].unseen(stdout), captured["stderr"].unseen(stderr))
     content = stdout
     if captured["stderr"].total:
         content += ("" if not content or content.endswith("\n") else "\n") + "[stderr]\n" + stderr
     data: dict[str, Any] = {"stdout": stdout, "stderr": stderr, "duration_ms": elapsed_ms}
+    tail = ""
     if status is None:
         data["exit_code"] = None
-        message = f"no output for {idle:g}s (idle timeout); the command was killed"
-        return _failure_with_output("Timeout", "IDLE_TIMEOUT", message, content, data)
-    if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        data["exit_code"] = -signum
-        data["signal"] = signal.Signals(signum).name
-        return _failure_with_output(
-            "ExecutionFailed", "KILLED_BY_SIGNAL", f"command killed by {signal.Signals(signum).name}", content, data
-        )
-    exit_code = os.WEXITSTATUS(status)
-    data["exit_code"] = exit_code
-    content += ("" if not content or content.endswith("\n") else "\n") + f"[exit code {exit_code}]"
-    if exit_code != 0:
-        return _failure_with_output("ExecutionFailed", "NON_ZERO_EXIT", f"exit code {exit_code}", content, data)
-    return Outcome(ok=True, content=content, data=data)
-
-
-def _failure_with_output(type_: str, code: str, message: str, content: str, data: dict[str, Any]) -> Outcome:
+        failed = ("Timeout", "IDLE_TIMEOUT", f"no output for {idle:g}s (idle timeout); the command was killed")
+    elif os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        data["exit_code"], data["signal"] = -os.WTERMSIG(status), name
+        failed = ("ExecutionFailed", "KILLED_BY_SIGNAL", f"command killed by {name}")
+    else:
+        data["exit_code"] = exit_code = os.WEXITSTATUS(status)
+        tail = f"[exit code {exit_code}]"
+        if exit_code == 0:
+            return Outcome(
+                ok=True, content=content, data=data, tail=tail, unseen_bytes=unseen.bytes, unseen_lines=unseen.lines
+            )
+        failed = ("ExecutionFailed", "NON_ZERO_EXIT", f"exit code {exit_code}")
+    type_, code, message = failed
     return Outcome(
         ok=False, content=content, data=data, error_type=type_, error_code=code, error_message=message,
-        error_details={"exit_code": data.get("exit_code")},
+        error_details={"exit_code": data.get("exit_code")}, tail=tail,
+        unseen_bytes=unseen.bytes, unseen_lines=unseen.lines,
     )  # fmt: skip
+
+
+def _sum(first: Unseen, second: Unseen) -> Unseen:
+    return Unseen(first.bytes + second.bytes, first.lines + second.lines, first.exact and second.exact)

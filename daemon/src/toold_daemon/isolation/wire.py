@@ -105,6 +105,9 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome", omit_def
     error_code: str = ""
     error_message: str = ""
     error_details: dict[str, Any] = {}
+    tail: str = ""  # kept after the content by every cut (a command's exit-code line)
+    unseen_bytes: int = 0  # output the child produced beyond ``content`` (past what it keeps)
+    unseen_lines: int = 0
     layers: dict[str, str] = {}  # isolation layer -> "on" or why it is off
     records: dict[str, str] = {}  # read-tracking records (see ToolOutput.records)
 

@@ -17,6 +17,7 @@ import msgspec
 
 from ..config import Config
 from ..errors import ToolError
+from ..output import NOTHING_UNSEEN, Unseen
 from ..sandbox import Sandbox
 
 RiskLevel = Literal["low", "medium", "high"]
@@ -37,6 +38,10 @@ class ToolOutput:
     #: Read-tracking records to store for the session: canonical path -> record
     #: (``sha256:HEX`` for whole-file reads and writes, ``stat:SIZE:MTIME_NS`` for ranges).
     records: dict[str, str] = field(default_factory=dict)
+    #: Kept after the content by every cut (a command's ``[exit code N]`` line).
+    tail: str = ""
+    #: Output the tool produced that ``content`` does not hold (counted by the marker).
+    unseen: Unseen = NOTHING_UNSEEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,8 @@ class ToolContext:
     resolved: dict[str, Path] = field(default_factory=dict)
     #: Output streamed so far (bounded by the runner), kept for timeout and cancel results.
     partial: list[str] = field(default_factory=list)
+    #: Streamed output that did not fit in ``partial`` (bytes, lines): counted, not kept.
+    partial_dropped: list[int] = field(default_factory=lambda: [0, 0])
     #: What this client session has read (canonical path -> record), for stale-file checks.
     reads: dict[str, str] = field(default_factory=dict)
     #: Who asked (for tools that act on daemon state scoped to a uid, like shell_jobs).
