@@ -105,7 +105,9 @@ def test_unanswered_requests_time_out_as_denied(tmp_path: Path, root: Path) -> N
     finally:
         d.stop()
     assert 0.4 < time.monotonic() - started < 10
-    assert result.error is not None and result.error.code == "DENIED_BY_USER" and "no answer within" in result.content
+    # Nobody answered: its own code, not a person's "no"
+    assert result.error is not None and result.error.code == "CONFIRMATION_TIMEOUT", result
+    assert result.error.type == "Timeout" and "no answer within 0.5s" in result.content
     assert (root / "w.txt").read_text() == "w"
 
 

@@ -585,7 +585,7 @@ class Service:
                 return  # the executor gives every remaining call its Cancelled result
             if answer is None:
                 waited = batch.approval_timeout or self.config.tools.approval.timeout_seconds
-                call.denial = _denied(call, f"no answer within {waited:g}s")
+                call.denial = _unanswered(call, waited)
                 continue
             approved = answer.decision == "approve_all" or (
                 answer.decision == "approve_selected" and call.call_id in answer.approved_call_ids
@@ -931,6 +931,19 @@ def _denied(call: PreparedCall, why: str) -> ToolResult:
     return results.failure(
         call.call_id,
         ToolError(ToolErrorType.DENIED, "DENIED_BY_USER", f"Denied: {call.name} was not approved ({why})"),
+    )
+
+
+def _unanswered(call: PreparedCall, waited: float) -> ToolResult:
+    """Nobody answered in time: not a person's no, and a caller may want to ask again."""
+    return results.failure(
+        call.call_id,
+        ToolError(
+            ToolErrorType.TIMEOUT,
+            "CONFIRMATION_TIMEOUT",
+            f"Not run: {call.name} needed a confirmation and there was no answer within {waited:g}s",
+            waited_seconds=waited,
+        ),
     )
 
 

@@ -122,7 +122,13 @@ def _by_mode(facts: Facts, approval: ApprovalConfig) -> Verdict:
     prompts = facts.side_effecting if facts.prompts is None else facts.prompts
     if prompts and approval.prompt_side_effects:
         return Verdict("ask", f"{facts.tool} has side effects", facts.risk)
-    return Verdict("allow", "read-only", facts.risk)
+    if not facts.side_effecting:
+        return Verdict("allow", "read-only", facts.risk)
+    if not approval.prompt_side_effects:
+        return Verdict("allow", "prompt_side_effects is off: calls with side effects run unasked", facts.risk)
+    return Verdict(
+        "allow", f"{facts.tool} creates something new here and replaces nothing (it asks only to replace)", facts.risk
+    )
 
 
 def _by_rules(facts: Facts, identity: Identity, client_name: str, approval: ApprovalConfig) -> Verdict | None:
