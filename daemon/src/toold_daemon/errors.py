@@ -58,3 +58,12 @@ def from_os_error(exc: OSError, display_path: str) -> ToolError:
         exc.errno or 0, (ToolErrorType.EXECUTION_FAILED, "IO_ERROR", exc.strerror or "I/O error")
     )
     return ToolError(kind, code, f"{text}: {display_path}", path=display_path, errno=exc.errno)
+
+
+def file_exists(shown: str) -> ToolError:
+    return ToolError(
+        ToolErrorType.FILE_EXISTS,
+        "FILE_EXISTS",
+        f"{shown} already exists; pass overwrite=true to replace it",
+        path=shown,
+    )

@@ -123,6 +123,7 @@ class Planner:
                 ToolErrorType.UNKNOWN_TOOL, "UNKNOWN_TOOL", f"Unknown tool: {call.name[:128]!r}", name=call.name[:128]
             )
         item.tool, item.name, item.risk = tool, tool.name, tool.risk
+        self._refuse_disabled_or_denylisted(tool)
         size = len(call.arguments)
         if size > tools.max_tool_args_bytes:
             raise limits_exceeded(
@@ -146,6 +147,7 @@ class Planner:
         if tools.mode == "parse_only":
             item.awaiting_result = True  # nothing runs: a person supplies the result (supply_result)
             return
+        tool.precheck(item.args, item.resolved, self.config)  # never ask about a call certain to fail
         facts = policy.Facts(
             tool=tool.name,
             arguments=msgspec.to_builtins(item.args),
@@ -155,6 +157,7 @@ class Planner:
             prompts=tool.prompts(item.args, item.resolved),
             protected=self._protected_target(tool, item),
             names_denied=self._denied_in_command(tool, item),
+            high_risk_tool=tool.risk == "high",
         )
         verdict = policy.evaluate(facts, self.identity, self.client_name, tools.approval)
         item.risk = verdict.risk
@@ -166,6 +169,19 @@ class Planner:
         item.needs_confirmation = verdict.decision == "ask" and not approved and not granted
         item.policy_reason = "allowed for this session by an earlier answer" if granted else verdict.reason
         item.policy_rule = verdict.rule
+
+    def _refuse_disabled_or_denylisted(self, tool: Tool[Any]) -> None:
+        """First in the order of precedence, before any path is looked at: a denylisted
+        call with a bad path reports the denylist."""
+        approval = self.config.tools.approval
+        if not approval.enabled:
+            raise ToolError(
+                ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: Tool execution disabled by policy"
+            )
+        if tool.name in approval.denylist:
+            raise ToolError(
+                ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {tool.name} is on the approval denylist"
+            )
 
     def _protected_target(self, tool: Tool[Any], item: PreparedCall) -> str | None:
         """ "PATH (pattern)" when a built-in write would touch a place other programs run

@@ -34,8 +34,10 @@ def success(
     if allow_truncation:
         cut = truncate(content, max_bytes=max_bytes, max_lines=max_lines, unseen=unseen, tail=tail)
         content, truncated = cut.text, cut.truncated
-    elif tail:
-        content = content + ("" if not content or content.endswith("\n") else "\n") + tail
+    else:  # the tool bounded its own output; what it left out is its ``unseen``
+        truncated = bool(unseen)
+        if tail:
+            content = content + ("" if not content or content.endswith("\n") else "\n") + tail
     if display is None or display is original:
         shown, shown_truncated = content, truncated  # the same text: bound it once
     else:

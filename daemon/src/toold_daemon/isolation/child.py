@@ -100,6 +100,9 @@ def run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
         data=output.data,
         allow_truncation=output.allow_truncation,
         records=output.records,
+        tail=output.tail,
+        unseen_bytes=output.unseen.bytes,
+        unseen_lines=output.unseen.lines,
     )
 
 

@@ -9,7 +9,9 @@ Precedence:
 4. rules: tool-specific before ``*``, first match wins; for shell commands every
    simple command of a compound command is judged: any deny denies, any ask (or a
    redirection, or a command that cannot be parsed) asks;
-5. otherwise the preset, or ``mode``/``allowlist``/``prompt_side_effects``;
+5. otherwise the preset, or ``mode``/``allowlist``/``prompt_side_effects``; a tool that
+   is high-risk in itself (``delete_file``, ``shell``, ``run_code``) asks even when these
+   allow it, unless it is allowlisted or the preset is "all";
 6. a tool's own ``requires_approval`` for these arguments turns an allow into ask.
 """
 
@@ -52,6 +54,9 @@ class Facts:
     #: A denied file a command's words name (``cat .env``): asked about whatever the
     #: rules or the preset say; a deny rule still denies.
     names_denied: str | None = None
+    #: The tool itself is high-risk (delete_file, shell, run_code): it asks even in mode
+    #: "auto" unless the administrator named it (allowlist, an allow rule, preset "all").
+    high_risk_tool: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,17 @@ def _evaluate(facts: Facts, identity: Identity, client_name: str, approval: Appr
     verdict = ruled if ruled is not None else _by_mode(facts, approval)
     if verdict.decision != "deny" and facts.names_denied:
         return Verdict("ask", f"the command names a denied file: {facts.names_denied}", "high", verdict.rule)
+    if (
+        verdict.decision == "allow"
+        and facts.high_risk_tool
+        and ruled is None
+        and facts.tool not in approval.allowlist
+        and approval.preset != "all"
+    ):
+        why = (
+            f"{facts.tool} is a high-risk tool: it runs unasked only if the allowlist, a rule or preset 'all' names it"
+        )
+        return Verdict("ask", why, facts.risk)
     if verdict.decision != "deny" and facts.protected and ruled is None and approval.preset != "all":
         return Verdict("ask", f"{facts.tool} writes {facts.protected}", _max_risk(verdict.risk, "high"))
     if verdict.decision == "allow" and facts.requires_approval and approval.preset != "all":

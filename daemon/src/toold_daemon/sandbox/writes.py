@@ -25,7 +25,7 @@ from pathlib import Path
 
 from toold_protocol import ToolErrorType
 
-from ..errors import ToolError, from_os_error, sandbox_violation
+from ..errors import ToolError, file_exists, from_os_error, sandbox_violation
 from .paths import Sandbox, open_beneath
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -179,12 +179,7 @@ def move(
     """Rename within or across directories; across filesystems copy then delete, so a crash
     in between leaves the source intact (at worst both exist)."""
     if not overwrite and exists(dst_dir, dst_name):
-        raise ToolError(
-            ToolErrorType.FILE_EXISTS,
-            "FILE_EXISTS",
-            f"{shown_dst} already exists; pass overwrite=true to replace it",
-            path=shown_dst,
-        )
+        raise file_exists(shown_dst)
     try:
         os.rename(src_name, dst_name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
     except OSError as exc:

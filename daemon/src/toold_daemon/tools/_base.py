@@ -141,6 +141,11 @@ class Tool(Generic[A]):
         May look at the filesystem (``move_file``: does the destination exist?)."""
         return self.side_effecting
 
+    def precheck(self, args: A, resolved: dict[str, Path], config: Config) -> None:
+        """Raise the ToolError this call is certain to end with, so that nobody is asked
+        to approve it (``move_file`` onto an existing file without ``overwrite``). Looks
+        at what the daemon can see; the tool checks again when it runs."""
+
     def runs_inline(self, args: A, ctx: ToolContext) -> bool:
         """True when this call is small, bounded, non-blocking work (a few kilobytes from a
         regular file) that costs less than handing it to a worker: the runner then runs

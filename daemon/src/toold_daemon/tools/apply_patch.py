@@ -18,6 +18,7 @@ from msgspec import Meta
 from toold_protocol import ToolErrorType
 
 from .. import patches
+from ..config import Config
 from ..errors import ToolError, limits_exceeded
 from ..sandbox.writes import atomic_write, delete, parent_dir, read_existing
 from ._base import RiskLevel, Tool, ToolArgs, ToolContext, ToolOutput
@@ -82,10 +83,11 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
             diffs.append(unified_diff(before, after, change.move_to or change.path))
         return "".join(diffs)
 
+    def precheck(self, args: ApplyPatchArgs, resolved: dict[str, Path], config: Config) -> None:
+        _check_size(args, config)
+
     def run(self, args: ApplyPatchArgs, ctx: ToolContext) -> ToolOutput:
-        limit = ctx.config.tools.apply_patch.max_patch_bytes
-        if len(args.patch.encode()) > limit:
-            raise limits_exceeded(f"the patch is over max_patch_bytes ({limit})", limit=limit)
+        _check_size(args, ctx.config)
         with ExitStack() as stack:
             dirs: dict[str, tuple[Path, int, str]] = {}
             for raw in self.paths(args):
@@ -168,3 +170,9 @@ def _mode_of(dir_fd: int, name: str) -> int:
 
 
 __all__ = ["ApplyPatch"]
+
+
+def _check_size(args: ApplyPatchArgs, config: Config) -> None:
+    limit = config.tools.apply_patch.max_patch_bytes
+    if len(args.patch.encode()) > limit:
+        raise limits_exceeded(f"the patch is over max_patch_bytes ({limit})", limit=limit)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 from msgspec import UNSET, Meta, UnsetType
@@ -12,6 +13,7 @@ from msgspec import UNSET, Meta, UnsetType
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError
+from ..sandbox import Sandbox
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._walk import Walker
 
@@ -70,10 +72,7 @@ class ListDirectory(Tool[ListDirectoryArgs]):
                 "modified": datetime.fromtimestamp(entry.mtime, tz=UTC).isoformat(),
             }
             if entry.kind == "symlink":
-                try:
-                    item["target"] = os.readlink(entry.path)
-                except OSError:
-                    item["target"] = None
+                item["target"] = _shown_target(sandbox, entry.path)
             entries.append(item)
         shown = sandbox.display(start)
         data = {"path": shown, "entries": entries, "truncated": truncated}
@@ -86,3 +85,15 @@ class ListDirectory(Tool[ListDirectoryArgs]):
         if truncated:
             lines.append(f"[stopped at max_entries={args.max_entries}]")
         return ToolOutput(json.dumps(data, ensure_ascii=False), "\n".join(lines), data)
+
+
+def _shown_target(sandbox: Sandbox, link: Path) -> str | None:
+    """Where a symlink points, as written, when that lies inside the workspace; a target
+    outside (or denied) is not revealed, only that it is outside."""
+    try:
+        written = os.readlink(link)
+        real = os.path.realpath(link)
+    except (OSError, ValueError):
+        return None
+    inside = sandbox.root_of(Path(real)) is not None and sandbox.denied_pattern(Path(real)) is None
+    return written if inside else "(outside the workspace)"

@@ -8,7 +8,8 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from ..errors import bad_args
+from ..config import Config
+from ..errors import bad_args, file_exists
 from ..sandbox.writes import move, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._mutate import gone
@@ -42,6 +43,11 @@ class MoveFile(Tool[MoveFileArgs]):
 
     def summary(self, args: MoveFileArgs) -> str:
         return f"Move {args.source[:90]} to {args.destination[:90]}"
+
+    def precheck(self, args: MoveFileArgs, resolved: dict[str, Path], config: Config) -> None:
+        destination = resolved.get(args.destination)
+        if not args.overwrite and destination is not None and os.path.lexists(destination):
+            raise file_exists(args.destination)
 
     def prompts(self, args: MoveFileArgs, resolved: dict[str, Path]) -> bool:
         destination = resolved.get(args.destination)

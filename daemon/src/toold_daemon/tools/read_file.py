@@ -16,9 +16,10 @@ from msgspec import UNSET, Meta, UnsetType
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError, bad_args, limits_exceeded
-from ..output import count_lines
+from ..output import Unseen, count_lines
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 
+_MARKER_ROOM = 120  # the marker after a cut base64 body
 SNIFF_BYTES = 8192
 INLINE_READ_BYTES = 64 * 1024  # whole-file reads up to this size skip the worker thread
 
@@ -132,6 +133,8 @@ class ReadFile(Tool[ReadFileArgs]):
                 records=records,
             )
         if is_binary(raw[:SNIFF_BYTES]) or not _decodes(raw):
+            if ranged:
+                raise bad_args(f"{args.path} is a binary file: a line range means nothing there; read it whole")
             binary = _binary_output(raw, shown, data, ctx.config.tools.output.max_bytes, args.path)
             return dataclasses.replace(binary, records=records)
         text = raw.decode("utf-8")
@@ -189,16 +192,20 @@ def _read_range(f: BinaryIO, args: ReadFileArgs, max_scan: int, ctx: ToolContext
 
 
 def _binary_output(raw: bytes, shown: str, data: dict[str, object], max_output: int, given: str) -> ToolOutput:
+    """The file as base64 under a header; too large for one result, the base64 is cut (on
+    a 4-character boundary, so the part shown decodes) with the usual marker."""
     encoded = base64.b64encode(raw).decode("ascii")
     header = f"[binary file {shown}: {len(raw)} bytes, base64-encoded below]\n"
-    if len(header) + len(encoded) > max_output:
-        raise ToolError(
-            ToolErrorType.FILE_TOO_LARGE,
-            "FILE_TOO_LARGE",
-            f"{given} is a binary file of {len(raw)} bytes; its base64 form does not fit the "
-            f"{max_output}-byte output limit",
-            path=given,
-            size=len(raw),
-        )
     data.update(encoding="base64", binary=True)
-    return ToolOutput(header + encoded, f"[binary file {shown}: {len(raw)} bytes]", data, allow_truncation=False)
+    display = f"[binary file {shown}: {len(raw)} bytes]"
+    if len(header) + len(encoded) <= max_output:
+        return ToolOutput(header + encoded, display, data, allow_truncation=False)
+    room = max(0, max_output - len(header) - _MARKER_ROOM)
+    kept = encoded[: room - room % 4]
+    shown_bytes = len(base64.b64decode(kept))
+    omitted = len(raw) - shown_bytes
+    marker = f"\n[output truncated: {omitted} bytes of the file ({len(encoded) - len(kept)} base64 characters) omitted]"
+    data["truncated"] = True
+    return ToolOutput(
+        header + kept + marker, display, data, allow_truncation=False, unseen=Unseen(bytes=len(raw) - shown_bytes)
+    )

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from msgspec import Meta
 
-from toold_protocol import ToolErrorType
-
-from ..errors import ToolError, bad_args
+from ..config import Config
+from ..errors import bad_args, file_exists
 from ..sandbox.writes import atomic_write, parent_dir, read_existing
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._mutate import written
@@ -49,6 +49,11 @@ class WriteFile(Tool[WriteFileArgs]):
         verb = "Overwrite" if args.overwrite else "Create"
         return f"{verb} {args.path[:150]} ({len(args.content)} chars)"
 
+    def precheck(self, args: WriteFileArgs, resolved: dict[str, Path], config: Config) -> None:
+        path = resolved.get(args.path)
+        if not args.overwrite and path is not None and os.path.lexists(path):
+            raise file_exists(args.path)
+
     def prompts(self, args: WriteFileArgs, resolved: dict[str, Path]) -> bool:
         return args.overwrite  # creating a new file does not ask under the default policy
 
@@ -68,12 +73,7 @@ class WriteFile(Tool[WriteFileArgs]):
         with parent_dir(ctx.sandbox, path, create=args.create_dirs, shown=args.path) as (dir_fd, name):
             existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
             if existing is not None and not args.overwrite:
-                raise ToolError(
-                    ToolErrorType.FILE_EXISTS,
-                    "FILE_EXISTS",
-                    f"{args.path} already exists; pass overwrite=true to replace it",
-                    path=args.path,
-                )
+                raise file_exists(args.path)
             atomic_write(dir_fd, name, data, mode=existing.mode if existing else None, shown=args.path)
         change = "modified" if existing is not None else "created"
         display = f"{change} {args.path} ({len(data)} bytes)"

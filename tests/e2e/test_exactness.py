@@ -1,0 +1,140 @@
+"""Exact where it counts: approvals per tool, precedence, checks before asking, binary
+data and symlink targets, each against a real daemon."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DaemonProcess, module_daemon
+from toold_client import APPROVE_ALL
+
+AUTO = """
+[tools.approval]
+mode = "auto"
+denylist = ["move_file"]
+"""
+AUTO_ALLOWLISTED = """
+[tools.approval]
+mode = "auto"
+allowlist = ["delete_file"]
+
+[tools.output]
+max_bytes = 4000
+"""
+
+
+@pytest.fixture(scope="module")
+def auto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with module_daemon(tmp_path_factory, "auto", AUTO) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def allowlisted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with module_daemon(tmp_path_factory, "allowlisted", AUTO_ALLOWLISTED) as d:
+        yield d
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("delete_file", {"path": "victim.txt"}),
+        ("shell", {"command": "true"}),
+        ("run_code", {"language": "python", "code": "print(1)"}),
+    ],
+)
+def test_high_risk_tools_ask_even_in_auto_mode(auto: DaemonProcess, tool: str, arguments: dict[str, object]) -> None:
+    (auto.root / "victim.txt").write_text("v")
+    with auto.client(timeout=30) as c:
+        explained = c.explain(tool, arguments)
+        assert explained.decision == "ask", explained
+        assert "high-risk" in explained.reason
+        assert (
+            c.explain("write_file", {"path": "new.txt", "content": "x"}).decision == "allow"
+        )  # auto still runs the rest
+
+
+def test_the_allowlist_is_the_administrators_explicit_word(allowlisted: DaemonProcess) -> None:
+    (allowlisted.root / "victim.txt").write_text("v")
+    with allowlisted.client(timeout=30) as c:
+        assert c.explain("delete_file", {"path": "victim.txt"}).decision == "allow"
+        assert c.explain("shell", {"command": "true"}).decision == "ask"
+
+
+def test_a_denylisted_call_with_a_bad_path_reports_the_denylist(auto: DaemonProcess) -> None:
+    with auto.client(timeout=30) as c:
+        result = c.call("move_file", {"source": "../../etc/passwd", "destination": "x"})
+    assert result.error is not None and result.error.code == "DENIED_BY_POLICY", result
+    assert "denylist" in result.content
+
+
+def test_explain_gives_the_real_reason_an_allowed_write_runs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    with module_daemon(tmp_path_factory, "default", "") as d, d.client(timeout=30) as c:
+        explained = c.explain("write_file", {"path": "fresh.txt", "content": "x"})
+        assert explained.decision == "allow"
+        assert explained.reason != "read-only" and "replaces nothing" in explained.reason
+        assert c.explain("read_file", {"path": "fresh.txt"}).reason == "read-only"
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "code"),
+    [
+        ("move_file", {"source": "a.txt", "destination": "b.txt"}, "FILE_EXISTS"),
+        ("write_file", {"path": "b.txt", "content": "new"}, "FILE_EXISTS"),
+        ("apply_patch", {"patch": "*** Begin Patch\n" + "x" * 600_000 + "\n*** End Patch\n"}, "LIMITS_EXCEEDED"),
+    ],
+)
+def test_nobody_is_asked_to_approve_a_call_certain_to_fail(
+    tmp_path_factory: pytest.TempPathFactory, tool: str, arguments: dict[str, object], code: str
+) -> None:
+    with module_daemon(tmp_path_factory, "precheck", '[tools.approval]\npreset = "none"\n') as d:
+        (d.root / "a.txt").write_text("a")
+        (d.root / "b.txt").write_text("b")
+        asked: list[object] = []
+        with d.client(timeout=30) as c:
+            result = c.call(tool, arguments, on_confirm=lambda request: asked.append(request) or APPROVE_ALL)
+        assert asked == []
+        assert result.error is not None and result.error.code == code, result
+        assert (d.root / "a.txt").read_text() == "a" and (d.root / "b.txt").read_text() == "b"
+
+
+def test_a_line_range_of_a_binary_file_is_bad_args(allowlisted: DaemonProcess) -> None:
+    (allowlisted.root / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    with allowlisted.client(timeout=30) as c:
+        result = c.call("read_file", {"path": "blob.bin", "start_line": 1, "end_line": 2})
+    assert result.error is not None and result.error.code == "BAD_ARGS", result
+
+
+def test_a_binary_file_too_large_for_one_result_comes_back_cut(allowlisted: DaemonProcess) -> None:
+    raw = os.urandom(20_000)
+    (allowlisted.root / "big.bin").write_bytes(raw)
+    with allowlisted.client(timeout=30) as c:
+        result = c.call("read_file", {"path": "big.bin"})
+    assert result.ok and result.truncated, result.content[:200]
+    assert len(result.content.encode()) <= 4000
+    _header, rest = result.content.split("\n", 1)
+    body, marker = rest.rsplit("\n", 1)
+    shown = base64.b64decode(body)
+    assert raw.startswith(shown) and len(shown) > 1000
+    assert marker.startswith(f"[output truncated: {len(raw) - len(shown)} bytes")
+
+
+def test_list_directory_never_reveals_where_an_outside_symlink_points(
+    allowlisted: DaemonProcess, tmp_path: Path
+) -> None:
+    secret_place = tmp_path / "private-project-name"
+    secret_place.mkdir()
+    (allowlisted.root / "escape").symlink_to(secret_place)
+    (allowlisted.root / "inside").symlink_to("victim-target.txt")
+    with allowlisted.client(timeout=30) as c:
+        result = c.call("list_directory", {"path": "."})
+    assert "private-project-name" not in result.content
+    assert result.data is not None
+    targets = {e["name"]: e.get("target") for e in result.data["entries"] if e["type"] == "symlink"}
+    assert targets["escape"] == "(outside the workspace)"
+    assert targets["inside"] == "victim-target.txt"
