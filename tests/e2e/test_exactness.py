@@ -138,3 +138,27 @@ def test_list_directory_never_reveals_where_an_outside_symlink_points(
     targets = {e["name"]: e.get("target") for e in result.data["entries"] if e["type"] == "symlink"}
     assert targets["escape"] == "(outside the workspace)"
     assert targets["inside"] == "victim-target.txt"
+
+
+def test_a_running_batch_is_running_everywhere(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """journal list, get_batch and the watch view all say `running` while a call runs."""
+    import msgspec
+
+    import toold_protocol as p
+    from tests.e2e.test_daemon import submit_raw
+    from toold_client.watch import WatchState
+
+    sleeper = [p.ToolCall(call_id="s", name="shell", arguments=msgspec.Raw(p.encode_value({"command": "sleep 2"})))]
+    watch = WatchState()
+    config = '[tools.approval]\nallowlist = ["shell"]\n'
+    with module_daemon(tmp_path_factory, "running", config) as d, d.client(timeout=30) as c:
+        accepted = submit_raw(c, sleeper)
+        watch.apply(p.BatchStatus(id=0, batch_id=accepted.batch_id, state="planned", calls=accepted.calls, results=[]))
+        watch.apply(p.CallStarted(batch_id=accepted.batch_id, call_id="s", index=0, name="shell"))
+        listed = {b.batch_id: b.state for b in c.list_batches()}
+        status = c.get_batch(accepted.batch_id)
+        finished = c.wait_batch(accepted.batch_id)
+        after = {b.batch_id: b.state for b in c.list_batches()}
+    assert watch.batches[accepted.batch_id].state == "running"
+    assert listed[accepted.batch_id] == "running" and status.state == "running"
+    assert finished.state == "finished" and after[accepted.batch_id] == "finished"

@@ -78,10 +78,13 @@ class WatchState:
                     self.batches.popitem(last=False)
             case ConfirmationRequested():
                 self.requests.append(message)
+                if message.batch_id in self.batches:
+                    self.batches[message.batch_id].state = "awaiting_confirmation"
             case CallStarted():
                 started = self._call(message.batch_id, message.call_id)
                 if started is not None:
                     started.state = "running"
+                    self.batches[message.batch_id].state = "running"
                 self._drop_requests_of(message.batch_id)
             case OutputChunk():
                 batch = self.batches.get(message.batch_id)

@@ -795,7 +795,13 @@ class Service:
             BatchList(
                 id=message.id,
                 batches=[
-                    BatchSummary(batch_id=b, state=state, submitted=submitted, calls=calls, uid=owner)  # type: ignore[arg-type]
+                    BatchSummary(
+                        batch_id=b,
+                        state=self._live_state(b, state),  # type: ignore[arg-type]
+                        submitted=submitted,
+                        calls=calls,
+                        uid=owner,
+                    )
                     for b, state, submitted, calls, owner in rows
                 ],
             ),
@@ -883,6 +889,12 @@ class Service:
             self._error(session.peer, request_id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {batch_id!r}")
             return None
         return batch
+
+    def _live_state(self, batch_id: str, recorded: str) -> str:
+        """The state of a batch this daemon is running (the journal records only its
+        start and end, to keep commits off each call's path)."""
+        live = self.batches.get(batch_id)
+        return live.state if live is not None and not live.done.is_set() else recorded
 
     def _batch_key(self, session: Session, reference: str) -> str:
         """The batch a reference names: the id this uid chose (``abc`` is ``1000:abc`` for
