@@ -162,3 +162,44 @@ def test_a_running_batch_is_running_everywhere(tmp_path_factory: pytest.TempPath
     assert watch.batches[accepted.batch_id].state == "running"
     assert listed[accepted.batch_id] == "running" and status.state == "running"
     assert finished.state == "finished" and after[accepted.batch_id] == "finished"
+
+
+def test_a_client_waiting_on_a_batch_notices_a_dead_daemon(tmp_path: Path) -> None:
+    """The daemon is SIGKILLed mid-batch: the client fails within seconds with a clear
+    error (toolctl: exit 2) instead of waiting forever."""
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from tests.conftest import BIN, start_daemon
+    from toold_client import DaemonUnavailable
+
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config='[tools.approval]\nallowlist = ["shell"]\n')
+    try:
+        threading.Timer(1.0, lambda: d.proc.send_signal(signal.SIGKILL)).start()
+        started = time.monotonic()
+        with d.client(timeout=30) as c, pytest.raises(DaemonUnavailable, match="went away"):
+            c.call("shell", {"command": "sleep 60"})
+        assert time.monotonic() - started < 8
+    finally:
+        d.stop()
+    (tmp_path / "again").mkdir()
+    d = start_daemon(tmp_path / "again", root, config='[tools.approval]\nallowlist = ["shell"]\n')
+    try:
+        threading.Timer(1.0, lambda: d.proc.send_signal(signal.SIGKILL)).start()
+        started = time.monotonic()
+        cli = subprocess.run(
+            [str(BIN / "toolctl"), "--endpoint", d.endpoint, "call", "shell", "--args", '{"command": "sleep 60"}'],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert cli.returncode == 2, (cli.stdout, cli.stderr)
+        assert "went away" in cli.stderr
+        assert time.monotonic() - started < 8
+    finally:
+        d.stop()

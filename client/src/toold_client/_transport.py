@@ -6,9 +6,11 @@ transport, while integration tests and real use go through :class:`ZmqTransport`
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ._errors import DaemonUnavailable
 
@@ -23,8 +25,16 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+#: ZeroMQ heartbeats: a daemon that stops answering them (stopped, or its host gone) is
+#: disconnected after the timeout; a daemon that dies closes the connection at once.
+HEARTBEAT_INTERVAL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 3000
+
+
 class ZmqTransport:
-    """A DEALER socket connected to the daemon's ROUTER."""
+    """A DEALER socket connected to the daemon's ROUTER. While waiting for a frame it also
+    watches the connection (a socket monitor): if the daemon goes away, ``recv`` fails
+    with DaemonUnavailable instead of waiting forever."""
 
     def __init__(self, endpoint: str) -> None:
         if endpoint.startswith("ipc://"):
@@ -35,6 +45,10 @@ class ZmqTransport:
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         self._sock.linger = 0
+        self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_INTERVAL_MS)
+        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self._monitor: zmq.Socket[bytes] | None = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._endpoint = endpoint
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as exc:
@@ -42,21 +56,50 @@ class ZmqTransport:
             raise DaemonUnavailable(f"cannot connect to {endpoint}: {exc}") from None
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
 
     def send(self, frame: bytes) -> None:
+        self._forget_old_disconnects()  # a daemon restarted since: this frame goes to the new one
         try:
             self._sock.send(frame)
         except zmq.ZMQError as exc:
             raise DaemonUnavailable(f"cannot send to the daemon: {exc}") from None
 
     def recv(self, timeout: float | None) -> bytes | None:
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         try:
-            if timeout is not None and not self._poller.poll(max(0, int(timeout * 1000))):
-                return None
-            return self._sock.recv()
+            while True:
+                wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                ready = dict(self._poller.poll(wait))
+                if self._sock in ready:
+                    return self._sock.recv()
+                if self._monitor is not None and self._monitor in ready and self._disconnected():
+                    raise DaemonUnavailable(
+                        f"the daemon at {self._endpoint} went away while this client waited "
+                        "(connection closed or heartbeats unanswered)"
+                    )
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
         except zmq.ZMQError as exc:
             raise DaemonUnavailable(f"cannot receive from the daemon: {exc}") from None
 
+    def _disconnected(self) -> bool:
+        """Read the monitor's pending events: was the connection closed?"""
+        assert self._monitor is not None
+        closed = False
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            closed = closed or event["event"] == zmq.EVENT_DISCONNECTED
+        return closed
+
+    def _forget_old_disconnects(self) -> None:
+        if self._monitor is not None:
+            self._disconnected()
+
     def close(self) -> None:
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
         self._sock.close(linger=0)
         self._ctx.term()

@@ -147,6 +147,11 @@ class IpcServer:
         # rest wait in our outbox, whose bound counts bytes (max_backlog_bytes).
         router.setsockopt(zmq.SNDHWM, _LIBZMQ_FRAMES_PER_PEER)
         router.setsockopt(zmq.RCVHWM, 10_000)
+        # A client whose process is stopped (or whose end of a forwarded socket is gone)
+        # stops answering heartbeats; its connection is closed after the timeout, as one
+        # that died would be at once, so its queued frames are freed sooner.
+        router.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
         router.linger = 1000
         router.bind(self.endpoint)
         if path is not None:
