@@ -197,9 +197,11 @@ class Planner:
 
     def _denied_in_command(self, tool: Tool[Any], item: PreparedCall) -> str | None:
         """For a shell command: the first of its words that names a denied file."""
+        if tool.name not in policy.SHELL_TOOLS:
+            return None
         arguments = msgspec.to_builtins(item.args)
         command = arguments.get("command") if isinstance(arguments, dict) else None
-        if tool.name not in policy.SHELL_TOOLS or not isinstance(command, str):
+        if not isinstance(command, str):
             return None
         parts = policy.split_command(command)
         if parts is None:
