@@ -203,3 +203,14 @@ def test_a_client_waiting_on_a_batch_notices_a_dead_daemon(tmp_path: Path) -> No
         assert time.monotonic() - started < 8
     finally:
         d.stop()
+
+
+def test_tool_definitions_describe_their_structured_output(allowlisted: DaemonProcess) -> None:
+    from toold_protocol import ToolDefinition
+
+    with allowlisted.client(timeout=30) as c:
+        definitions = {d.name: d for d in c.tools() if isinstance(d, ToolDefinition)}
+        result = c.call("glob", {"pattern": "*.bin"})
+    for name in ("read_file", "list_directory", "glob", "grep", "write_file", "shell", "run_code", "delete_file"):
+        assert definitions[name].output.startswith("data: {"), (name, definitions[name].output)
+    assert result.data is not None and set(result.data) == {"matches", "count", "truncated"}

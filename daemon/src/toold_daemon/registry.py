@@ -74,6 +74,7 @@ class Registry:
                     risk=tool.risk,
                     side_effecting=tool.side_effecting,
                     aliases=list(tool.aliases),
+                    output=tool.output,
                 )
                 for tool in self.list()
             ]

@@ -96,6 +96,8 @@ class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
     risk: RiskLevel = "low"
     side_effecting: bool = False
     aliases: list[str] = []
+    #: What a result's ``data`` holds ("" when the tool returns text only).
+    output: str = ""
 
 
 class PlannedCall(msgspec.Struct, frozen=True, kw_only=True):

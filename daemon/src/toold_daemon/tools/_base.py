@@ -107,6 +107,8 @@ class Tool(Generic[A]):
     #: is the link itself, never its target.
     follows_last_symlink: ClassVar[bool] = True
     risk: ClassVar[RiskLevel] = "low"
+    #: What a result's ``data`` holds, for the model and for clients (tool definitions).
+    output: ClassVar[str] = ""
     timeout_kind: ClassVar[TimeoutKind] = "file"
     #: Runs in the daemon (on a worker thread) whatever the client's uid, because it only
     #: touches daemon state that it scopes to ``ctx.identity`` itself (shell_jobs).

@@ -46,6 +46,7 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
     args_type = ApplyPatchArgs
     side_effecting = True
     risk = "medium"
+    output = "data: {changes: {path: created|modified|deleted|moved}}"
 
     def validate(self, args: ApplyPatchArgs) -> None:
         try:

@@ -28,6 +28,7 @@ class DeleteFile(Tool[DeleteFileArgs]):
     side_effecting = True
     follows_last_symlink = False
     risk = "high"
+    output = "data: {changes: {path: deleted}, deleted: [path]}"
 
     def paths(self, args: DeleteFileArgs) -> list[str]:
         return [args.path]

@@ -94,6 +94,7 @@ class EditFile(Tool[EditFileArgs]):
     args_type = EditFileArgs
     side_effecting = True
     risk = "medium"
+    output = "data: {changes: {path: modified}}"
 
     def validate(self, args: EditFileArgs) -> None:
         for index, edit in enumerate(args.edits):

@@ -30,6 +30,7 @@ class GlobArgs(ToolArgs, frozen=True):
 
 class Glob(Tool[GlobArgs]):
     name = "glob"
+    output = "data: {matches: [path], count, truncated}"
     description = (
         "Find files whose path (relative to `path`) matches a glob pattern. Results are sorted workspace-relative "
         "paths; .gitignore is respected and .git is never listed."

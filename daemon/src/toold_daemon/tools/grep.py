@@ -61,6 +61,7 @@ class Hit:
 
 class Grep(Tool[GrepArgs]):
     name = "grep"
+    output = "data: {matches: number of matching lines, truncated, engine: ripgrep|python}"
     description = (
         "Search file contents for a regular expression. Output lines are `path:line: text` (context lines "
         "`path-line- text`), files in path order; .gitignore is respected and binary files are skipped."

@@ -34,6 +34,7 @@ class ListDirectoryArgs(ToolArgs, frozen=True):
 
 class ListDirectory(Tool[ListDirectoryArgs]):
     name = "list_directory"
+    output = "data: {path, entries: [{name, path, type: file|dir|symlink|other, size, modified, target}], truncated}"
     aliases = ("ls",)
     description = (
         "List a directory in the workspace as JSON entries (name, path, type file/dir/symlink/other, size, "

@@ -33,6 +33,7 @@ class MoveFile(Tool[MoveFileArgs]):
     side_effecting = True
     follows_last_symlink = False
     risk = "medium"
+    output = "data: {changes: {source: deleted, destination: moved}}"
 
     def validate(self, args: MoveFileArgs) -> None:
         if args.source.rstrip("/") == args.destination.rstrip("/"):

@@ -54,6 +54,10 @@ def number_lines(text: str, first: int) -> str:
 
 class ReadFile(Tool[ReadFileArgs]):
     name = "read_file"
+    output = (
+        "data: {path, size, modified, sha256 (whole-file reads), encoding: utf-8|base64, "
+        "start_line, end_line, total_lines, binary, truncated}"
+    )
     description = (
         "Read a file in the workspace. Returns the exact content (or lines start_line..end_line, "
         "1-based inclusive). Binary files are returned base64-encoded with a header."

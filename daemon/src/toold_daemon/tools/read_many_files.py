@@ -26,6 +26,7 @@ class ReadManyFilesArgs(ToolArgs, frozen=True):
 
 class ReadManyFiles(Tool[ReadManyFilesArgs]):
     name = "read_many_files"
+    output = "data: {files: [{path, ok, size} | {path, ok: false, error, message}], skipped}"
     description = (
         "Read several files (paths or glob patterns such as src/**/*.py). Output has a '--- path ---' header "
         "per file; a file that cannot be read gets its error under its header without failing the call."

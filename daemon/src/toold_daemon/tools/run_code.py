@@ -45,6 +45,7 @@ class RunCode(Tool[RunCodeArgs]):
     args_type = RunCodeArgs
     side_effecting = True
     risk = "high"
+    output = "data: {stdout, stderr, exit_code, signal, duration_ms}"
     timeout_kind = "shell"
 
     def validate(self, args: RunCodeArgs) -> None:

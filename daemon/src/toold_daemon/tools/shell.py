@@ -36,6 +36,10 @@ class Shell(Tool[ShellArgs]):
     args_type = ShellArgs
     side_effecting = True
     risk = "high"
+    output = (
+        "data: {stdout, stderr, exit_code (negative: killed by that signal), signal, duration_ms}; "
+        "background: {job_id, pid}"
+    )
     timeout_kind = "shell"
 
     def validate(self, args: ShellArgs) -> None:

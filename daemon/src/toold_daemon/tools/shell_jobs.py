@@ -21,6 +21,10 @@ class ShellJobsArgs(ToolArgs, frozen=True):
 
 class ShellJobs(Tool[ShellJobsArgs]):
     name = "shell_jobs"
+    output = (
+        "data: list {jobs: [{job_id, state, pid, exit_code, command}]}; "
+        "read {job_id, state, exit_code, total_chars}; kill {job_id}"
+    )
     description = (
         "Background shell commands started with shell(background=true): list them, read their output so far, "
         "or kill one (its whole process tree)."

@@ -37,6 +37,7 @@ class WriteFile(Tool[WriteFileArgs]):
     args_type = WriteFileArgs
     side_effecting = True
     risk = "medium"
+    output = "data: {changes: {path: created|modified}, bytes}"
 
     def validate(self, args: WriteFileArgs) -> None:
         if args.encoding == "base64":
