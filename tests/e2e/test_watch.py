@@ -80,3 +80,40 @@ def test_watch_screen_neutralizes_control_sequences() -> None:
     state.apply(p.CallStarted(batch_id="b" + evil, call_id="c", index=0, name="shell"))
     screen = "\n".join(state.render(120, 40))
     assert "\x1b]" not in screen and "\x1b[2J" not in screen and "\x07" not in screen
+
+
+def test_the_approver_can_scroll_back_through_a_running_calls_output() -> None:
+    """At least 1,000 lines are kept, 50 shown; new output scrolls the view unless the
+    person has scrolled up, and G follows again."""
+    from toold_client.watch import OUTPUT_SHOWN
+
+    state = WatchState()
+    planned = p.PlannedCall(index=0, call_id="c", name="shell", disposition="run", summary="Run: seq")
+    state.apply(p.BatchStatus(id=0, batch_id="b", state="running", calls=[planned], results=[]))
+    state.apply(p.CallStarted(batch_id="b", call_id="c", index=0, name="shell"))
+    state.apply(
+        p.OutputChunk(batch_id="b", call_id="c", stream="stdout", data="".join(f"L{i}\n" for i in range(1500)), seq=0)
+    )
+
+    def shown() -> list[str]:
+        return [line for line in state.render(200, 200) if "│" in line]
+
+    assert len(shown()) == OUTPUT_SHOWN and shown()[-1].endswith("L1499\x1b[0m")
+    state.scroll(10_000)  # as far back as kept: 1,000 lines
+    assert shown()[0].endswith("L500\x1b[0m")
+    state.apply(p.OutputChunk(batch_id="b", call_id="c", stream="stdout", data="new\n", seq=1))
+    assert shown()[0].endswith("L501\x1b[0m")  # the oldest line fell out of the 1,000 kept; the view held still
+    state.scroll(-10_000)
+    assert shown()[-1].endswith("new\x1b[0m")
+
+
+def test_the_approver_sees_which_parse_only_calls_wait_and_how_to_answer() -> None:
+    state = WatchState()
+    calls = [
+        p.PlannedCall(index=0, call_id="c0", name="read_file", disposition="pending", summary="Read a.txt"),
+        p.PlannedCall(index=1, call_id="c1", name="nope", disposition="resolved"),
+    ]
+    state.apply(p.BatchStatus(id=0, batch_id="1000:parsed", state="planned", calls=calls, results=[]))
+    screen = "\n".join(state.render(200, 50))
+    assert "toolctl result c0 --batch 1000:parsed --content TEXT" in screen
+    assert "toolctl result c1" not in screen

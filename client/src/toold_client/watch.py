@@ -35,7 +35,8 @@ from ._client import APPROVE_ALL, Client, Decision
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 RISK_COLOURS = {"low": "\x1b[32m", "medium": "\x1b[33m", "high": "\x1b[31m"}
 RESET, BOLD, DIM = "\x1b[0m", "\x1b[1m", "\x1b[2m"
-OUTPUT_LINES = 50
+OUTPUT_LINES = 1000  # kept per batch, for scrolling back
+OUTPUT_SHOWN = 50  # rendered at a time
 BATCHES_SHOWN = 6
 
 
@@ -46,6 +47,7 @@ class CallView:
     summary: str
     state: str = "pending"  # pending, running, ok, error, denied
     note: str = ""
+    awaiting_result: bool = False  # parse-only: a person supplies the result
 
 
 @dataclass
@@ -65,11 +67,16 @@ class WatchState:
         self.requests: list[ConfirmationRequested] = []
         self.ticks = 0
         self.status = ""
+        #: Lines scrolled back from the end of the output shown; 0 follows new output.
+        self.scrolled_back = 0
 
     def apply(self, message: DaemonMessage) -> None:
         match message:
             case BatchStatus():
-                calls = [CallView(c.call_id, c.name, c.summary) for c in message.calls]
+                calls = [
+                    CallView(c.call_id, c.name, c.summary, awaiting_result=c.disposition == "pending")
+                    for c in message.calls
+                ]
                 for view, planned in zip(calls, message.calls, strict=True):
                     if planned.result is not None:
                         view.state, view.note = _finished_state(planned.result.ok, planned.result.error)
@@ -92,6 +99,9 @@ class WatchState:
                     text = batch.partial + message.data
                     *lines, batch.partial = text.split("\n")
                     batch.output.extend(lines)
+                    if self.scrolled_back and batch is self._output_batch():
+                        # Scrolled up: the view stays on the lines being read.
+                        self.scrolled_back = min(self.scrolled_back + len(lines), self._max_scroll())
             case CallFinished():
                 batch = self.batches.get(message.batch_id)
                 if batch is not None and message.index < len(batch.calls):
@@ -99,6 +109,7 @@ class WatchState:
                     batch.calls[message.index].state, batch.calls[message.index].note = _finished_state(
                         result.ok, result.error
                     )
+                    batch.calls[message.index].awaiting_result = False
                 self._drop_requests_of(message.batch_id)
             case BatchFinished():
                 batch = self.batches.get(message.batch_id)
@@ -112,13 +123,29 @@ class WatchState:
         batch = self.batches.get(batch_id)
         return next((c for c in batch.calls if c.call_id == call_id), None) if batch else None
 
+    def _output_batch(self) -> BatchView | None:
+        """The batch whose output is shown: the newest one with output."""
+        return next((b for b in reversed(self.batches.values()) if b.output), None)
+
+    def _max_scroll(self) -> int:
+        batch = self._output_batch()
+        return max(0, len(batch.output) - OUTPUT_SHOWN) if batch is not None else 0
+
+    def scroll(self, lines: int) -> None:
+        """Positive: back (up) through the kept output; negative: forward. Reaching the
+        end follows new output again."""
+        self.scrolled_back = max(0, min(self.scrolled_back + lines, self._max_scroll()))
+
     def _drop_requests_of(self, batch_id: str) -> None:
         self.requests = [r for r in self.requests if r.batch_id != batch_id]
 
     def render(self, width: int, height: int) -> list[str]:
         """The screen as lines (with colour escapes of our own; daemon text sanitized)."""
         s = sanitize_for_terminal
-        lines = [f"{BOLD}toold watch{RESET}  a: approve all  d: deny all  p: pick calls  q: quit   {s(self.status)}"]
+        lines = [
+            f"{BOLD}toold watch{RESET}  a: approve all  d: deny all  p: pick calls  k/j: scroll  G: follow  "
+            f"q: quit   {s(self.status)}"
+        ]
         spinner = SPINNER[self.ticks % len(SPINNER)]
         for batch in list(self.batches.values())[-BATCHES_SHOWN:]:
             lines.append(f"{BOLD}batch {s(batch.batch_id)}{RESET} [{s(batch.state)}]")
@@ -126,8 +153,19 @@ class WatchState:
                 glyph = {"pending": "·", "running": spinner, "ok": "✓", "error": "✗", "denied": "⊘"}[call.state]
                 note = f" — {s(call.note)}" if call.note else ""
                 lines.append(f"  {glyph} {s(call.call_id)} {s(call.name)}: {s(call.summary)}{note}")
-            if any(c.state == "running" for c in batch.calls) and batch.output:
-                lines += [f"    {DIM}│ {s(line)}{RESET}" for line in list(batch.output)[-10:]]
+            for call in batch.calls:
+                if call.awaiting_result:
+                    lines.append(
+                        f"    waiting for its result: toolctl result {s(call.call_id)} --batch {s(batch.batch_id)} "
+                        "--content TEXT [--error]"
+                    )
+        shown = self._output_batch()
+        if shown is not None:
+            end = len(shown.output) - self.scrolled_back
+            window = list(shown.output)[max(0, end - OUTPUT_SHOWN) : end]
+            where = "following" if not self.scrolled_back else f"{self.scrolled_back} lines back (G: follow)"
+            lines.append(f"{BOLD}output of batch {s(shown.batch_id)}{RESET} — {where}")
+            lines += [f"    {DIM}│ {s(line)}{RESET}" for line in window]
         if self.requests:
             request = self.requests[0]
             lines.append("")
@@ -198,6 +236,12 @@ def run(client: Client, out: TextIO = sys.stdout) -> int:
                 _answer(client, state, Decision("deny_all", reason="denied in toolctl watch"))
             elif key == "p" and state.requests:
                 picking = ""
+            elif key == "k":
+                state.scroll(10)
+            elif key == "j":
+                state.scroll(-10)
+            elif key == "G":
+                state.scrolled_back = 0
     finally:
         if saved is not None:
             termios.tcsetattr(sys.stdin, termios.TCSADRAIN, saved)
