@@ -117,3 +117,27 @@ def test_the_approver_sees_which_parse_only_calls_wait_and_how_to_answer() -> No
     screen = "\n".join(state.render(200, 50))
     assert "toolctl result c0 --batch 1000:parsed --content TEXT" in screen
     assert "toolctl result c1" not in screen
+
+
+def test_watch_scrolls_back_through_a_calls_output_for_real(daemon: DaemonProcess) -> None:
+    session = f"toold-watch-{uuid.uuid4().hex[:8]}"
+    command = f"env TOOLD_ENDPOINT={daemon.endpoint} {BIN / 'toolctl'} watch"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "70", command], check=True)
+    try:
+        wait_for(session, lambda t: "toold watch" in t)
+        with daemon.client() as agent:
+            args = {"command": "seq 1 1500"}
+            call = p.ToolCall(call_id="sq", name="shell", arguments=msgspec.Raw(p.encode_value(args)))
+            accepted = submit_raw(agent, [call])
+            wait_for(session, lambda t: "APPROVAL" in t)
+            subprocess.run(["tmux", "send-keys", "-t", session, "a"], check=True)
+            agent.wait_batch(accepted.batch_id, timeout=30)
+        following = wait_for(session, lambda t: "│ 1500" in t)
+        assert "following" in following and "│ 1450\n" not in following + "\n"
+        subprocess.run(["tmux", "send-keys", "-t", session, "k", "k", "k"], check=True)  # 30 lines back
+        back = wait_for(session, lambda t: "30 lines back" in t)
+        assert "│ 1470" in back and "│ 1471" not in back and "│ 1500" not in back
+        subprocess.run(["tmux", "send-keys", "-t", session, "G"], check=True)
+        wait_for(session, lambda t: "│ 1500" in t and "following" in t)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)

@@ -159,13 +159,6 @@ class WatchState:
                         f"    waiting for its result: toolctl result {s(call.call_id)} --batch {s(batch.batch_id)} "
                         "--content TEXT [--error]"
                     )
-        shown = self._output_batch()
-        if shown is not None:
-            end = len(shown.output) - self.scrolled_back
-            window = list(shown.output)[max(0, end - OUTPUT_SHOWN) : end]
-            where = "following" if not self.scrolled_back else f"{self.scrolled_back} lines back (G: follow)"
-            lines.append(f"{BOLD}output of batch {s(shown.batch_id)}{RESET} — {where}")
-            lines += [f"    {DIM}│ {s(line)}{RESET}" for line in window]
         if self.requests:
             request = self.requests[0]
             lines.append("")
@@ -182,7 +175,24 @@ class WatchState:
                         "\x1b[32m" if diff_line.startswith("+") else "\x1b[31m" if diff_line.startswith("-") else ""
                     )
                     lines.append(f"      {colour}{s(diff_line)}{RESET}")
+        lines += self._output_lines(height - len(lines))
         return [line[: width * 3] for line in lines[:height]]
+
+    def _output_lines(self, room: int) -> list[str]:
+        """The shown batch's output, at most OUTPUT_SHOWN lines and what the screen has
+        room for, ending ``scrolled_back`` lines before the newest."""
+        s = sanitize_for_terminal
+        shown = self._output_batch()
+        if shown is None or room < 2:
+            return []
+        size = min(OUTPUT_SHOWN, room - 1)
+        end = len(shown.output) - self.scrolled_back
+        window = list(shown.output)[max(0, end - size) : end]
+        where = "following" if not self.scrolled_back else f"{self.scrolled_back} lines back (G: follow)"
+        return [
+            f"{BOLD}output of batch {s(shown.batch_id)}{RESET} — {where}",
+            *(f"    {DIM}│ {s(line)}{RESET}" for line in window),
+        ]
 
 
 def _finished_state(ok: bool, error: object) -> tuple[str, str]:
