@@ -7,12 +7,13 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 import pytest
 
 import toold_protocol as p
-from tests.conftest import BIN, DaemonProcess
+from tests.conftest import BIN, DaemonProcess, start_daemon
 from tests.e2e.test_daemon import submit_raw
 from toold_client.watch import WatchState
 
@@ -107,16 +108,35 @@ def test_the_approver_can_scroll_back_through_a_running_calls_output() -> None:
     assert shown()[-1].endswith("new\x1b[0m")
 
 
-def test_the_approver_sees_which_parse_only_calls_wait_and_how_to_answer() -> None:
+def test_the_approver_sees_which_parse_only_calls_wait_and_how_to_answer(tmp_path: Path) -> None:
+    """A real parse-only daemon: the watcher learns of the batch and shows, for each call
+    waiting for a person's result, the exact command that supplies it."""
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config='[tools]\nmode = "parse_only"\n')
     state = WatchState()
-    calls = [
-        p.PlannedCall(index=0, call_id="c0", name="read_file", disposition="pending", summary="Read a.txt"),
-        p.PlannedCall(index=1, call_id="c1", name="nope", disposition="resolved"),
-    ]
-    state.apply(p.BatchStatus(id=0, batch_id="1000:parsed", state="planned", calls=calls, results=[]))
-    screen = "\n".join(state.render(200, 50))
-    assert "toolctl result c0 --batch 1000:parsed --content TEXT" in screen
-    assert "toolctl result c1" not in screen
+    try:
+        with d.client() as watcher, d.client() as agent:
+            watcher.watch()
+            read = p.ToolCall(call_id="c0", name="read_file", arguments=msgspec.Raw(p.encode_value({"path": "a"})))
+            unknown = p.ToolCall(call_id="c1", name="nope", arguments=msgspec.Raw(p.encode_value({})))
+            accepted = submit_raw(agent, [read, unknown], batch_id="parsed")
+            deadline = time.monotonic() + 10
+            while accepted.batch_id not in state.batches and time.monotonic() < deadline:
+                message = watcher.next_event(timeout=0.5)
+                if message is not None:
+                    state.apply(message)
+            screen = "\n".join(state.render(200, 50))
+            assert f"toolctl result c0 --batch {accepted.batch_id} --content TEXT" in screen, screen
+            assert "toolctl result c1" not in screen
+            agent.supply_result(accepted.batch_id, "c0", "done")
+            while state.batches[accepted.batch_id].state != "finished" and time.monotonic() < deadline:
+                message = watcher.next_event(timeout=0.5)
+                if message is not None:
+                    state.apply(message)
+            assert "toolctl result c0" not in "\n".join(state.render(200, 50))
+    finally:
+        d.stop()
 
 
 def test_watch_scrolls_back_through_a_calls_output_for_real(daemon: DaemonProcess) -> None:
