@@ -1,4 +1,4 @@
-"""Seed 001 properties 45-47 for every built-in tool: description, locations, confirmation check."""
+"""For every built-in tool: a description, the locations it touches, and whether a call needs confirmation."""
 
 from __future__ import annotations
 

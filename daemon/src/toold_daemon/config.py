@@ -133,7 +133,7 @@ class Rule(_Section, frozen=True, kw_only=True):
 class ApprovalConfig(_Section, frozen=True):
     enabled: bool = True  # false: every call is denied ("Tool execution disabled by policy")
     mode: Literal["auto", "prompt", "deny"] = "prompt"
-    # Seed 002's confirmation modes in one word: none = ask for everything, safe = reads run,
+    # The confirmation modes in one word: none = ask for everything, safe = reads run,
     # side effects ask; all = run everything (yolo). Overrides mode when set.
     preset: Literal["none", "safe", "all"] | None = None
     allowlist: list[str] = []
