@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,6 +93,32 @@ def module_daemon(
         yield d
     finally:
         d.stop()
+
+
+def open_socket_to_everyone(daemon: DaemonProcess) -> None:
+    os.chmod(daemon.socket.parent, 0o711)
+    os.chmod(daemon.socket, 0o666)
+
+
+@contextmanager
+def reachable_daemon(
+    tmp: Path, *, config: str = "", root: Path | None = None, open_socket: bool = True
+) -> Iterator[DaemonProcess]:
+    """A daemon another uid can reach: its socket (and, unless ``root`` is given, its root)
+    lie in a fresh 0711 directory, outside pytest's 0700 temp dirs; removed afterwards."""
+    shared = Path(tempfile.mkdtemp(prefix="toold-shared-"))
+    os.chmod(shared, 0o711)
+    if root is None:
+        root = shared / "workspace"
+        root.mkdir(mode=0o755)
+    d = start_daemon(tmp, root, socket_dir=shared / "run", config=config)
+    try:
+        if open_socket:
+            open_socket_to_everyone(d)
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def wait_ready(daemon: DaemonProcess, timeout: float = 10.0) -> None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,9 +15,9 @@ import msgspec
 import pytest
 
 import toold_protocol as p
-from tests.conftest import BIN, DaemonProcess, start_daemon
+from tests.conftest import BIN, DaemonProcess, reachable_daemon, start_daemon
 from tests.e2e.test_daemon import submit_raw
-from tests.e2e.test_identity import OTHER_UID, as_other_user, open_socket_to_everyone
+from tests.e2e.test_identity import OTHER_UID, as_other_user
 from toold_client import APPROVE_ALL, DENY_ALL, Client, Decision, RemoteError
 
 WRITE = {"name": "write_file", "arguments": {"path": "w.txt", "content": "new", "overwrite": True}}
@@ -146,16 +144,9 @@ def test_an_approver_of_the_same_uid_sees_and_answers(daemon: DaemonProcess) -> 
 @pytest.fixture
 def shared_daemon(tmp_path: Path, root: Path) -> Iterator[DaemonProcess]:
     """A daemon whose socket another uid can reach (pytest's tmp dirs are 0700)."""
-    socket_dir = Path(tempfile.mkdtemp(prefix="toold-shared-"))
-    os.chmod(socket_dir, 0o711)
     (root / "d.txt").write_text("d")
-    d = start_daemon(tmp_path, root, socket_dir=socket_dir / "run")
-    open_socket_to_everyone(d)
-    try:
+    with reachable_daemon(tmp_path, root=root) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")

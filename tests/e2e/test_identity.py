@@ -14,7 +14,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, open_socket_to_everyone, reachable_daemon
 from tests.e2e.test_daemon import big_tree, grep_calls, submit_raw
 from toold_client import Client, RemoteError
 
@@ -88,23 +87,10 @@ def as_user(endpoint: str, uid: int, gid: int, action: Callable[[Client], dict[s
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    """A daemon whose socket and root lie where another user can reach them (pytest's tmp
-    dirs are 0700)."""
-    socket_dir = Path(tempfile.mkdtemp(prefix="toold-shared-"))
-    os.chmod(socket_dir, 0o711)
-    root = socket_dir / "workspace"
-    root.mkdir(mode=0o755)
-    d = start_daemon(tmp_path, root, socket_dir=socket_dir / "run", config=SHELL_ALLOWED)
-    try:
+    """A daemon whose root and socket another user could reach; the socket keeps its
+    default mode until a test opens it."""
+    with reachable_daemon(tmp_path, config=SHELL_ALLOWED, open_socket=False) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(socket_dir, ignore_errors=True)
-
-
-def open_socket_to_everyone(daemon: DaemonProcess) -> None:
-    os.chmod(daemon.socket.parent, 0o711)
-    os.chmod(daemon.socket, 0o666)
 
 
 def remote_code(call: Callable[[], object]) -> str:

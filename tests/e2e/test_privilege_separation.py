@@ -9,7 +9,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
-from tests.e2e.test_identity import OTHER_GID, OTHER_UID, as_other_user, open_socket_to_everyone
+from tests.conftest import DaemonProcess, open_socket_to_everyone, reachable_daemon
+from tests.e2e.test_identity import OTHER_GID, OTHER_UID, as_other_user
 from toold_client import Client
 
 SERVICE_USER = "toold-svc-test"
@@ -74,16 +73,8 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
     service_user()
     if not cgroup_v2_kill():
         pytest.skip("an unprivileged daemon needs cgroup v2 (cgroup.kill) to stop other users' commands")
-    shared = Path(tempfile.mkdtemp(prefix="toold-privsep-"))
-    os.chmod(shared, 0o711)
-    root = shared / "workspace"
-    root.mkdir(mode=0o755)
-    d = start_daemon(tmp_path, root, socket_dir=shared / "run", config=CONFIG)
-    try:
+    with reachable_daemon(tmp_path, config=CONFIG, open_socket=False) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(shared, ignore_errors=True)
 
 
 def protocol_process(daemon: DaemonProcess) -> psutil.Process:
@@ -167,13 +158,8 @@ def test_an_unprivileged_daemon_opens_workspaces_in_private_homes(tmp_path: Path
         pytest.skip("an unprivileged daemon needs cgroup v2")
     uid, gid, home = _user_with_home("p")
     (home / "projects" / "escape").symlink_to("/etc")
-    shared = Path(tempfile.mkdtemp(prefix="toold-privsep-"))
-    os.chmod(shared, 0o711)
-    (shared / "root").mkdir(mode=0o755)
     config = CONFIG + '\n[tools.sandbox]\nallowed_roots = ["~/projects"]\n'
-    d = start_daemon(tmp_path, shared / "root", socket_dir=shared / "run", config=config)
-    try:
-        open_socket_to_everyone(d)
+    with reachable_daemon(tmp_path, config=config) as d:
 
         def act(client: Client) -> dict[str, Any]:
             client.workspace = str(home / "projects" / "app")
@@ -188,9 +174,6 @@ def test_an_unprivileged_daemon_opens_workspaces_in_private_homes(tmp_path: Path
             return {"roots": roots, "read": read.content, "escaped": escaped}
 
         report = as_user(d.endpoint, uid, gid, act)
-    finally:
-        d.stop()
-        shutil.rmtree(shared, ignore_errors=True)
     assert report.get("exception") is None, report
     assert report["roots"] == [str(home / "projects" / "app")]
     assert "p's file" in report["read"]
@@ -200,14 +183,9 @@ def test_an_unprivileged_daemon_opens_workspaces_in_private_homes(tmp_path: Path
 def test_a_uid_the_config_does_not_admit_gets_no_tool_run(tmp_path: Path) -> None:
     """The socket lets everyone connect, but ``allowed_uids`` names only root: the spawner
     refuses every child for the throwaway user, whatever the protocol process asks."""
-    shared = Path(tempfile.mkdtemp(prefix="toold-admit-"))
-    os.chmod(shared, 0o711)
-    (shared / "root").mkdir(mode=0o755)
-    (shared / "root" / "open.txt").write_text("world-readable\n")
     config = '[daemon]\nallowed_uids = [0]\n\n[tools.approval]\nallowlist = ["shell"]\n'
-    d = start_daemon(tmp_path, shared / "root", socket_dir=shared / "run", config=config)
-    try:
-        open_socket_to_everyone(d)
+    with reachable_daemon(tmp_path, config=config) as d:
+        (d.root / "open.txt").write_text("world-readable\n")
 
         def act(client: Client) -> dict[str, Any]:
             read = client.call("read_file", {"path": "open.txt"})
@@ -220,9 +198,6 @@ def test_a_uid_the_config_does_not_admit_gets_no_tool_run(tmp_path: Path) -> Non
         report = as_other_user(d.endpoint, act)
         with d.client(timeout=20) as client:  # root is admitted
             assert client.call("read_file", {"path": "open.txt"}).ok
-    finally:
-        d.stop()
-        shutil.rmtree(shared, ignore_errors=True)
     assert report.get("exception") is None, report
     ok, message = report["read"]
     assert not ok and f"uid {OTHER_UID} may not use this daemon" in message

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
-from tests.e2e.test_identity import OTHER_UID, as_other_user, as_user, open_socket_to_everyone
+from tests.conftest import DaemonProcess, reachable_daemon
+from tests.e2e.test_identity import OTHER_UID, as_other_user, as_user
 from toold_client import Client, RemoteError
 
 CONFIG = """
@@ -67,17 +67,10 @@ def shared(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def daemon(tmp_path: Path, shared: Path) -> Iterator[DaemonProcess]:
-    socket_dir = Path(tempfile.mkdtemp(prefix="toold-ws-sock-"))
-    os.chmod(socket_dir, 0o711)
     root = shared / "daemon-root"
     root.mkdir(mode=0o755)
-    d = start_daemon(tmp_path, root, socket_dir=socket_dir / "run", config=CONFIG.format(shared=shared))
-    open_socket_to_everyone(d)
-    try:
+    with reachable_daemon(tmp_path, root=root, config=CONFIG.format(shared=shared)) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def refusal(endpoint: str, workspace: str) -> str:

@@ -3,10 +3,7 @@ namespaced per uid, and one uid cannot exhaust the daemon for the others."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +12,9 @@ import msgspec
 import pytest
 
 import toold_protocol as p
-from tests.conftest import BIN, DaemonProcess, start_daemon
+from tests.conftest import BIN, DaemonProcess, reachable_daemon, start_daemon
 from tests.e2e.test_daemon import submit_raw
-from tests.e2e.test_identity import OTHER_UID, as_other_user, open_socket_to_everyone, remote_code
+from tests.e2e.test_identity import OTHER_UID, as_other_user, remote_code
 from toold_client import Client, RemoteError
 
 CONFIG = """
@@ -31,20 +28,10 @@ allowlist = ["shell"]
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """Socket and root where another user can reach them (pytest's tmp dirs are 0700)."""
-    shared = Path(tempfile.mkdtemp(prefix="toold-shared-"))
-    os.chmod(shared, 0o711)
-    root = shared / "workspace"
-    root.mkdir(mode=0o755)
-    (root / "a.txt").write_text("root's file\n")
-    (root / "a.txt").chmod(0o644)
-    d = start_daemon(tmp_path_factory.mktemp("identities"), root, socket_dir=shared / "run", config=CONFIG)
-    open_socket_to_everyone(d)
-    try:
+    with reachable_daemon(tmp_path_factory.mktemp("identities"), config=CONFIG) as d:
+        (d.root / "a.txt").write_text("root's file\n")
+        (d.root / "a.txt").chmod(0o644)
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_an_allow_rule_scoped_by_client_name_alone_is_refused(tmp_path: Path) -> None:
