@@ -47,6 +47,12 @@ def _plant(root: os.PathLike[str]) -> None:
         f.write("public\n")
     if not os.path.lexists(os.path.join(base, "notes")):
         os.symlink(".env", os.path.join(base, "notes"))
+    # Second names made before the agent came: one for a denied file, one for a file in a
+    # denied directory.
+    if not os.path.lexists(os.path.join(base, "meeting-notes.txt")):
+        os.link(os.path.join(base, ".env"), os.path.join(base, "meeting-notes.txt"))
+    if not os.path.lexists(os.path.join(base, "deploy", "readme.md")):
+        os.link(os.path.join(base, "deploy/.ssh/id_ed25519"), os.path.join(base, "deploy", "readme.md"))
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +80,10 @@ def ruled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         "(cd deploy && for d in .[s]sh; do cat $d/id_ed25519; ls -a $d; done)",
         "cat $(printf no)tes",  # a symlink to a denied file reads the stand-in
         "tar cf - . 2>/dev/null | strings",
+        "cat meeting-notes.txt deploy/readme.md",  # hard links made before the agent came
+        # Lift the stand-ins first (the command has no capability to unmount them)
+        "umount $(printf .e)nv; umount -l deploy/$(printf .s)sh; cat $(printf .e)nv; "
+        "for f in deploy/.[s]sh/*; do cat $f; done",
     ],
 )
 def test_commands_cannot_read_denied_files(yolo: DaemonProcess, command: str) -> None:
@@ -152,6 +162,16 @@ def test_a_hard_link_to_a_denied_file_is_denied_to_built_in_tools(ruled: DaemonP
     assert not read.ok and read.error is not None and read.error.code == "DENIED_PATTERN", read
     assert SECRET not in many.content
     assert SECRET not in grep.content
+
+
+@pytest.mark.parametrize("path", ["meeting-notes.txt", "deploy/readme.md"])
+def test_a_second_name_made_before_is_denied_to_built_in_tools(ruled: DaemonProcess, path: str) -> None:
+    """Attack: read a secret (a denied file, or one inside a denied directory) through a
+    hard link with an innocent name that was already there."""
+    with ruled.client(timeout=30) as c:
+        result = c.call("read_file", {"path": path})
+    assert not result.ok and result.error is not None and result.error.code == "DENIED_PATTERN", result
+    assert SECRET not in result.content and "sesame" not in result.content
 
 
 def test_a_file_with_other_innocent_links_is_readable(ruled: DaemonProcess) -> None:

@@ -30,54 +30,73 @@ _inode_cache: dict[tuple[tuple[Path, ...], tuple[str, ...]], tuple[float, frozen
 
 @dataclass(slots=True)
 class Found:
-    files: list[str] = field(default_factory=list)
-    directories: list[str] = field(default_factory=list)
-    inodes: set[tuple[int, int]] = field(default_factory=set)  # (st_dev, st_ino) of ``files``
+    files: list[str] = field(default_factory=list)  # to cover: denied files, and other names of them
+    directories: list[str] = field(default_factory=list)  # to cover: denied directories
+    inodes: set[tuple[int, int]] = field(default_factory=set)  # (st_dev, st_ino) of every denied file
     complete: bool = True
+    #: Regular files with more than one link, by inode: other names a denied file may have.
+    linked: dict[tuple[int, int], list[str]] = field(default_factory=dict)
 
 
 def find_denied(sandbox: Sandbox, *, max_entries: int) -> Found:
-    """Denied entries below the sandbox's roots (symlinks excluded: what they point to is
-    checked where it lies, and outside the roots Landlock refuses it), visiting at most
-    ``max_entries`` directory entries."""
+    """Denied entries below the sandbox's roots, visiting at most ``max_entries`` directory
+    entries. Files inside a denied directory count as denied (their inodes are kept), and
+    a hard link to a denied file under an innocent name is covered too. Symlinks are
+    left alone: what they point to is checked where it lies, and outside the roots
+    Landlock refuses it."""
     found = Found()
     if not sandbox.denied_patterns:
         return found
     budget = max_entries
-    pending = [str(root) for root in sandbox.roots if os.path.isdir(root)]
+    pending = [(str(root), False) for root in sandbox.roots if os.path.isdir(root)]
     while pending:
-        directory = pending.pop()
+        directory, inside_denied = pending.pop()
         try:
             with os.scandir(directory) as entries:
                 for entry in entries:
                     budget -= 1
                     if budget < 0:
                         found.complete = False
-                        return found
-                    _consider(sandbox, entry, found, pending)
+                        return _with_other_names(found)
+                    _consider(sandbox, entry, found, pending, inside_denied=inside_denied)
         except OSError:
             continue  # unreadable for this user: its commands cannot read it either
-    return found
+    return _with_other_names(found)
 
 
-def _consider(sandbox: Sandbox, entry: os.DirEntry[str], found: Found, pending: list[str]) -> None:
+def _consider(
+    sandbox: Sandbox, entry: os.DirEntry[str], found: Found, pending: list[tuple[str, bool]], *, inside_denied: bool
+) -> None:
     try:
         st = entry.stat(follow_symlinks=False)
     except OSError:
         return
-    mode = st.st_mode
-    is_dir = stat.S_ISDIR(mode)
-    if sandbox.denied_pattern(Path(entry.path)) is not None or (
-        is_dir and sandbox.denied_pattern(Path(entry.path, "x")) is not None
-    ):
+    is_dir, is_file = stat.S_ISDIR(st.st_mode), stat.S_ISREG(st.st_mode)
+    if inside_denied:
         if is_dir:
-            found.directories.append(entry.path)
-        elif stat.S_ISREG(mode):
-            found.files.append(entry.path)
+            pending.append((entry.path, True))
+        elif is_file:
             found.inodes.add((st.st_dev, st.st_ino))
         return
+    denied = sandbox.denied_pattern(Path(entry.path)) is not None or (
+        is_dir and sandbox.denied_pattern(Path(entry.path, "x")) is not None
+    )
     if is_dir:
-        pending.append(entry.path)
+        if denied:
+            found.directories.append(entry.path)
+        pending.append((entry.path, denied))
+    elif is_file and denied:
+        found.files.append(entry.path)
+        found.inodes.add((st.st_dev, st.st_ino))
+    elif is_file and st.st_nlink > 1:
+        found.linked.setdefault((st.st_dev, st.st_ino), []).append(entry.path)
+
+
+def _with_other_names(found: Found) -> Found:
+    for inode, paths in found.linked.items():
+        if inode in found.inodes:
+            found.files.extend(paths)
+    return found
 
 
 def denied_inodes(sandbox: Sandbox, *, max_entries: int = 1_000_000) -> frozenset[tuple[int, int]]:
