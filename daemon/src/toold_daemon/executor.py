@@ -169,26 +169,20 @@ class Executor:
             # have printed is not known: "at least".
             unseen = Unseen(dropped_bytes, dropped_lines, exact=False) if dropped_bytes else NOTHING_UNSEEN
             if batch.cancel_reason is not None:
-                return _cancelled(
-                    call.call_id,
-                    batch.cancel_reason,
-                    duration_ms=_ms(started),
-                    output=partial,
-                    unseen=unseen,
-                    max_bytes=limits.max_bytes,
-                    max_lines=limits.max_lines,
-                )
-            elapsed = time.monotonic() - started
-            return results.failure(
-                call.call_id,
-                ToolError(
+                error = _cancel_error(batch.cancel_reason)
+            else:
+                elapsed = time.monotonic() - started
+                error = ToolError(
                     ToolErrorType.TIMEOUT,
                     "TIMEOUT",
                     f"{tool.name} timed out after {elapsed:.1f}s (limit {timeout:g}s)",
                     tool=tool.name,
                     elapsed_ms=round(elapsed * 1000),
                     timeout_ms=round(timeout * 1000),
-                ),
+                )
+            return results.failure(
+                call.call_id,
+                error,
                 duration_ms=_ms(started),
                 output=partial,
                 unseen=unseen,
@@ -240,25 +234,12 @@ def _ms(started: float) -> float:
     return (time.monotonic() - started) * 1000
 
 
-def _cancelled(
-    call_id: str,
-    reason: str,
-    *,
-    duration_ms: float = 0.0,
-    output: str = "",
-    unseen: Unseen = NOTHING_UNSEEN,
-    max_bytes: int = 102_400,
-    max_lines: int = 10_000,
-) -> ToolResult:
-    return results.failure(
-        call_id,
-        ToolError(ToolErrorType.CANCELLED, "CANCELLED", f"Cancelled: {reason}"),
-        duration_ms=duration_ms,
-        output=output,
-        unseen=unseen,
-        max_bytes=max_bytes,
-        max_lines=max_lines,
-    )
+def _cancelled(call_id: str, reason: str) -> ToolResult:
+    return results.failure(call_id, _cancel_error(reason))
+
+
+def _cancel_error(reason: str) -> ToolError:
+    return ToolError(ToolErrorType.CANCELLED, "CANCELLED", f"Cancelled: {reason}")
 
 
 def _chunk_emitter(batch_id: str, call_id: str, emit: Emit) -> Callable[..., None]:

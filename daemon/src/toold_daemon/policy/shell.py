@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 MAX_COMMAND_CHARS = 64 * 1024
 _MAX_DEPTH = 32  # nested substitutions
@@ -120,12 +121,19 @@ def split_command(command: str) -> list[Part] | None:
 
 def read_command(command: str) -> list[Part]:
     """Like :func:`split_command`, raising :class:`Unreadable` with the reason."""
+    return list(_read_once(command))
+
+
+@lru_cache(maxsize=64)
+def _read_once(command: str) -> tuple[Part, ...]:
+    """One reading per command text: the policy, the denied-name check and the grant key
+    of one call all ask (parts are immutable, so sharing them is safe)."""
     if len(command) > MAX_COMMAND_CHARS:
         raise Unreadable("the command is too long to read")
     _check_characters(command)
     parts: list[Part] = []
     _Reader(command, parts, 0).read_list(end=None)
-    return parts
+    return tuple(parts)
 
 
 def _check_characters(command: str) -> None:

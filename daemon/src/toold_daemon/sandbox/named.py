@@ -21,8 +21,10 @@ from pathlib import Path
 from .paths import Sandbox
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_MAX_WORDS = 4096  # a command longer than this in words is asked about anyway
-_MAX_GLOB_MATCHES = 10_000
+# Bounds on the filesystem work this check does on the daemon's event loop: a command
+# with more words, or a glob over a larger directory, is asked about instead.
+_MAX_WORDS = 512
+_MAX_GLOB_ENTRIES = 10_000
 
 
 def denied_words(sandbox: Sandbox, words: Iterable[str], cwd: str) -> str | None:
@@ -87,21 +89,22 @@ def _denied_glob(sandbox: Sandbox, absolute: str) -> str | None:
     directory, name = os.path.split(absolute)
     if _GLOB_CHARS.search(directory):
         return _could_match(sandbox, absolute)
+    matcher = re.compile(fnmatch.translate(name))
+    hidden_too = name.startswith(".")  # the shell's "*" skips dot files unless the glob starts with "."
     try:
-        entries = os.listdir(directory)
+        with os.scandir(directory) as entries:
+            for count, entry in enumerate(entries):
+                if count >= _MAX_GLOB_ENTRIES:
+                    return f"a glob over more than {_MAX_GLOB_ENTRIES} entries"
+                if not matcher.match(entry.name) or (entry.name.startswith(".") and not hidden_too):
+                    continue
+                pattern = _denied_path(sandbox, entry.path)
+                if pattern is not None:
+                    return pattern
     except FileNotFoundError:
         return None
     except OSError:
         return _could_match(sandbox, absolute)
-    matcher = re.compile(fnmatch.translate(name))
-    hidden_too = name.startswith(".")  # the shell's "*" skips dot files unless the glob starts with "."
-    chosen = (e for e in entries if matcher.match(e) and (hidden_too or not e.startswith(".")))
-    for count, entry in enumerate(chosen):
-        if count >= _MAX_GLOB_MATCHES:
-            return f"more than {_MAX_GLOB_MATCHES} matches"
-        pattern = _denied_path(sandbox, os.path.join(directory, entry))
-        if pattern is not None:
-            return pattern
     return None
 
 
