@@ -183,3 +183,13 @@ def test_a_file_with_other_innocent_links_is_readable(ruled: DaemonProcess) -> N
     with ruled.client(timeout=30) as c:
         result = c.call("read_file", {"path": "b.txt"})
     assert result.ok and "shared" in result.content
+
+
+def test_a_command_too_long_to_check_word_by_word_asks(ruled: DaemonProcess) -> None:
+    """Attack: bury `.env` among thousands of words so that the check gives up, or make
+    the daemon stat every one of them on its event loop."""
+    command = "cat " + " ".join(["readme.txt"] * 600) + " .env"
+    with ruled.client(timeout=30) as c:
+        explained = c.explain("shell", {"command": command})
+        assert explained.decision == "ask" and "too many words" in explained.reason
+        assert c.ping(timeout=5) < 5  # the daemon still answers
