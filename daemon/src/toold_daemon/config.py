@@ -201,6 +201,57 @@ class EditConfig(_Section, frozen=True):
     require_read: bool = True
 
 
+class WebConfig(_Section, frozen=True):
+    """``web_fetch``: what it may reach and how much it may take."""
+
+    max_download_bytes: PositiveInt = 5 * 1024 * 1024  # a longer body is cut while it streams
+    max_length: PositiveInt = 50_000  # characters of content when the call names none
+    max_redirects: Annotated[int, Meta(ge=0, le=20)] = 5
+    # Ports besides 80 and 443 that URLs may name.
+    allowed_ports: list[Annotated[int, Meta(ge=1, le=65535)]] = []
+    # CIDRs exempt from the private-address block (an intranet, tests on 127.0.0.1).
+    allowed_networks: list[str] = []
+    # Host globs (``*.example.com``): denied hosts are refused; a non-empty allowed list
+    # is the only hosts that may be fetched.
+    denied_hosts: list[str] = []
+    allowed_hosts: list[str] = []
+    # GET and HEAD to these hosts run without asking under the default policy.
+    trusted_hosts: list[str] = []
+    # An HTTP proxy for every fetch; the environment's proxy variables are never used.
+    proxy: str = ""
+
+    def __post_init__(self) -> None:
+        import ipaddress
+
+        for cidr in self.allowed_networks:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"allowed_networks: {cidr!r} is not a network (like 10.0.0.0/8)") from None
+        if self.proxy and not re.match(r"^https?://[^/\s]+/?$", self.proxy):
+            raise ValueError(f"proxy: {self.proxy!r} is not an http:// or https:// proxy URL")
+
+
+class WebSearchConfig(_Section, frozen=True):
+    """``web_search``: which search service answers (none: the tool is not offered)."""
+
+    backend: Literal["", "searxng", "brave", "command"] = ""
+    url: str = ""  # the SearXNG instance, or another Brave API endpoint
+    api_key_env: str = ""  # the daemon's environment variable holding the Brave key
+    command: list[str] = []  # argv; the query is appended, JSON [{title,url,snippet}] expected
+    max_results: Annotated[int, Meta(ge=1, le=100)] = 20
+
+    def __post_init__(self) -> None:
+        if self.backend == "searxng" and not self.url:
+            raise ValueError("backend 'searxng' needs url (the instance, like http://127.0.0.1:8888)")
+        if self.backend == "command" and not self.command:
+            raise ValueError("backend 'command' needs command (an argv list)")
+        if self.backend == "brave" and not self.api_key_env:
+            raise ValueError("backend 'brave' needs api_key_env (the variable holding the key)")
+        if self.url and not re.match(r"^https?://", self.url):
+            raise ValueError(f"url: {self.url!r} is not an http:// or https:// URL")
+
+
 class ToolsConfig(_Section, frozen=True):
     mode: Literal["disabled", "parse_only", "enabled"] = "enabled"
     allow_parallel: bool = False
@@ -216,6 +267,8 @@ class ToolsConfig(_Section, frozen=True):
     edit: EditConfig = EditConfig()
     read_file: ReadFileConfig = ReadFileConfig()
     apply_patch: ApplyPatchConfig = ApplyPatchConfig()
+    web: WebConfig = WebConfig()
+    web_search: WebSearchConfig = WebSearchConfig()
 
 
 class DaemonConfig(_Section, frozen=True):

@@ -118,6 +118,9 @@ class Planner:
         if tools.mode == "disabled":
             raise sandbox_violation("TOOLS_DISABLED", "tools are disabled on this daemon (tools.mode = 'disabled')")
         tool = self.registry.get(call.name)
+        withheld = self.registry.why_withheld(call.name) if tool is None else None
+        if withheld is not None:
+            raise ToolError(ToolErrorType.UNKNOWN_TOOL, "TOOL_NOT_CONFIGURED", withheld, name=call.name)
         if tool is None:
             raise ToolError(
                 ToolErrorType.UNKNOWN_TOOL, "UNKNOWN_TOOL", f"Unknown tool: {call.name[:128]!r}", name=call.name[:128]
@@ -154,10 +157,10 @@ class Planner:
             side_effecting=tool.side_effecting,
             risk=tool.risk_for(item.args),
             requires_approval=tool.requires_approval(item.args),
-            prompts=tool.prompts(item.args, item.resolved),
+            prompts=tool.prompts(item.args, item.resolved, self.config),
             protected=self._protected_target(tool, item),
             names_denied=self._denied_in_command(tool, item),
-            high_risk_tool=tool.risk == "high",
+            high_risk_tool=tool.high_risk(item.args),
         )
         verdict = policy.evaluate(facts, self.identity, self.client_name, tools.approval)
         item.risk = verdict.risk
@@ -219,6 +222,9 @@ def grant_key(item: PreparedCall) -> str:
     ``FOO=1``) and never for a program named by a path PATH would not find."""
     if item.tool is None:
         return ""
+    scope = item.tool.grant_scope(item.args)
+    if scope is not None:
+        return scope
     arguments = msgspec.to_builtins(item.args)
     command = arguments.get("command") if isinstance(arguments, dict) else None
     if item.tool.name in policy.SHELL_TOOLS and isinstance(command, str):

@@ -25,6 +25,15 @@ class Registry:
         self._tools: dict[str, AnyTool] = {}
         self._aliases: dict[str, str] = {}
         self._definitions: list[ToolDefinition] | None = None
+        self._withheld: dict[str, str] = {}  # tools this daemon's configuration cannot offer: why
+
+    def withhold(self, name: str, reason: str) -> None:
+        """Do not offer ``name``; a call to it is refused with ``reason``."""
+        self.unregister(name)
+        self._withheld[name] = reason
+
+    def why_withheld(self, name: str) -> str | None:
+        return self._withheld.get(name)
 
     def register(self, tool: AnyTool, *, replace: bool = False) -> None:
         if tool.name in self._tools and not replace:
@@ -35,6 +44,7 @@ class Registry:
                 name=tool.name,
             )
         self.unregister(tool.name)
+        self._withheld.pop(tool.name, None)
         self._tools[tool.name] = tool
         for alias in tool.aliases:
             self._aliases[alias] = tool.name

@@ -47,11 +47,12 @@ class ThreadRunner:
         self._euid = os.geteuid()
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
-        if tool.side_effecting:
+        if tool.side_effecting or tool.network:
             raise ToolError(
                 ToolErrorType.ISOLATION_UNAVAILABLE,
                 "ISOLATION_UNAVAILABLE",
-                f"{tool.name} has side effects and needs an isolated child, which this daemon lacks",
+                f"{tool.name} has side effects or reaches the network and needs an isolated child, "
+                "which this daemon lacks",
             )
         if identity.uid not in (self._euid, 0):
             raise ToolError(

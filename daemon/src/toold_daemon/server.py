@@ -151,7 +151,11 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     sandbox = build_sandbox(config, options.roots)
     registry = Registry()
     for tool in builtin_tools():
-        registry.register(tool)
+        reason = tool.unavailable(config)
+        if reason:
+            registry.withhold(tool.name, reason)
+        else:
+            registry.register(tool)
     journal = open_journal(config, options)
     endpoint = resolve_endpoint(config, options)
 

@@ -89,7 +89,10 @@ def run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
             return Outcome(ok=True, content=tool.preview(args, ctx) or "")
         output: ToolOutput = tool.run(args, ctx)
     except ToolError as exc:
-        return _error(str(exc.type), exc.code, exc.message, **exc.details)
+        details = dict(exc.details)
+        read = details.pop("output", None)  # what the tool read before failing (an HTTP error's body)
+        failed = _error(str(exc.type), exc.code, exc.message, **details)
+        return msgspec.structs.replace(failed, content=read) if isinstance(read, str) else failed
     except OSError as exc:
         translated = from_os_error(exc, str(exc.filename or request.tool))
         return _error(str(translated.type), translated.code, translated.message, **translated.details)

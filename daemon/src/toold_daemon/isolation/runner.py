@@ -87,6 +87,8 @@ class SpawnRunner:
         # The daemon's environment is read once: filtering it per call cost ~0.1 ms.
         environment = config.tools.environment
         self._inherited_env = inherited_environment(os.environ, allow=environment.allowlist, deny=environment.denylist)
+        # The search key is the administrator's, whatever its name or the allowlist says.
+        self._inherited_env.pop(config.tools.web_search.api_key_env, None)
         isolation = config.tools.isolation
         self._limits = Limits(
             cpu_seconds=isolation.cpu_seconds,
@@ -145,13 +147,15 @@ class SpawnRunner:
         return self.layers
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
-        if tool.in_daemon:
+        if tool.runs_in_daemon(self.config):
             ctx.jobs, ctx.identity = self.jobs, identity
             return await trio.to_thread.run_sync(tool.run, args, ctx)
         command = tool.command(args, ctx)
         if command is not None and command.background:
             return await self._start_background(tool, args, ctx, identity, command)
-        if command is None:
+        if command is None and tool.network:
+            outcome = await self._spawn(tool, args, ctx, identity)  # a fresh child, network open
+        elif command is None:
             outcome = await self._in_worker(tool, args, ctx, identity)
         else:
             outcome = await self._spawn(tool, args, ctx, identity, command=command)

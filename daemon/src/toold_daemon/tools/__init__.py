@@ -17,6 +17,8 @@ from .read_many_files import ReadManyFiles
 from .run_code import RunCode
 from .shell import Shell
 from .shell_jobs import ShellJobs
+from .web_fetch import WebFetch
+from .web_search import WebSearch
 from .write_file import WriteFile
 
 
@@ -34,6 +36,8 @@ def builtin_tools() -> list[Tool[Any]]:
         RunCode(),
         Shell(),
         ShellJobs(),
+        WebFetch(),
+        WebSearch(),
         WriteFile(),
     ]
 

@@ -113,6 +113,18 @@ class Tool(Generic[A]):
     #: Runs in the daemon (on a worker thread) whatever the client's uid, because it only
     #: touches daemon state that it scopes to ``ctx.identity`` itself (shell_jobs).
     in_daemon: ClassVar[bool] = False
+    #: Runs in a fresh confined child per call with the network open for that call
+    #: (web tools): tool workers have no network.
+    network: ClassVar[bool] = False
+
+    def unavailable(self, config: Config) -> str:
+        """Why this daemon's configuration cannot offer the tool ("" when it can): such a
+        tool is not advertised, and a call to it gets this reason."""
+        return ""
+
+    def runs_in_daemon(self, config: Config) -> bool:
+        """Whether calls run in the daemon on a thread (``in_daemon``) rather than as the client."""
+        return self.in_daemon
 
     def validate(self, args: A) -> None:
         """Checks the schema cannot express (``start_line <= end_line``). Pure; raise ToolError."""
@@ -137,11 +149,21 @@ class Tool(Generic[A]):
         """The risk of this call (a patch that deletes files is riskier than one that edits)."""
         return self.risk
 
-    def prompts(self, args: A, resolved: dict[str, Path]) -> bool:
+    def prompts(self, args: A, resolved: dict[str, Path], config: Config) -> bool:
         """Whether the default policy asks before this call:
         every side-effecting call unless the tool knows better for these arguments.
         May look at the filesystem (``move_file``: does the destination exist?)."""
         return self.side_effecting
+
+    def high_risk(self, args: A) -> bool:
+        """Whether this call asks even where the mode would run it (``auto``), unless the
+        allowlist, an allow rule or preset "all" names the tool: a high-risk tool always."""
+        return self.risk == "high"
+
+    def grant_scope(self, args: A) -> str | None:
+        """What an "allow for this session" answer to this call covers, if the tool
+        knows better than its paths (``web_fetch``: the host). None: the planner decides."""
+        return None
 
     def precheck(self, args: A, resolved: dict[str, Path], config: Config) -> None:
         """Raise the ToolError this call is certain to end with, so that nobody is asked

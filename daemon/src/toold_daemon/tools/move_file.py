@@ -50,7 +50,7 @@ class MoveFile(Tool[MoveFileArgs]):
         if not args.overwrite and destination is not None and os.path.lexists(destination):
             raise file_exists(args.destination)
 
-    def prompts(self, args: MoveFileArgs, resolved: dict[str, Path]) -> bool:
+    def prompts(self, args: MoveFileArgs, resolved: dict[str, Path], config: Config) -> bool:
         destination = resolved.get(args.destination)
         return destination is None or os.path.lexists(destination)  # asks only when replacing
 

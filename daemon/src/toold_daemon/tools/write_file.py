@@ -55,7 +55,7 @@ class WriteFile(Tool[WriteFileArgs]):
         if not args.overwrite and path is not None and os.path.lexists(path):
             raise file_exists(args.path)
 
-    def prompts(self, args: WriteFileArgs, resolved: dict[str, Path]) -> bool:
+    def prompts(self, args: WriteFileArgs, resolved: dict[str, Path], config: Config) -> bool:
         return args.overwrite  # creating a new file does not ask under the default policy
 
     def preview(self, args: WriteFileArgs, ctx: ToolContext) -> str | None:

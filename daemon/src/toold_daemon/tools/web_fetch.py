@@ -1,0 +1,260 @@
+"""web_fetch: fetch a URL and return what a model wants to read, never reaching inside.
+
+Runs in a fresh confined child as the client, with the network open for that call only.
+What it may reach is decided in ``web.addresses`` (by the URL's text, before anyone is
+asked) and ``web.connect`` (by every resolved address, when connecting).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import SplitResult, parse_qsl, urlsplit
+
+import httpx
+from msgspec import Meta
+
+from toold_protocol import ToolErrorType
+
+from ..config import Config, WebConfig
+from ..errors import ToolError, bad_args, sandbox_violation
+from ..output import NOTHING_UNSEEN, Unseen, truncate
+from ..web.addresses import Reach, Refused, check_target, host_matches, normal_host
+from ..web.fetch import FORBIDDEN_HEADERS, FetchFailed, Request, Response, fetch
+from ..web.pages import SelectorError, decode, html_text, media_type, pretty_json
+from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+
+MAX_TIMEOUT_S = 300.0
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
+_SECRET_NAME = re.compile(r"(?i)(key|token|secret|pass|auth|sig|session|cred|code|jwt|bearer)")
+_SECRET_VALUE = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-+/=.]{20,}$")
+
+
+class WebFetchArgs(ToolArgs, frozen=True):
+    """Fetch a web page or API response."""
+
+    url: Annotated[str, Meta(min_length=1, max_length=8192, description="An http:// or https:// URL")]
+    selector: (
+        Annotated[str, Meta(max_length=1000, description="CSS selector: only the matching elements' text (HTML)")]
+        | None
+    ) = None
+    max_length: (
+        Annotated[int, Meta(ge=1, le=1_000_000, description="At most this many characters of content")] | None
+    ) = None
+    method: Annotated[Literal["GET", "POST", "HEAD"], Meta(description="HTTP method")] = "GET"
+    headers: Annotated[dict[str, str], Meta(max_length=50, description="Request headers")] = {}  # noqa: RUF012 (frozen)
+    body: Annotated[str, Meta(description="Request body (POST only)")] | None = None
+    timeout_seconds: (
+        Annotated[float, Meta(gt=0, le=MAX_TIMEOUT_S, description="Give up after this many seconds")] | None
+    ) = None
+
+
+class WebFetch(Tool[WebFetchArgs]):
+    name = "web_fetch"
+    description = (
+        "Fetch a URL (http or https) and return its content as readable text: HTML reduced to title, "
+        "headings, paragraphs, lists, tables and links as 'text (url)'; JSON pretty-printed; binary "
+        "types described, not shown. Use selector (CSS) to keep only part of a page. Private and "
+        "local network addresses are refused."
+    )
+    args_type = WebFetchArgs
+    side_effecting = True  # it sends data out of the machine; a POST must not run twice after a crash
+    risk = "medium"
+    timeout_kind = "default"
+    network = True
+    output = (
+        "data: {status, url (after redirects), content_type, headers (no Set-Cookie), truncated, bytes, "
+        "redirects, matches (with selector)}; an HTTP status >= 400 is an HTTP_STATUS error carrying the body"
+    )
+
+    def validate(self, args: WebFetchArgs) -> None:
+        if args.body is not None and args.method != "POST":
+            raise bad_args(f"body is only sent with POST, not {args.method}")
+        for name, value in args.headers.items():
+            if not _HEADER_NAME.match(name):
+                raise bad_args(f"not a header name: {name[:100]!r}")
+            if name.lower() in FORBIDDEN_HEADERS:
+                raise bad_args(f"the {name} header is set by toold, not by the call")
+            if any(c in value for c in "\r\n\0") or len(value) > 8192:
+                raise bad_args(f"the value of {name} has a line break, a NUL or more than 8192 characters")
+        parts = _split(args.url)
+        if parts.scheme not in ("http", "https"):
+            raise sandbox_violation(
+                "URL_REFUSED", f"only http and https URLs are fetched, not {parts.scheme or 'this'}"
+            )
+
+    def precheck(self, args: WebFetchArgs, resolved: dict[str, Path], config: Config) -> None:
+        """Refuse by the URL's text before anyone is asked (addresses are checked when connecting)."""
+        url = _parse(args.url)
+        if url.userinfo:
+            raise sandbox_violation("URL_REFUSED", "URLs with a user name or password are not fetched")
+        try:
+            check_target(url.scheme, url.host, url.port, reach_of(config.tools.web))
+        except Refused as exc:
+            raise sandbox_violation("URL_REFUSED", f"{url.host or args.url[:200]}: {exc}") from None
+
+    def summary(self, args: WebFetchArgs) -> str:
+        shown = f"{args.method} {shown_url(args.url)}"
+        if args.body is not None:
+            shown += f" with a {len(args.body.encode())}-byte body: {_redacted_body(args.body)}"
+        return shown
+
+    def locations(self, args: WebFetchArgs) -> list[str]:
+        return [shown_url(args.url)]
+
+    def risk_for(self, args: WebFetchArgs) -> Literal["low", "medium", "high"]:
+        return "high" if args.method == "POST" else "medium"
+
+    def high_risk(self, args: WebFetchArgs) -> bool:
+        return args.method == "POST"  # a POST asks unless a rule or the allowlist lets it run
+
+    def prompts(self, args: WebFetchArgs, resolved: dict[str, Path], config: Config) -> bool:
+        trusted = config.tools.web.trusted_hosts
+        return not (args.method in ("GET", "HEAD") and trusted and host_matches(_host(args.url), trusted))
+
+    def grant_scope(self, args: WebFetchArgs) -> str | None:
+        """ "Allow for this session" covers the host (scheme and port included), for reads
+        or for POSTs: approving a GET never lets a POST run unasked."""
+        url = _parse(args.url)
+        kind = "POST" if args.method == "POST" else "GET"
+        return f"web_fetch:{kind}:{url.scheme}://{normal_host(url.host)}:{url.port or ''}"
+
+    def timeout_seconds(self, args: WebFetchArgs) -> float | None:
+        # A little longer than the fetch's own deadline, so that the tool says what timed out.
+        return args.timeout_seconds + 1.0 if args.timeout_seconds else None
+
+    def run(self, args: WebFetchArgs, ctx: ToolContext) -> ToolOutput:
+        web = ctx.config.tools.web
+        budget = args.timeout_seconds or ctx.config.tools.timeouts.default_seconds
+        deadline = time.monotonic() + max(0.1, budget - (0 if args.timeout_seconds else min(1.0, budget / 10)))
+        try:
+            response = fetch(
+                Request(args.url, args.method, dict(args.headers), args.body),
+                reach_of(web),
+                max_download_bytes=web.max_download_bytes,
+                max_redirects=web.max_redirects,
+                deadline=deadline,
+                cancelled=ctx.cancelled,
+                proxy=web.proxy,
+            )
+        except FetchFailed as exc:
+            raise _error_of(exc) from None
+        content, matches = _content(response, args)
+        limit = args.max_length or web.max_length
+        # A download cut at max_download_bytes left at least this much unread.
+        unread = max(1, (response.declared or response.size) - len(response.body))
+        unseen = Unseen(unread, 0, exact=False) if response.cut and response.kind != "binary" else NOTHING_UNSEEN
+        cut = truncate(content, max_chars=limit, unseen=unseen)
+        data = {
+            "status": response.status,
+            "url": response.url,
+            "content_type": response.content_type,
+            "headers": response.headers,
+            "truncated": cut.truncated,
+            "bytes": response.size,
+            "redirects": response.redirects,
+        }
+        if args.selector:
+            data["matches"] = matches
+        if response.status >= 400:
+            raise ToolError(
+                ToolErrorType.EXECUTION_FAILED,
+                "HTTP_STATUS",
+                f"{args.method} {shown_url(response.url)} answered HTTP {response.status}",
+                status=response.status,
+                url=response.url,
+                output=cut.text,
+            )
+        return ToolOutput(cut.text, data=data)
+
+
+def reach_of(web: WebConfig) -> Reach:
+    return Reach.of(web.allowed_ports, web.allowed_networks, web.denied_hosts, web.allowed_hosts)
+
+
+def _content(response: Response, args: WebFetchArgs) -> tuple[str, int]:
+    """The text a model reads, and how many elements the selector matched."""
+    media = media_type(response.content_type) or "unknown type"
+    if args.method == "HEAD":
+        length = f", {response.declared:,} bytes" if response.declared is not None else ""
+        return f"HTTP {response.status}, {media}{length}", 0
+    if response.kind == "binary":
+        size = f"{'at least ' if response.cut else ''}{response.size:,} bytes"
+        return f"[binary content not shown: {media}, {size}]", 0
+    text = decode(response.body, response.content_type, response.kind)
+    if response.kind == "html":
+        try:
+            return html_text(text, response.url, args.selector)
+        except SelectorError as exc:
+            raise bad_args(str(exc)) from None
+    if response.kind == "json" and not response.cut:
+        text = pretty_json(text)
+    return text, 1
+
+
+def _error_of(failure: FetchFailed) -> ToolError:
+    if failure.timeout:
+        return ToolError(ToolErrorType.TIMEOUT, "TIMEOUT", f"web_fetch timed out: {failure.message}")
+    if failure.code == "URL_REFUSED":
+        return sandbox_violation("URL_REFUSED", failure.message)
+    if failure.code == "BAD_URL":
+        return bad_args(failure.message)
+    return ToolError(ToolErrorType.EXECUTION_FAILED, failure.code, failure.message)
+
+
+def _split(url: str) -> SplitResult:
+    try:
+        return urlsplit(url.strip())
+    except ValueError as exc:
+        raise bad_args(f"not a URL: {exc}") from None
+
+
+def _parse(url: str) -> httpx.URL:
+    try:
+        return httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise bad_args(f"not a URL: {exc}") from None
+
+
+def _host(url: str) -> str:
+    try:
+        return normal_host(httpx.URL(url).host)
+    except (httpx.InvalidURL, TypeError, ValueError, Refused):
+        return ""
+
+
+def shown_url(url: str) -> str:
+    """scheme://host/path?query for a person, with query values that look like
+    credentials replaced by ``***`` (by their name, or by looking like a key)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url[:200]
+    query = "&".join(
+        f"{name}={'***' if _SECRET_NAME.search(name) or _SECRET_VALUE.match(value) else value}" if value else name
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else "" if not _bad_port(parts) else ":?"
+    return f"{parts.scheme}://{host}{port}{parts.path or '/'}" + (f"?{query}" if query else "")
+
+
+def _bad_port(parts: SplitResult) -> bool:
+    try:
+        _ = parts.port
+    except ValueError:
+        return True
+    return False
+
+
+def _redacted_body(body: str) -> str:
+    """The start of a body, with values that look like credentials hidden."""
+    shown = re.sub(
+        r"""(?i)(["']?\w*(?:key|token|secret|pass\w*|auth\w*|session|cred\w*)["']?\s*[:=]\s*["']?)([^"'&,\s}]+)""",
+        r"\1***",
+        body[:400],
+    )
+    shown = re.sub(r"[A-Za-z0-9_\-+/=.]{20,}", lambda m: "***" if _SECRET_VALUE.match(m.group()) else m.group(), shown)
+    return shown[:120] + ("…" if len(shown) > 120 or len(body) > 400 else "")
