@@ -18,7 +18,7 @@ from .hardening import harden_process
 from .isolation.admission import Admission
 from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
-from .tools import builtin_tools
+from .tools import builtin_tools, web_search
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
+    web_search.capture_key(config)  # the administrator's search key, before it is scrubbed
     scrubbed = harden_process()  # before the fork: the spawner and its children inherit it
     if scrubbed:
         logging.getLogger("toold").info("removed secret-looking variables from the environment: %s", scrubbed)

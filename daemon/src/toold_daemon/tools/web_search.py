@@ -80,9 +80,21 @@ class WebSearch(Tool[WebSearchArgs]):
         return ToolOutput(content, data={"results": results, "backend": settings.backend})
 
 
+_captured: dict[str, str] = {}
+
+
+def capture_key(config: Config) -> None:
+    """Keep the search key before the daemon scrubs secret-looking variables from its
+    environment (so that nothing it starts can inherit them): call once, at start."""
+    variable = config.tools.web_search.api_key_env
+    if variable and variable in os.environ:
+        _captured[variable] = os.environ[variable]
+
+
 def _brave_key(variable: str) -> str:
-    """The key from the daemon's environment; errors name the variable, never a value."""
-    key = os.environ.get(variable, "")
+    """The key captured at start (or still in the environment); errors name the
+    variable, never a value."""
+    key = _captured.get(variable) or os.environ.get(variable, "")
     if not key:
         raise ToolError(
             ToolErrorType.EXECUTION_FAILED,
