@@ -10,6 +10,7 @@ import gzip
 import json
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -101,6 +102,10 @@ def default_routes() -> dict[str, Route]:
         "/gzip": lambda s, q: Reply(
             body=gzip.compress(b"<p>squeezed with gzip</p>"),
             headers={**html, "Content-Encoding": "gzip"},
+        ),
+        "/deflate": lambda s, q: Reply(
+            body=zlib.compress(b"<p>squeezed with deflate</p>"),
+            headers={**html, "Content-Encoding": "deflate"},
         ),
         "/br": lambda s, q: Reply(
             body=brotli.compress(b"<p>squeezed with brotli</p>"),

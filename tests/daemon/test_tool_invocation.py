@@ -27,8 +27,10 @@ EXAMPLES: dict[str, Any] = {
     "delete_file": lambda p: {"path": p, "recursive": True},
     "move_file": lambda p: {"source": p, "destination": p + "-moved" + "x" * 200},
     "shell_jobs": lambda p: {"action": "output", "job_id": "job_1"},
+    "web_fetch": lambda p: {"url": f"https://example.com/{p}?q={'x' * 300}", "method": "POST", "body": "x" * 300},
+    "web_search": lambda p: {"query": p + "x" * 300},
 }
-WITHOUT_LOCATIONS = {"run_code", "shell_jobs"}
+WITHOUT_LOCATIONS = {"run_code", "shell_jobs", "web_search"}
 
 
 @given(paths)
@@ -39,7 +41,9 @@ def test_properties_45_46_summary_and_locations(path: str) -> None:
         args = msgspec.convert(EXAMPLES[tool.name](path), tool.args_type)
         summary = tool.summary(args)
         assert summary and len(summary) <= 200
-        if tool.name not in WITHOUT_LOCATIONS:
+        if tool.name == "web_fetch":  # its location is the URL as shown to people
+            assert [f"https://example.com/{path}?q={'x' * 300}"] == tool.locations(args)
+        elif tool.name not in WITHOUT_LOCATIONS:
             assert path in tool.locations(args)
 
 

@@ -85,6 +85,7 @@ def test_tools_in_every_format(daemon: DaemonProcess) -> None:
         "run_code",
         "shell",
         "shell_jobs",
+        "web_fetch",
         "write_file",
     ]
     openai = json.loads(toolctl(daemon, "tools", "--format", "openai").stdout)

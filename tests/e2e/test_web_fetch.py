@@ -110,6 +110,7 @@ def test_a_50_mb_body_costs_the_download_cap_and_not_the_daemons_memory(daemon: 
         ("/meta-charset", "Привет"),  # <meta charset> when the header names none
         ("/unlabelled", "café – déjà vu"),  # not UTF-8, no label: Windows-1252
         ("/gzip", "squeezed with gzip"),
+        ("/deflate", "squeezed with deflate"),
         ("/br", "squeezed with brotli"),
     ],
 )
@@ -244,6 +245,35 @@ conditions = [{{ param = "url", operator = "contains", value = "/page" }}]
         assert client.explain("web_fetch", {"url": site.url("/echo"), "method": "POST"}).decision == "allow"
         assert client.explain("web_fetch", {"url": site.url("/page")}).decision == "deny"
         assert client.explain("web_fetch", {"url": site.url("/json")}).decision == "ask"
+
+
+def test_in_auto_mode_reads_run_and_posts_still_ask(tmp_path_factory: pytest.TempPathFactory, site: Server) -> None:
+    config = '[tools.approval]\nmode = "auto"\n'
+    with module_daemon(tmp_path_factory, "web-auto", config) as d, d.client() as client:
+        assert client.explain("web_fetch", {"url": "https://example.com/"}).decision == "allow"
+        assert client.explain("web_fetch", {"url": "https://example.com/", "method": "POST"}).decision == "ask"
+
+
+def test_a_configured_proxy_carries_every_fetch_and_the_rules_still_hold(
+    tmp_path_factory: pytest.TempPathFactory, elsewhere: Server
+) -> None:
+    """The proxy (here the 127.0.0.2 server, which answers absolute-form requests) is the
+    administrator's: reached although it is a loopback address; the targets are still checked."""
+    config = f"""
+[tools.web]
+proxy = "http://127.0.0.2:{elsewhere.port}"
+[tools.approval]
+preset = "all"
+"""
+    with module_daemon(tmp_path_factory, "web-proxy", config) as d, d.client() as client:
+        result = client.call("web_fetch", {"url": "http://unresolvable.invalid/json"})
+        assert result.ok, result.content
+        assert elsewhere.requests[-1].path == "http://unresolvable.invalid/json"  # absolute form: a proxy request
+        before = len(elsewhere.requests)
+        for url in ("http://10.0.0.1/", "http://localhost/json", "http://127.0.0.2/"):
+            refused = client.call("web_fetch", {"url": url})
+            assert refused.error is not None and refused.error.code == "URL_REFUSED", (url, refused.content)
+        assert len(elsewhere.requests) == before
 
 
 def test_bad_arguments_are_refused_before_anything_is_sent(daemon: DaemonProcess, site: Server) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import DaemonProcess, module_daemon
 from tests.webserver import Reply, Seen, Server, serving
+from toold_client import APPROVE_ALL
 
 KEY = "BSAk3yV4lu3-n0t-a-r34l-0ne-9f8e7d6c"
 
@@ -62,7 +63,8 @@ def brave(tmp_path_factory: pytest.TempPathFactory, backend: Server) -> Iterator
 
 SCRIPT = (
     "import json, sys; q = sys.argv[-1]; "
-    "print(json.dumps([{'title': f'Cmd {q} {n}', 'url': f'https://cmd.example/{n}', 'snippet': 's'} for n in range(9)]))"
+    "hits = [{'title': f'Cmd {q} {n}', 'url': f'https://cmd.example/{n}', 'snippet': 's'} for n in range(9)]; "
+    "print(json.dumps(hits))"
 )
 
 
@@ -72,7 +74,8 @@ def test_searxng_results_come_numbered_with_title_url_and_snippet(searx: DaemonP
         assert result.ok, result.content
         assert result.content.startswith("1. SearX cats 0\n   https://searx.example/0\n   about 0\n2. SearX cats 1")
         assert result.data is not None and len(result.data["results"]) == 5  # the default
-        assert result.data["results"][0] == {"title": "SearX cats 0", "url": "https://searx.example/0", "snippet": "about 0"}
+        first = {"title": "SearX cats 0", "url": "https://searx.example/0", "snippet": "about 0"}
+        assert result.data["results"][0] == first
         many = client.call("web_search", {"query": "dogs", "num_results": 20})
         assert many.data is not None and len(many.data["results"]) == 20
         too_many = client.call("web_search", {"query": "dogs", "num_results": 21})
@@ -92,7 +95,7 @@ def test_brave_gets_the_key_in_its_header_and_the_key_is_seen_nowhere_else(
             "Brave & 2",
         ]
         assert result.data["results"][0]["snippet"] == "0 hit"  # markup removed
-        env = client.call("shell", {"command": "env"}, on_confirm=lambda r: __import__("toold_client").APPROVE_ALL)
+        env = client.call("shell", {"command": "env"}, on_confirm=lambda r: APPROVE_ALL)
         assert env.ok and KEY not in env.content and "TEST_BRAVE_KEY" not in env.content
     assert backend.requests[-1].headers["x-subscription-token"] == KEY
     assert KEY not in result.content and KEY not in json.dumps(result.data)
@@ -118,12 +121,12 @@ def test_a_backend_that_fails_is_a_clear_error_without_the_key(
 
 
 def test_the_command_backend_runs_as_a_command_and_its_json_is_read(tmp_path_factory: pytest.TempPathFactory) -> None:
-    section = f"backend = \"command\"\ncommand = {json.dumps([sys.executable, '-c', SCRIPT])}"
+    section = f'backend = "command"\ncommand = {json.dumps([sys.executable, "-c", SCRIPT])}'
     with _daemon(tmp_path_factory, "search-cmd", section) as d, d.client() as client:
-        result = client.call("web_search", {"query": "it's a \"quoted\" $(query)", "num_results": 7})
+        result = client.call("web_search", {"query": 'it\'s a "quoted" $(query)', "num_results": 7})
         assert result.ok, result.content
         assert result.data is not None and len(result.data["results"]) == 7
-        assert result.data["results"][0]["title"] == "Cmd it's a \"quoted\" $(query) 0"  # one argv word, no shell
+        assert result.data["results"][0]["title"] == 'Cmd it\'s a "quoted" $(query) 0'  # one argv word, no shell
 
 
 def test_without_a_backend_web_search_is_not_offered_and_a_call_says_why(daemon: DaemonProcess) -> None:

@@ -49,6 +49,8 @@ class Preparer:
             kernel.seccomp_program(sockets="none")
             kernel.seccomp_program(sockets="any")
         msgspec.msgpack.decode(msgspec.msgpack.encode(Config()), type=Config)
+        for tool in tools.values():
+            tool.warm()
 
     def prepare(self, request: SpawnRequest) -> Work:
         """Raises ValueError (or msgspec errors) for a request the spawner cannot serve."""

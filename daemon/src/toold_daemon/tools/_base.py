@@ -117,6 +117,10 @@ class Tool(Generic[A]):
     #: (web tools): tool workers have no network.
     network: ClassVar[bool] = False
 
+    def warm(self) -> None:
+        """Build, in the spawner before it forks, what each child of this tool would
+        otherwise build on first use (compiled patterns, a library's lazy tables)."""
+
     def unavailable(self, config: Config) -> str:
         """Why this daemon's configuration cannot offer the tool ("" when it can): such a
         tool is not advertised, and a call to it gets this reason."""

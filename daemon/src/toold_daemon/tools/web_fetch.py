@@ -22,7 +22,7 @@ from ..config import Config, WebConfig
 from ..errors import ToolError, bad_args, sandbox_violation
 from ..output import NOTHING_UNSEEN, Unseen, truncate
 from ..web.addresses import Reach, Refused, check_target, host_matches, normal_host
-from ..web.fetch import FORBIDDEN_HEADERS, FetchFailed, Request, Response, fetch
+from ..web.fetch import FORBIDDEN_HEADERS, FetchFailed, Request, Response, fetch, warm_up
 from ..web.pages import SelectorError, decode, html_text, media_type, pretty_json
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 
@@ -69,6 +69,9 @@ class WebFetch(Tool[WebFetchArgs]):
         "redirects, matches (with selector)}; an HTTP status >= 400 is an HTTP_STATUS error carrying the body"
     )
 
+    def warm(self) -> None:
+        warm_up()
+
     def validate(self, args: WebFetchArgs) -> None:
         if args.body is not None and args.method != "POST":
             raise bad_args(f"body is only sent with POST, not {args.method}")
@@ -97,6 +100,8 @@ class WebFetch(Tool[WebFetchArgs]):
 
     def summary(self, args: WebFetchArgs) -> str:
         shown = f"{args.method} {shown_url(args.url)}"
+        if len(shown) > 130:  # room for the body's start: at most 200 characters in all
+            shown = shown[:129] + "…"
         if args.body is not None:
             shown += f" with a {len(args.body.encode())}-byte body: {_redacted_body(args.body)}"
         return shown
@@ -257,4 +262,4 @@ def _redacted_body(body: str) -> str:
         body[:400],
     )
     shown = re.sub(r"[A-Za-z0-9_\-+/=.]{20,}", lambda m: "***" if _SECRET_VALUE.match(m.group()) else m.group(), shown)
-    return shown[:120] + ("…" if len(shown) > 120 or len(body) > 400 else "")
+    return shown[:40] + ("…" if len(shown) > 40 or len(body) > 400 else "")

@@ -20,6 +20,8 @@ from typing import TypeVar
 import httpx
 import msgspec
 
+from .fetch import tls_context
+
 T = TypeVar("T")
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 BRAVE_URL = "https://api.search.brave.com/res/v1/web/search"
@@ -113,7 +115,9 @@ def command(argv: list[str], query: str, count: int, timeout: float) -> list[Hit
 def _get(url: str, params: dict[str, str], headers: dict[str, str], timeout: float, backend: str) -> bytes:
     """A bounded GET; errors name the backend and the status, never the request's headers."""
     try:
-        client = httpx.Client(trust_env=False, timeout=timeout, follow_redirects=True, max_redirects=3)
+        client = httpx.Client(
+            trust_env=False, timeout=timeout, follow_redirects=True, max_redirects=3, verify=tls_context()
+        )
         with client, client.stream("GET", url, params=params, headers=headers) as response:
             if response.status_code >= 400:
                 raise SearchFailed(f"{backend} answered HTTP {response.status_code}")
