@@ -29,8 +29,10 @@ EXAMPLES: dict[str, Any] = {
     "shell_jobs": lambda p: {"action": "output", "job_id": "job_1"},
     "web_fetch": lambda p: {"url": f"https://example.com/{p}?q={'x' * 300}", "method": "POST", "body": "x" * 300},
     "web_search": lambda p: {"query": p + "x" * 300},
+    "memory": lambda p: {"action": "set", "key": p + "k" * 300, "value": "v"},
+    "write_todos": lambda p: {"action": "add", "task": p + "t" * 300},
 }
-WITHOUT_LOCATIONS = {"run_code", "shell_jobs", "web_search"}
+WITHOUT_LOCATIONS = {"run_code", "shell_jobs", "web_search", "memory", "write_todos"}
 
 
 @given(paths)

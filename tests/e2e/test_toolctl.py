@@ -79,6 +79,7 @@ def test_tools_in_every_format(daemon: DaemonProcess) -> None:
         "glob",
         "grep",
         "list_directory",
+        "memory",
         "move_file",
         "read_file",
         "read_many_files",
@@ -87,11 +88,12 @@ def test_tools_in_every_format(daemon: DaemonProcess) -> None:
         "shell_jobs",
         "web_fetch",
         "write_file",
+        "write_todos",
     ]
     openai = json.loads(toolctl(daemon, "tools", "--format", "openai").stdout)
     assert openai[0]["type"] == "function" and openai[0]["function"]["name"] == "apply_patch"
     anthropic = json.loads(toolctl(daemon, "tools", "--format", "anthropic").stdout)
-    assert "input_schema" in anthropic[7] and anthropic[7]["name"] == "read_file"
+    assert "input_schema" in anthropic[8] and anthropic[8]["name"] == "read_file"
     gemini = json.loads(toolctl(daemon, "tools", "--format", "gemini").stdout)
     assert "additionalProperties" not in json.dumps(gemini)
     native = json.loads(toolctl(daemon, "tools", "--format", "json").stdout)

@@ -17,6 +17,7 @@ import msgspec
 
 from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, sanitize_for_terminal
 
+from . import _notes_cli
 from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
 from ._errors import DaemonUnavailable, TooldError
 
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true")
     policy_sub.add_parser("reload", help="reread the policy from the daemon's config file")
 
+    _notes_cli.add_parsers(sub)
     tools = sub.add_parser("tools", help="list the daemon's tools")
     tools.add_argument("--format", default="text", choices=["text", "json", "openai", "anthropic", "gemini"])
     return parser
@@ -134,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_OK
             if args.command == "journal":
                 return _journal(client, args)
+            if args.command in ("memory", "todos"):
+                return _notes_cli.run(client, args, _leave_to_approver)
             if args.command == "recover":
                 return _recover(client, args.batch_id, "resume" if args.resume else "discard", args.json)
             return _tools(client, args.format)

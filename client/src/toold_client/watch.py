@@ -38,6 +38,8 @@ RESET, BOLD, DIM = "\x1b[0m", "\x1b[1m", "\x1b[2m"
 OUTPUT_LINES = 1000  # kept per batch, for scrolling back
 OUTPUT_SHOWN = 50  # rendered at a time
 BATCHES_SHOWN = 6
+TODOS_SHOWN = 20
+TODO_MARKS = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
 
 
 @dataclass
@@ -69,6 +71,8 @@ class WatchState:
         self.status = ""
         #: Lines scrolled back from the end of the output shown; 0 follows new output.
         self.scrolled_back = 0
+        #: The todo list as the latest write_todos result left it: (batch id, todos).
+        self.todos: tuple[str, list[dict[str, object]]] | None = None
 
     def apply(self, message: DaemonMessage) -> None:
         match message:
@@ -110,6 +114,7 @@ class WatchState:
                         result.ok, result.error
                     )
                     batch.calls[message.index].awaiting_result = False
+                    self._keep_todos(message.batch_id, batch.calls[message.index].name, message.result.data)
                 self._drop_requests_of(message.batch_id)
             case BatchFinished():
                 batch = self.batches.get(message.batch_id)
@@ -118,6 +123,11 @@ class WatchState:
                 self._drop_requests_of(message.batch_id)
             case _:
                 pass
+
+    def _keep_todos(self, batch_id: str, name: str, data: object) -> None:
+        todos = data.get("todos") if isinstance(data, dict) else None
+        if name == "write_todos" and isinstance(todos, list):
+            self.todos = (batch_id, [t for t in todos if isinstance(t, dict)][:TODOS_SHOWN])
 
     def _call(self, batch_id: str, call_id: str) -> CallView | None:
         batch = self.batches.get(batch_id)
@@ -159,6 +169,13 @@ class WatchState:
                         f"    waiting for its result: toolctl result {s(call.call_id)} --batch {s(batch.batch_id)} "
                         "--content TEXT [--error]"
                     )
+        if self.todos is not None:
+            batch_id, todos = self.todos
+            lines.append(f"{BOLD}todos{RESET} (from batch {s(batch_id)})")
+            lines += [
+                f"  {TODO_MARKS.get(str(t.get('status')), '[?]')} {s(str(t.get('id')))}: {s(str(t.get('task')))}"
+                for t in todos
+            ]
         if self.requests:
             request = self.requests[0]
             lines.append("")

@@ -201,6 +201,17 @@ class EditConfig(_Section, frozen=True):
     require_read: bool = True
 
 
+class MemoryConfig(_Section, frozen=True):
+    max_key_chars: Annotated[int, Meta(ge=1, le=4096)] = 256
+    max_value_bytes: PositiveInt = 65_536
+    max_keys: PositiveInt = 10_000  # per user and scope
+
+
+class TodosConfig(_Section, frozen=True):
+    max_todos: PositiveInt = 1000  # per user and workspace
+    max_task_chars: PositiveInt = 2000
+
+
 class WebConfig(_Section, frozen=True):
     """``web_fetch``: what it may reach and how much it may take."""
 
@@ -268,6 +279,8 @@ class ToolsConfig(_Section, frozen=True):
     read_file: ReadFileConfig = ReadFileConfig()
     apply_patch: ApplyPatchConfig = ApplyPatchConfig()
     web: WebConfig = WebConfig()
+    memory: MemoryConfig = MemoryConfig()
+    todos: TodosConfig = TodosConfig()
     web_search: WebSearchConfig = WebSearchConfig()
 
 

@@ -35,6 +35,7 @@ from .runner import ThreadRunner
 from .sandbox import build_sandbox
 from .service import Service
 from .tools import builtin_tools
+from .user_state import UserState
 
 log = logging.getLogger("toold")
 
@@ -79,6 +80,15 @@ def default_state_dir() -> Path:
     return Path(platformdirs.user_state_dir("toold"))
 
 
+def state_dir_of(config: Config, options: ServeOptions) -> Path:
+    """The state directory: named (which must exist), or the default (made 0700)."""
+    named = options.state_dir or (Path(config.daemon.state_dir) if config.daemon.state_dir else None)
+    state_dir = named or default_state_dir()
+    if named is None:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return state_dir
+
+
 def open_journal(config: Config, options: ServeOptions) -> Journal | None:
     """Open (or create) the journal and settle what a crash left behind.
 
@@ -88,11 +98,7 @@ def open_journal(config: Config, options: ServeOptions) -> Journal | None:
     """
     if not config.journal.enabled:
         return None
-    named = options.state_dir or (Path(config.daemon.state_dir) if config.daemon.state_dir else None)
-    state_dir = named or default_state_dir()
-    if named is None:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    journal = Journal.open_in(state_dir, synchronous=config.journal.synchronous)
+    journal = Journal.open_in(state_dir_of(config, options), synchronous=config.journal.synchronous)
     waiting = journal.recover()
     if waiting:
         log.warning("%d interrupted batch(es) wait for resume or discard: %s", len(waiting), ", ".join(waiting[:10]))
@@ -113,7 +119,7 @@ def prepare_runtime_dir(directory: Path) -> None:
 
 
 def _drop_privileges(
-    config: Config, runner: ThreadRunner | SpawnRunner, journal: Journal | None, ipc: IpcServer
+    config: Config, runner: ThreadRunner | SpawnRunner, journal: Journal | None, ipc: IpcServer, user_state: UserState
 ) -> None:
     """Become ``[daemon] user`` now that the spawner runs, the socket is bound and the
     journal is open (see ``privileges``); a drop that cannot be made stops the daemon."""
@@ -124,6 +130,7 @@ def _drop_privileges(
         state = journal.path.parent
         companions = [journal.path.with_name(journal.path.name + suffix) for suffix in ("-wal", "-shm")]
         own += [state, journal.path, state / "journal.lock", *companions]
+    own += [user_state.path.parent, *user_state.companions()]
     socket_path = ipc_path(ipc.endpoint)
     if socket_path is not None:
         own += [socket_path.parent, socket_path, socket_path.with_name(socket_path.name + ".lock")]
@@ -160,6 +167,9 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     endpoint = resolve_endpoint(config, options)
 
     runner = await build_runner(config, options)
+    user_state = UserState.open_in(state_dir_of(config, options))
+    if isinstance(runner, SpawnRunner):
+        runner.user_state = user_state
     executor = Executor(runner, sandbox, config, journal)
     ipc = IpcServer(
         endpoint,
@@ -181,7 +191,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     try:
         ipc.bind()
         if config.daemon.user:
-            _drop_privileges(config, runner, journal, ipc)
+            _drop_privileges(config, runner, journal, ipc, user_state)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 service.bind_nursery(nursery)
@@ -207,6 +217,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
             runner.close()
         if journal is not None:
             journal.close()
+        user_state.close()
 
 
 def _refuse_tool_processes(runner: object) -> Admission | None:

@@ -99,6 +99,7 @@ class SpawnRunner:
         )
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
+        self.user_state: Any = None  # memory and todos (``UserState``), set by the server
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
         self._temps: TempDirs | None = TempDirs(self._euid)  # None: the spawner's (see temps_from_spawner)
         self._zygotes = (
@@ -148,7 +149,7 @@ class SpawnRunner:
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
         if tool.runs_in_daemon(self.config):
-            ctx.jobs, ctx.identity = self.jobs, identity
+            ctx.jobs, ctx.identity, ctx.user_state = self.jobs, identity, self.user_state
             return await trio.to_thread.run_sync(tool.run, args, ctx)
         command = tool.command(args, ctx)
         if command is not None and command.background:

@@ -11,6 +11,7 @@ from .edit_file import EditFile
 from .glob import Glob
 from .grep import Grep
 from .list_directory import ListDirectory
+from .memory import Memory
 from .move_file import MoveFile
 from .read_file import ReadFile
 from .read_many_files import ReadManyFiles
@@ -20,6 +21,7 @@ from .shell_jobs import ShellJobs
 from .web_fetch import WebFetch
 from .web_search import WebSearch
 from .write_file import WriteFile
+from .write_todos import WriteTodos
 
 
 def builtin_tools() -> list[Tool[Any]]:
@@ -30,6 +32,7 @@ def builtin_tools() -> list[Tool[Any]]:
         Glob(),
         Grep(),
         ListDirectory(),
+        Memory(),
         MoveFile(),
         ReadFile(),
         ReadManyFiles(),
@@ -39,6 +42,7 @@ def builtin_tools() -> list[Tool[Any]]:
         WebFetch(),
         WebSearch(),
         WriteFile(),
+        WriteTodos(),
     ]
 
 

@@ -80,6 +80,8 @@ class ToolContext:
     identity: Any = None
     #: The daemon's background jobs (set for ``in_daemon`` tools).
     jobs: Any = None
+    #: The daemon's per-user memory and todos (``UserState``; set for ``in_daemon`` tools).
+    user_state: Any = None
 
     def resolve(self, raw: str, *, follow_last: bool = True) -> Path:
         """The canonical path of a path argument: the one the planner validated,

@@ -1,0 +1,175 @@
+"""Memory entries and todo lists: the small state the daemon keeps for each user.
+
+One SQLite file in the state directory (``memory.sqlite3``, WAL). Every row is keyed by
+the client's kernel uid and a scope (``user``, or ``workspace:ROOT``), which the tools
+take from the session, never from the call: one user never reaches another's rows,
+whatever the arguments say. Each call is one ``BEGIN IMMEDIATE`` transaction, so
+parallel agents of one user lose nothing. Calls come from the daemon's tool threads;
+one connection is shared under a lock (a call is microseconds of work).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+FILE_NAME = "memory.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS memory (
+    uid INTEGER NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (uid, scope, key)
+);
+CREATE TABLE IF NOT EXISTS todos (
+    uid INTEGER NOT NULL, scope TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, task TEXT NOT NULL,
+    status TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (uid, scope, id)
+);
+CREATE TABLE IF NOT EXISTS todo_counters (
+    uid INTEGER NOT NULL, scope TEXT NOT NULL, last INTEGER NOT NULL, PRIMARY KEY (uid, scope)
+);
+"""
+
+
+class Full(Exception):
+    """A limit (keys per scope, todos per list) would be exceeded."""
+
+
+class UnknownTodo(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Todo:
+    id: str
+    task: str
+    status: str
+    created: float
+
+
+class UserState:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open_in(cls, state_dir: Path) -> UserState:
+        return cls(state_dir / FILE_NAME)
+
+    def companions(self) -> list[Path]:
+        """The files SQLite keeps beside the database (owned with it)."""
+        return [self.path, self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")]
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # memory
+
+    def get(self, uid: int, scope: str, key: str) -> str | None:
+        with self._transaction() as db:
+            row = db.execute("SELECT value FROM memory WHERE uid=? AND scope=? AND key=?", (uid, scope, key)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set(self, uid: int, scope: str, key: str, value: str, *, max_keys: int) -> bool:
+        """Store ``value``; True if the key is new. Raises Full past ``max_keys``."""
+        with self._transaction() as db:
+            exists = db.execute("SELECT 1 FROM memory WHERE uid=? AND scope=? AND key=?", (uid, scope, key)).fetchone()
+            if exists is None:
+                (count,) = db.execute("SELECT COUNT(*) FROM memory WHERE uid=? AND scope=?", (uid, scope)).fetchone()
+                if count >= max_keys:
+                    raise Full(f"this scope already holds {count} keys (max_keys = {max_keys})")
+            db.execute(
+                "INSERT INTO memory VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (uid, scope, key) DO UPDATE SET value=excluded.value, updated=excluded.updated",
+                (uid, scope, key, value, time.time()),
+            )
+        return exists is None
+
+    def delete(self, uid: int, scope: str, key: str) -> bool:
+        with self._transaction() as db:
+            cursor = db.execute("DELETE FROM memory WHERE uid=? AND scope=? AND key=?", (uid, scope, key))
+        return cursor.rowcount > 0
+
+    def entries(self, uid: int, scope: str) -> list[tuple[str, str]]:
+        with self._transaction() as db:
+            rows = db.execute("SELECT key, value FROM memory WHERE uid=? AND scope=? ORDER BY key", (uid, scope))
+            return [(str(k), str(v)) for k, v in rows.fetchall()]
+
+    # todos
+
+    def todos(self, uid: int, scope: str) -> list[Todo]:
+        with self._transaction() as db:
+            return self._todos(db, uid, scope)
+
+    def add_todo(self, uid: int, scope: str, task: str, *, max_todos: int, status: str = "pending") -> Todo:
+        with self._transaction() as db:
+            return self._add(db, uid, scope, task, status=status, max_todos=max_todos)
+
+    def set_status(self, uid: int, scope: str, todo_id: str, status: str) -> Todo:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE todos SET status=? WHERE uid=? AND scope=? AND id=?", (status, uid, scope, todo_id)
+            )
+            if cursor.rowcount == 0:
+                raise UnknownTodo(todo_id)
+            return next(t for t in self._todos(db, uid, scope) if t.id == todo_id)
+
+    def remove_todo(self, uid: int, scope: str, todo_id: str) -> None:
+        with self._transaction() as db:
+            cursor = db.execute("DELETE FROM todos WHERE uid=? AND scope=? AND id=?", (uid, scope, todo_id))
+            if cursor.rowcount == 0:
+                raise UnknownTodo(todo_id)
+
+    def replace_todos(self, uid: int, scope: str, items: list[tuple[str, str]], *, max_todos: int) -> list[Todo]:
+        """The whole list at once (the shape models are trained on): new ids, in order."""
+        if len(items) > max_todos:
+            raise Full(f"{len(items)} todos is more than max_todos = {max_todos}")
+        with self._transaction() as db:
+            db.execute("DELETE FROM todos WHERE uid=? AND scope=?", (uid, scope))
+            for task, status in items:
+                self._add(db, uid, scope, task, status=status, max_todos=max_todos)
+            return self._todos(db, uid, scope)
+
+    def _add(self, db: sqlite3.Connection, uid: int, scope: str, task: str, *, status: str, max_todos: int) -> Todo:
+        (count,) = db.execute("SELECT COUNT(*) FROM todos WHERE uid=? AND scope=?", (uid, scope)).fetchone()
+        if count >= max_todos:
+            raise Full(f"the list already holds {count} todos (max_todos = {max_todos})")
+        db.execute(
+            "INSERT INTO todo_counters VALUES (?, ?, 1) ON CONFLICT (uid, scope) DO UPDATE SET last = last + 1",
+            (uid, scope),
+        )
+        (seq,) = db.execute("SELECT last FROM todo_counters WHERE uid=? AND scope=?", (uid, scope)).fetchone()
+        todo = Todo(id=str(seq), task=task, status=status, created=time.time())
+        db.execute(
+            "INSERT INTO todos VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (uid, scope, todo.id, seq, todo.task, todo.status, todo.created),
+        )
+        return todo
+
+    @staticmethod
+    def _todos(db: sqlite3.Connection, uid: int, scope: str) -> list[Todo]:
+        rows = db.execute(
+            "SELECT id, task, status, created FROM todos WHERE uid=? AND scope=? ORDER BY seq", (uid, scope)
+        )
+        return [Todo(str(i), str(t), str(s), float(c)) for i, t, s, c in rows.fetchall()]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
