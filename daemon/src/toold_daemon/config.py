@@ -201,6 +201,30 @@ class EditConfig(_Section, frozen=True):
     require_read: bool = True
 
 
+ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")]
+
+
+class DefinitionConfig(_Section, frozen=True, kw_only=True):
+    """A tool known only by its definition (parse-only mode: a person supplies results)."""
+
+    name: ToolName
+    description: str
+    parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class CommandToolConfig(DefinitionConfig, frozen=True, kw_only=True):
+    """A tool that runs a program: ``{param}`` inside an ``argv`` element is replaced by
+    that argument's value, as part of that one element (never through a shell)."""
+
+    argv: Annotated[list[str], Meta(min_length=1)]
+    cwd: str = ""  # relative to the workspace root
+    timeout_seconds: Annotated[float, Meta(gt=0, le=86_400)] | None = None
+    network: bool = False
+    risk: Literal["low", "medium", "high"] = "high"
+    side_effecting: bool = True
+    env: dict[str, str] = {}
+
+
 class MemoryConfig(_Section, frozen=True):
     max_key_chars: Annotated[int, Meta(ge=1, le=4096)] = 256
     max_value_bytes: PositiveInt = 65_536
@@ -280,6 +304,8 @@ class ToolsConfig(_Section, frozen=True):
     apply_patch: ApplyPatchConfig = ApplyPatchConfig()
     web: WebConfig = WebConfig()
     memory: MemoryConfig = MemoryConfig()
+    commands: list[CommandToolConfig] = []
+    definitions: list[DefinitionConfig] = []
     todos: TodosConfig = TodosConfig()
     web_search: WebSearchConfig = WebSearchConfig()
 
@@ -340,7 +366,24 @@ class ConfigError(Exception):
 def parse(text: str, source: str = "<config>") -> Config:
     config = _decode(text, source, Config)
     check_policy(config.tools.approval, text, source, header="[[tools.approval.rules]]")
+    check_custom_tools(config, text, source)
     return config
+
+
+def check_custom_tools(config: Config, text: str, source: str) -> None:
+    """Raise ConfigError naming ``source:line`` of each command tool or definition that
+    clashes with another tool, has a schema that is not an object schema, or names a
+    parameter in ``argv`` that it does not declare."""
+    from .tools.custom import problems  # the tools build on these types
+
+    found = problems(config.tools)
+    if not found:
+        return
+    located = []
+    for header, index, message in found:
+        starts = [n for n, line in enumerate(text.splitlines(), start=1) if line.strip().replace(" ", "") == header]
+        located.append(f"{source}:{starts[index] if index < len(starts) else '?'}: {message}")
+    raise ConfigError("; ".join(located))
 
 
 def parse_policy(text: str, source: str) -> ApprovalConfig:

@@ -80,7 +80,7 @@ class Registry:
                 ToolDefinition(
                     name=tool.name,
                     description=tool.description,
-                    parameters=parameters_schema(tool.args_type),
+                    parameters=tool.json_schema or parameters_schema(tool.args_type),
                     risk=tool.risk,
                     side_effecting=tool.side_effecting,
                     aliases=list(tool.aliases),

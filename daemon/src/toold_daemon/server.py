@@ -35,6 +35,7 @@ from .runner import ThreadRunner
 from .sandbox import build_sandbox
 from .service import Service
 from .tools import builtin_tools
+from .tools.custom import configured_tools
 from .user_state import UserState
 
 log = logging.getLogger("toold")
@@ -163,6 +164,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
             registry.withhold(tool.name, reason)
         else:
             registry.register(tool)
+    for tool in configured_tools(config.tools):  # names checked against the built-ins when the config loaded
+        registry.register(tool)
     journal = open_journal(config, options)
     endpoint = resolve_endpoint(config, options)
 

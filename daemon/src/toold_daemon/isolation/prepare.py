@@ -54,8 +54,9 @@ class Preparer:
 
     def prepare(self, request: SpawnRequest) -> Work:
         """Raises ValueError (or msgspec errors) for a request the spawner cannot serve."""
-        tool = self.tools.get(request.tool) if not (request.argv or request.worker) else None
-        if not (request.argv or request.worker) and tool is None:
+        runs_a_tool = not (request.argv or request.worker or request.zygote)  # else a program, or many calls
+        tool = self.tools.get(request.tool) if runs_a_tool else None
+        if runs_a_tool and tool is None:
             raise ValueError(f"unknown tool {request.tool!r}")
         config = self._config(request.config) if request.config else None
         args = msgspec.msgpack.decode(request.args, type=tool.args_type) if tool is not None else None

@@ -111,6 +111,9 @@ class Tool(Generic[A]):
     risk: ClassVar[RiskLevel] = "low"
     #: What a result's ``data`` holds, for the model and for clients (tool definitions).
     output: ClassVar[str] = ""
+    #: The parameters' JSON Schema when the tool was not written with an argument struct
+    #: (tools from the configuration); otherwise derived from ``args_type``.
+    json_schema: ClassVar[dict[str, Any] | None] = None
     timeout_kind: ClassVar[TimeoutKind] = "file"
     #: Runs in the daemon (on a worker thread) whatever the client's uid, because it only
     #: touches daemon state that it scopes to ``ctx.identity`` itself (shell_jobs).
