@@ -125,7 +125,7 @@ def test_entry_env_passes_but_secrets_and_hooks_do_not(daemon: DaemonProcess) ->
 )  # fmt: skip
 def test_bad_entries_are_refused_with_file_and_line(tmp_path: Path, entry: str, complaint: str) -> None:
     config = tmp_path / "toold.toml"
-    config.write_text(f"[tools]\nmode = \"enabled\"\n\n[[tools.commands]]\n{entry}\n")
+    config.write_text(f'[tools]\nmode = "enabled"\n\n[[tools.commands]]\n{entry}\n')
     checked = subprocess.run([str(BIN / "toold"), "check-config", str(config)], capture_output=True, text=True)
     assert checked.returncode != 0
     assert f"{config}:4:" in checked.stderr and complaint in checked.stderr, checked.stderr

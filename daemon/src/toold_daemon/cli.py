@@ -11,6 +11,7 @@ import logging
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, load_file
@@ -18,7 +19,8 @@ from .hardening import harden_process
 from .isolation.admission import Admission
 from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
-from .tools import builtin_tools, web_search
+from .plugin_loader import PluginReport, load_plugins
+from .tools import Tool, builtin_tools, web_search
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,11 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     scrubbed = harden_process()  # before the fork: the spawner and its children inherit it
     if scrubbed:
         logging.getLogger("toold").info("removed secret-looking variables from the environment: %s", scrubbed)
+    plugins, reports = load_plugins(config.daemon, taken=_tool_names(config))
     # The fork server starts now, while this process is single-threaded and trio not running.
-    spawner = start_spawner([*builtin_tools(), Probe()], admission_for(args, config))
+    spawner = start_spawner([*builtin_tools(), *plugins, Probe()], admission_for(args, config))
     if args.command == "doctor":
-        return doctor(config, spawner)
-    return run_serve(args, config, spawner)
+        return doctor(config, spawner, reports)
+    return run_serve(args, config, spawner, plugins)
+
+
+def _tool_names(config: Config) -> set[str]:
+    """Names (and aliases) of the built-in and configured tools: a plugin may take none."""
+    names = {name for tool in builtin_tools() for name in (tool.name, *tool.aliases)}
+    return names | {entry.name for entry in (*config.tools.commands, *config.tools.definitions)}
 
 
 def admission_for(args: argparse.Namespace, config: Config) -> Admission:
@@ -89,7 +98,9 @@ def admission_for(args: argparse.Namespace, config: Config) -> Admission:
     )
 
 
-def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, socket.socket]) -> int:
+def run_serve(
+    args: argparse.Namespace, config: Config, spawner: tuple[int, socket.socket], plugins: list[Tool[Any]]
+) -> int:
     import trio
 
     from .ipc import EndpointInUse, UnsafeRuntimePath
@@ -109,6 +120,7 @@ def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, sock
         endpoint=args.endpoint,
         state_dir=args.state_dir,
         spawner=spawner,
+        plugins=plugins,
         config_path=args.config.resolve() if args.config else None,
     )
     try:
@@ -128,8 +140,9 @@ def run_serve(args: argparse.Namespace, config: Config, spawner: tuple[int, sock
     return 0
 
 
-def doctor(config: Config, spawner: tuple[int, socket.socket]) -> int:
-    """Print each isolation layer as on/off with the reason; exit 1 if a required one is off."""
+def doctor(config: Config, spawner: tuple[int, socket.socket], plugins: list[PluginReport]) -> int:
+    """Print each isolation layer as on/off with the reason, then the plugins; exit 1 if a
+    required layer is off."""
     import trio
 
     from .isolation.runner import SpawnRunner
@@ -149,6 +162,8 @@ def doctor(config: Config, spawner: tuple[int, socket.socket]) -> int:
         if detail.startswith("(") and detail.endswith(")"):
             detail = detail[1:-1]
         print(f"{name:<{width}}  {'on ' if on else 'off'}  {detail}")
+    for report in plugins:
+        print(f"plugin {report.line()}")
     required_off = [n for n in config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
     if required_off:
         print(f"required but off: {', '.join(required_off)}", file=sys.stderr)

@@ -341,6 +341,9 @@ class DaemonConfig(_Section, frozen=True):
     # The unprivileged user the protocol process becomes once the spawner runs, the socket
     # is bound and the journal open (the system service's "toold"). "": stay as started.
     user: str = ""
+    # Plugin tools (entry points "toold.tools") to load by entry-point name; unset: all installed.
+    plugins: list[str] | None = None
+    disabled_plugins: list[str] = []
 
     def root_clients_allowed(self) -> bool:
         return self.allow_root_clients if self.allow_root_clients is not None else not self.user

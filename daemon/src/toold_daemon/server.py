@@ -16,6 +16,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -34,7 +35,7 @@ from .registry import Registry
 from .runner import ThreadRunner
 from .sandbox import build_sandbox
 from .service import Service
-from .tools import builtin_tools
+from .tools import Tool, builtin_tools
 from .tools.custom import configured_tools
 from .user_state import UserState
 
@@ -50,6 +51,7 @@ class ServeOptions:
     #: Without one, side-effecting tools are refused (IsolationUnavailable).
     spawner: tuple[int, socket.socket] | None = None
     config_path: Path | None = None  # reread on SIGHUP (the policy part)
+    plugins: list[Tool[Any]] = field(default_factory=list)  # loaded before the spawner forked
 
 
 async def build_runner(config: Config, options: ServeOptions) -> ThreadRunner | SpawnRunner:
@@ -165,6 +167,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         else:
             registry.register(tool)
     for tool in configured_tools(config.tools):  # names checked against the built-ins when the config loaded
+        registry.register(tool)
+    for tool in options.plugins:  # names checked by the loader
         registry.register(tool)
     journal = open_journal(config, options)
     endpoint = resolve_endpoint(config, options)
