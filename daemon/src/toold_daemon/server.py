@@ -30,6 +30,7 @@ from .isolation.peers import tool_process
 from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
 from .journal import Journal
+from .notify import Notifier
 from .privileges import CannotDrop, drop_to
 from .registry import Registry
 from .runner import ThreadRunner
@@ -170,6 +171,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         registry.register(tool)
     for tool in options.plugins:  # names checked by the loader
         registry.register(tool)
+    notifier = Notifier.from_environment()
+    notifier.status("recovering the journal")
     journal = open_journal(config, options)
     endpoint = resolve_endpoint(config, options)
 
@@ -209,11 +212,16 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
                 if ready is not None:
                     ready(endpoint)
+                notifier.ready(_status(service))  # the socket serves and recovery is done
+                nursery.start_soon(notifier.keep_alive, lambda: _status(service))
                 async for signum in signals:
                     if signum == signal.SIGHUP:
+                        notifier.reloading()
                         service.reload_policy()  # logs the outcome; a bad policy keeps the old
+                        notifier.ready(_status(service))
                         continue
                     log.info("received %s; shutting down", signal.Signals(signum).name)
+                    notifier.stopping()
                     break
                 await service.shutdown(config.daemon.shutdown_grace_seconds)
                 await _drain_replies(ipc)
@@ -225,6 +233,13 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         if journal is not None:
             journal.close()
         user_state.close()
+        notifier.close()
+
+
+def _status(service: Service) -> str:
+    """The one line systemd shows for the service (``systemctl status``)."""
+    running = sum(session.running for session in service.sessions.values())
+    return f"serving {len(service.sessions)} sessions, {running} running batches"
 
 
 def _refuse_tool_processes(runner: object) -> Admission | None:
