@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .activation import ActivationError, take_activated_socket
 from .config import Config, ConfigError, load_file
 from .hardening import harden_process
 from .isolation.admission import Admission
@@ -63,12 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     scrubbed = harden_process()  # before the fork: the spawner and its children inherit it
     if scrubbed:
         logging.getLogger("toold").info("removed secret-looking variables from the environment: %s", scrubbed)
+    try:
+        activated = take_activated_socket() if args.command == "serve" else None
+    except ActivationError as exc:
+        print(f"toold: socket activation: {exc}", file=sys.stderr)
+        return 2
+    if activated is not None:
+        args.endpoint = activated.endpoint  # the socket's own path: the spawner admits by its mode
     plugins, reports = load_plugins(config.daemon, taken=_tool_names(config))
     # The fork server starts now, while this process is single-threaded and trio not running.
     spawner = start_spawner([*builtin_tools(), *plugins, Probe()], admission_for(args, config))
     if args.command == "doctor":
         return doctor(config, spawner, reports)
-    return run_serve(args, config, spawner, plugins)
+    return run_serve(args, config, spawner, plugins, activated.fd if activated else None)
 
 
 def _tool_names(config: Config) -> set[str]:
@@ -99,7 +107,11 @@ def admission_for(args: argparse.Namespace, config: Config) -> Admission:
 
 
 def run_serve(
-    args: argparse.Namespace, config: Config, spawner: tuple[int, socket.socket], plugins: list[Tool[Any]]
+    args: argparse.Namespace,
+    config: Config,
+    spawner: tuple[int, socket.socket],
+    plugins: list[Tool[Any]],
+    activated_fd: int | None,
 ) -> int:
     import trio
 
@@ -121,6 +133,7 @@ def run_serve(
         state_dir=args.state_dir,
         spawner=spawner,
         plugins=plugins,
+        activated_fd=activated_fd,
         config_path=args.config.resolve() if args.config else None,
     )
     try:

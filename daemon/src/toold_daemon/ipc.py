@@ -109,8 +109,11 @@ class IpcServer:
         hard_max_frame_bytes: int,
         max_backlog_bytes: int = 16 << 20,
         refuse: Admission | None = None,
+        activated_fd: int | None = None,
     ) -> None:
         self.endpoint = endpoint
+        #: A listening socket passed by systemd: served as it is, never locked, re-moded or unlinked.
+        self.activated_fd = activated_fd
         self._refuse = refuse
         self._handler: FrameHandler | None = None
         self._hard_max = hard_max_frame_bytes
@@ -132,7 +135,7 @@ class IpcServer:
 
     def bind(self) -> None:
         """Lock, bind the ZAP handler, then the ROUTER. Raises EndpointInUse."""
-        path = ipc_path(self.endpoint)
+        path = ipc_path(self.endpoint) if self.activated_fd is None else None
         if path is not None:
             self._take_lock(path)
         zap = self._ctx.socket(zmq.REP)
@@ -153,6 +156,8 @@ class IpcServer:
         router.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
         router.linger = 1000
+        if self.activated_fd is not None:
+            router.setsockopt(zmq.USE_FD, self.activated_fd)  # libzmq adopts it instead of binding
         router.bind(self.endpoint)
         if path is not None:
             os.chmod(path, 0o600)

@@ -53,6 +53,7 @@ class ServeOptions:
     spawner: tuple[int, socket.socket] | None = None
     config_path: Path | None = None  # reread on SIGHUP (the policy part)
     plugins: list[Tool[Any]] = field(default_factory=list)  # loaded before the spawner forked
+    activated_fd: int | None = None  # a listening socket passed by systemd (socket activation)
 
 
 async def build_runner(config: Config, options: ServeOptions) -> ThreadRunner | SpawnRunner:
@@ -135,7 +136,7 @@ def _drop_privileges(
         companions = [journal.path.with_name(journal.path.name + suffix) for suffix in ("-wal", "-shm")]
         own += [state, journal.path, state / "journal.lock", *companions]
     own += [user_state.path.parent, *user_state.companions()]
-    socket_path = ipc_path(ipc.endpoint)
+    socket_path = ipc_path(ipc.endpoint) if ipc.activated_fd is None else None  # systemd's socket stays systemd's
     if socket_path is not None:
         own += [socket_path.parent, socket_path, socket_path.with_name(socket_path.name + ".lock")]
     runner.temps_from_spawner()
@@ -186,6 +187,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
         max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
         refuse=_refuse_tool_processes(runner),
+        activated_fd=options.activated_fd,
     )
     service = Service(
         config=config,
