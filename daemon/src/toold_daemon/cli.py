@@ -22,6 +22,7 @@ from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
 from .plugin_loader import PluginReport, load_plugins
 from .tools import Tool, builtin_tools, web_search
+from .tools.custom import taken_names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,18 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if activated is not None:
         args.endpoint = activated.endpoint  # the socket's own path: the spawner admits by its mode
-    plugins, reports = load_plugins(config.daemon, taken=_tool_names(config))
+    plugins, reports = load_plugins(config.daemon, taken=taken_names(config.tools))
     # The fork server starts now, while this process is single-threaded and trio not running.
     spawner = start_spawner([*builtin_tools(), *plugins, Probe()], admission_for(args, config))
     if args.command == "doctor":
         return doctor(config, spawner, reports)
     return run_serve(args, config, spawner, plugins, activated.fd if activated else None)
-
-
-def _tool_names(config: Config) -> set[str]:
-    """Names (and aliases) of the built-in and configured tools: a plugin may take none."""
-    names = {name for tool in builtin_tools() for name in (tool.name, *tool.aliases)}
-    return names | {entry.name for entry in (*config.tools.commands, *config.tools.definitions)}
 
 
 def admission_for(args: argparse.Namespace, config: Config) -> Admission:

@@ -10,6 +10,7 @@ mode, where a person supplies each result.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -90,6 +91,8 @@ class CommandTool(SchemaTool):
             if names and element == "{" + names[0] + "}" and names[0] not in args:
                 continue
             value = _PLACEHOLDER.sub(lambda m: _text(args.get(m.group(1))), element)
+            if "\0" in value:  # no program can receive it: say so instead of failing to start
+                raise bad_args(f"{names[0] if names else 'argv'}: a NUL character cannot be passed to a program")
             if names and not options_end and value.startswith("-") and not element.startswith("-"):
                 raise bad_args(f"{names[0]}: a value starting with '-' would be read as an option ({value[:40]!r})")
             options_end = options_end or element == "--"
@@ -104,35 +107,44 @@ def _text(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str | int | float):
         return str(value)
-    import json
-
     return json.dumps(value, ensure_ascii=False)
 
 
 def command_tool(entry: CommandToolConfig) -> Tool[Any]:
-    attributes = {
-        "name": entry.name,
-        "description": entry.description,
-        "json_schema": entry.parameters,
-        "validator": Draft202012Validator(entry.parameters),
-        "entry": entry,
-        "risk": entry.risk,
-        "side_effecting": entry.side_effecting,
-        "output": "data: {exit_code}; the program's output is the content",
-    }
-    tool: Tool[Any] = type(f"CommandTool_{entry.name}", (CommandTool,), attributes)()
-    return tool
+    return _schema_tool(
+        CommandTool,
+        entry,
+        entry=entry,
+        risk=entry.risk,
+        side_effecting=entry.side_effecting,
+        output="data: {exit_code}; the program's output is the content",
+    )
 
 
 def definition_tool(entry: DefinitionConfig) -> Tool[Any]:
+    return _schema_tool(DefinedTool, entry)
+
+
+def _schema_tool(base: type[SchemaTool], definition: DefinitionConfig, **extra: Any) -> Tool[Any]:
+    """A tool of its own class (tool attributes are class attributes) for one entry."""
     attributes = {
-        "name": entry.name,
-        "description": entry.description,
-        "json_schema": entry.parameters,
-        "validator": Draft202012Validator(entry.parameters),
+        "name": definition.name,
+        "description": definition.description,
+        "json_schema": definition.parameters,
+        "validator": Draft202012Validator(definition.parameters),
+        **extra,
     }
-    tool: Tool[Any] = type(f"DefinedTool_{entry.name}", (DefinedTool,), attributes)()
+    tool: Tool[Any] = type(f"{base.__name__}_{definition.name}", (base,), attributes)()
     return tool
+
+
+def taken_names(tools: ToolsConfig) -> set[str]:
+    """Names and aliases of the built-in tools and of the configured ones: a plugin may
+    take none of them, and a configured tool none of the built-ins'."""
+    from . import builtin_tools
+
+    names = {name for tool in builtin_tools() for name in (tool.name, *tool.aliases)}
+    return names | {entry.name for entry in (*tools.commands, *tools.definitions)}
 
 
 def configured_tools(tools: ToolsConfig) -> list[Tool[Any]]:
@@ -145,9 +157,7 @@ def configured_tools(tools: ToolsConfig) -> list[Tool[Any]]:
 
 def problems(tools: ToolsConfig) -> list[tuple[str, int, str]]:
     """What is wrong with the configured tools: (TOML header, index under it, message)."""
-    from . import builtin_tools
-
-    taken = {t.name for t in builtin_tools()} | {alias for t in builtin_tools() for alias in t.aliases}
+    taken = taken_names(ToolsConfig())  # the built-ins alone: each entry adds its own below
     found: list[tuple[str, int, str]] = []
     entries: list[tuple[str, int, DefinitionConfig]] = [
         *(("[[tools.commands]]", i, e) for i, e in enumerate(tools.commands)),
