@@ -100,6 +100,18 @@ def test_the_allowed_ports_hold_for_public_looking_hosts_too(daemon: DaemonProce
             assert result.error is not None and result.error.code == "URL_REFUSED" and "port" in result.error.message
 
 
+def fetch_here(url: str, reach: Reach) -> web.Response:
+    """The fetch the child runs, run in this process (so a test can change its resolver)."""
+    return web.fetch(
+        web.Request(url),
+        reach,
+        max_download_bytes=1 << 20,
+        max_redirects=0,
+        deadline=time.monotonic() + 10,
+        cancelled=threading.Event(),
+    )
+
+
 def test_a_name_is_looked_up_once_and_the_checked_address_is_the_one_connected(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -120,14 +132,7 @@ def test_a_name_is_looked_up_once_and_the_checked_address_is_the_one_connected(
         monkeypatch.setattr(socket, "getaddrinfo", rebinding)
         reach = Reach.of([allowed.port, refused.port], ["127.0.0.1/32"])
         # Both servers listen on the same port number only by chance; ask for the allowed one's.
-        response = web.fetch(
-            web.Request(f"http://rebind.test:{allowed.port}/json"),
-            reach,
-            max_download_bytes=1 << 20,
-            max_redirects=0,
-            deadline=time.monotonic() + 10,
-            cancelled=threading.Event(),
-        )
+        response = fetch_here(f"http://rebind.test:{allowed.port}/json", reach)
         assert response.status == 200 and lookups == ["rebind.test"]
         assert allowed.requests[-1].headers["host"] == f"rebind.test:{allowed.port}"  # the name, not the address
         assert refused.requests == []
@@ -142,14 +147,7 @@ def test_a_name_with_one_internal_answer_among_public_ones_is_refused(monkeypatc
 
     monkeypatch.setattr(socket, "getaddrinfo", mixed)
     with pytest.raises(web.FetchFailed) as caught:
-        web.fetch(
-            web.Request("http://mixed.test/"),
-            Reach.of(),
-            max_download_bytes=1024,
-            max_redirects=0,
-            deadline=time.monotonic() + 5,
-            cancelled=threading.Event(),
-        )
+        fetch_here("http://mixed.test/", Reach.of())
     assert caught.value.code == "URL_REFUSED" and "10.1.2.3" in caught.value.message
 
 
@@ -160,21 +158,18 @@ def test_a_redirect_from_https_to_http_is_refused() -> None:
     web.refuse_downgrade(httpx.URL("http://a.example/"), httpx.URL("https://b.example/"))  # upgrading is fine
 
 
-def test_no_proxy_from_the_environment(daemon: DaemonProcess, site: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A proxy variable in the daemon's environment would route fetches around the rules;
-    the fetch ignores it (the in-process fetch is the same code the child runs)."""
-    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{site.port}")
-    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{site.port}")
+def test_no_proxy_from_the_environment(tmp_path_factory: pytest.TempPathFactory, site: Server) -> None:
+    """An administrator may pass proxy variables to commands (the environment allowlist);
+    web_fetch must still ignore them, or they would carry fetches around the rules (and
+    answer for names this machine cannot resolve)."""
+    proxy = {"HTTP_PROXY": site.url(""), "http_proxy": site.url(""), "ALL_PROXY": site.url("")}
+    config = '[tools.environment]\nallowlist = ["*_PROXY"]\n[tools.approval]\npreset = "all"\n'
     before = len(site.requests)
-    with pytest.raises(web.FetchFailed):
-        web.fetch(
-            web.Request("http://10.9.9.9/"),
-            Reach.of(),
-            max_download_bytes=1024,
-            max_redirects=0,
-            deadline=time.monotonic() + 5,
-            cancelled=threading.Event(),
-        )
+    with module_daemon(tmp_path_factory, "ssrf-env-proxy", config, env=proxy) as d, d.client() as client:
+        shell = client.call("shell", {"command": "env"})
+        result = client.call("web_fetch", {"url": "http://unresolvable.invalid/json"})
+    assert f"HTTP_PROXY={site.url('')}" in shell.content  # the variables do reach the children
+    assert result.error is not None and result.error.code == "DNS_FAILED", result.content
     assert len(site.requests) == before
 
 
