@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BIN, DaemonProcess, reachable_daemon, start_daemon
-from tests.e2e.test_identity import as_other_user
+from tests.conftest import BIN, DaemonProcess, start_daemon
 from toold_client import Client
 from toold_client.watch import WatchState
 from toold_protocol import CallFinished, ToolResult
@@ -80,39 +79,6 @@ def test_memory_and_todos_survive_a_restart(tmp_path: Path, root: Path) -> None:
             assert call(client, "write_todos", action="list").content == "[ ] 1: survive"
     finally:
         again.stop()
-
-
-def test_another_uid_sees_nothing_of_roots_memory_or_todos(tmp_path: Path) -> None:
-    with reachable_daemon(tmp_path) as d:
-        with d.client() as client:
-            call(client, "memory", action="set", key="secret", value="root's")
-            call(client, "write_todos", action="add", task="root's task")
-
-        def look(client: Client) -> dict[str, Any]:
-            got = client.call("memory", {"action": "get", "key": "secret"})
-            listing = client.call("memory", {"action": "list"})
-            todos = client.call("write_todos", {"action": "list"})
-            removed = client.call("write_todos", {"action": "remove", "id": "1"})
-            own = client.call("memory", {"action": "set", "key": "secret", "value": "mine"})
-            return {
-                "get": got.content,
-                "list": listing.content,
-                "todos": todos.content,
-                "removed": removed.error.code if removed.error else "ok",
-                "own": own.ok,
-            }
-
-        seen = as_other_user(d.endpoint, look)
-        assert seen == {
-            "get": "not found: secret",
-            "list": "no keys stored",
-            "todos": "no todos",
-            "removed": "UNKNOWN_TODO",
-            "own": True,
-        }, seen
-        with d.client() as client:
-            assert call(client, "memory", action="get", key="secret").content == "root's"
-            assert call(client, "write_todos", action="list").content == "[ ] 1: root's task"
 
 
 WRITER = """
