@@ -1,5 +1,6 @@
 """Client library for the toold daemon. Depends on toold-protocol and pyzmq only."""
 
+from ._async_client import AsyncClient as AsyncClient
 from ._client import APPROVE_ALL as APPROVE_ALL
 from ._client import DENY_ALL as DENY_ALL
 from ._client import BatchOutcome as BatchOutcome
@@ -18,6 +19,7 @@ from ._transport import ZmqTransport as ZmqTransport
 __all__ = [
     "APPROVE_ALL",
     "DENY_ALL",
+    "AsyncClient",
     "BatchOutcome",
     "CallSpec",
     "Client",

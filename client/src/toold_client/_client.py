@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -28,11 +27,8 @@ from toold_protocol import (
     BatchStatus,
     BatchSummary,
     Cancel,
-    Confirm,
     ConfirmationRequested,
     DaemonMessage,
-    DecodeFailure,
-    Error,
     EventMode,
     ExplainPolicy,
     GetBatch,
@@ -46,54 +42,36 @@ from toold_protocol import (
     PruneJournal,
     Recover,
     ReloadPolicy,
-    SubmitBatch,
     Subscribe,
     SupplyResult,
-    ToolCall,
     ToolDefinition,
     ToolList,
     ToolResult,
     Welcome,
-    decode_daemon_message,
     default_endpoint,
     encode,
     encode_value,
 )
 
-from ._errors import DaemonUnavailable, ProtocolError, RemoteError, RequestTimeout
+from ._errors import DaemonUnavailable, RequestTimeout
+from ._inbox import (
+    APPROVE_ALL,
+    DENY_ALL,
+    CallSpec,
+    Decision,
+    Inbox,
+    confirm_request,
+    expect,
+    submit_request,
+    to_wire,
+)
 from ._transport import Transport, ZmqTransport
 
+__all__ = ["APPROVE_ALL", "DENY_ALL", "BatchOutcome", "CallSpec", "Client", "ConfirmHandler", "Decision"]
+
 EventHandler = Callable[[DaemonMessage], None]
-T = TypeVar("T")
-_BATCH_EVENT_TYPES = ("call_started", "output_chunk", "call_finished", "batch_finished", "confirmation_requested")
-
-
-@dataclass(frozen=True, slots=True)
-class CallSpec:
-    """One call to submit. ``arguments`` is a JSON-like mapping."""
-
-    name: str
-    arguments: Mapping[str, Any]
-    call_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """An answer to a confirmation request. ``approve_selected`` approves only
-    ``approved_call_ids``; ``modified_arguments`` replaces a call's arguments (the daemon
-    re-validates them); ``remember_for_session`` grants the same tool and path (or the
-    same program, for shell) for the rest of the submitting session."""
-
-    decision: Literal["approve_all", "approve_selected", "deny_all"]
-    approved_call_ids: tuple[str, ...] = ()
-    modified_arguments: Mapping[str, Mapping[str, Any]] | None = None
-    remember_for_session: bool = False
-    reason: str = ""
-
-
-APPROVE_ALL = Decision("approve_all")
-DENY_ALL = Decision("deny_all")
 ConfirmHandler = Callable[[ConfirmationRequested], Decision | None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +102,7 @@ class Client:
         self.client_name = client_name
         self._transport = transport if transport is not None else ZmqTransport(self.endpoint)
         self._ids = itertools.count(1)
-        self._replies: dict[int, DaemonMessage] = {}
-        self._events: dict[str, collections.deque[DaemonMessage]] = collections.defaultdict(collections.deque)
-        self._uid = os.getuid()  # the daemon namespaces batch ids this client chooses by it
-        # Confirmation requests as they arrive, for approvers (bounded; oldest dropped first).
-        self._confirmations: collections.deque[ConfirmationRequested] = collections.deque(maxlen=1000)
-        # After ``watch``: every unsolicited message in arrival order (bounded).
-        self._watching = False
-        self._watch_queue: collections.deque[DaemonMessage] = collections.deque(maxlen=10_000)
+        self._inbox = Inbox(os.getuid())
         self._welcome: Welcome | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -159,7 +130,7 @@ class Client:
                 id=i, protocol_version=PROTOCOL_VERSION, client_name=self.client_name, workspace=self.workspace
             )
         )
-        self._welcome = _expect(reply, Welcome)
+        self._welcome = expect(reply, Welcome)
         return self._welcome
 
     def _open_workspace(self) -> None:
@@ -173,12 +144,12 @@ class Client:
     def ping(self, timeout: float | None = None) -> float:
         """Round-trip time in seconds."""
         started = time.perf_counter()
-        _expect(self._request(lambda i: Ping(id=i), timeout=timeout), Pong)
+        expect(self._request(lambda i: Ping(id=i), timeout=timeout), Pong)
         return time.perf_counter() - started
 
     def tools(self, format: str = "toold") -> list[ToolDefinition] | list[dict[str, Any]]:
         """Tool definitions; with ``format`` openai/anthropic/gemini, that provider's declarations."""
-        reply = _expect(self._request(lambda i: ListTools(id=i, format=format)), ToolList)  # type: ignore[arg-type]
+        reply = expect(self._request(lambda i: ListTools(id=i, format=format)), ToolList)  # type: ignore[arg-type]
         return reply.tools if format == "toold" else reply.formatted
 
     def call(
@@ -214,12 +185,10 @@ class Client:
     ) -> BatchOutcome:
         """Submit a batch and wait for it to finish; ``on_event`` sees every event as it arrives.
         ``on_confirm`` answers confirmation requests (return None to leave one to an approver)."""
-        wire_calls = [_to_wire(call, index) for index, call in enumerate(calls)]
+        wire_calls = [to_wire(call, index) for index, call in enumerate(calls)]
         self._open_workspace()
-        request = lambda i: SubmitBatch(  # noqa: E731
-            id=i, calls=wire_calls, batch_id=batch_id, events=events, approval_timeout_seconds=approval_timeout
-        )
-        accepted = _expect(self._request(request, timeout=timeout), BatchAccepted)
+        request = submit_request(wire_calls, batch_id, events, approval_timeout)
+        accepted = expect(self._request(request, timeout=timeout), BatchAccepted)
         finished = self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
         return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
 
@@ -234,10 +203,9 @@ class Client:
         """Deliver this batch's events until ``batch_finished``. ``timeout`` is per event (None: wait).
         ``batch_id`` may be the id this client chose: the daemon keeps chosen ids in the
         client's uid namespace (``abc`` → ``1000:abc``), and events carry that full id."""
-        names = [batch_id] if batch_id.startswith(f"{self._uid}:") else [batch_id, f"{self._uid}:{batch_id}"]
+        names = self._inbox.batch_names(batch_id)
         while True:
-            while (queue := next((self._events[n] for n in names if self._events.get(n)), None)) is not None:
-                event = queue.popleft()
+            while (event := self._inbox.next_batch_event(names)) is not None:
                 if on_event is not None:
                     on_event(event)
                 if isinstance(event, ConfirmationRequested) and on_confirm is not None:
@@ -245,8 +213,7 @@ class Client:
                     if decision is not None:
                         self.confirm(event.correlation_id, decision)
                 if isinstance(event, BatchFinished):
-                    for name in names:
-                        self._events.pop(name, None)
+                    self._inbox.forget_batch(names)
                     return event
             self._receive_one(timeout if timeout is not None else None)
 
@@ -254,45 +221,33 @@ class Client:
 
     def confirm(self, correlation_id: str, decision: Decision) -> None:
         """Answer a confirmation request (RemoteError NOT_AUTHORIZED if this session may not)."""
-        modified = {k: msgspec.Raw(encode_value(dict(v))) for k, v in (decision.modified_arguments or {}).items()}
-        request = lambda i: Confirm(  # noqa: E731
-            id=i,
-            correlation_id=correlation_id,
-            decision=decision.decision,
-            approved_call_ids=list(decision.approved_call_ids),
-            modified_arguments=modified,
-            remember_for_session=decision.remember_for_session,
-            reason=decision.reason,
-        )
-        _expect(self._request(request), Ack)
+        expect(self._request(confirm_request(correlation_id, decision)), Ack)
 
     def subscribe(self) -> list[ConfirmationRequested]:
         """Become an approver; returns the requests pending now that this session may answer.
         Later ones arrive through ``next_confirmation``."""
-        self._confirmations.clear()
-        _expect(self._request(lambda i: Subscribe(id=i)), Ack)
-        pending = list(self._confirmations)
-        self._confirmations.clear()
+        self._inbox.confirmations.clear()
+        expect(self._request(lambda i: Subscribe(id=i)), Ack)
+        pending = list(self._inbox.confirmations)
+        self._inbox.confirmations.clear()
         return pending
 
     def watch(self) -> list[ConfirmationRequested]:
         """Subscribe as a watcher: from now on every event of the batches this session may
         see (a ``batch_status`` with id 0 when one starts, then its events and confirmation
         requests) arrives through ``next_event``. Returns the requests pending now."""
-        self._watching = True
+        self._inbox.watching = True
         pending = self.subscribe()
-        kept = [m for m in self._watch_queue if not isinstance(m, ConfirmationRequested)]  # returned above
-        self._watch_queue.clear()
-        self._watch_queue.extend(kept)
+        self._inbox.start_watching()
         return pending
 
     def next_event(self, timeout: float | None = None) -> DaemonMessage | None:
         """The next unsolicited message after ``watch``, or None after ``timeout``."""
-        return self._next_from(self._watch_queue, timeout)
+        return self._next_from(self._inbox.watch_queue, timeout)
 
     def next_confirmation(self, timeout: float | None = None) -> ConfirmationRequested | None:
         """The next confirmation request (after ``subscribe``), or None after ``timeout``."""
-        return self._next_from(self._confirmations, timeout)
+        return self._next_from(self._inbox.confirmations, timeout)
 
     def _next_from(self, queue: collections.deque[T], timeout: float | None) -> T | None:
         """Receive until ``queue`` has something (the receive loop fills it), or time is up."""
@@ -310,7 +265,7 @@ class Client:
     def supply_result(self, batch_id: str, call_id: str, content: str, *, ok: bool = True) -> None:
         """Parse-only mode: give a pending call its result (``ok=False``: an error result)."""
         request = lambda i: SupplyResult(id=i, batch_id=batch_id, call_id=call_id, ok=ok, content=content)  # noqa: E731
-        _expect(self._request(request), Ack)
+        expect(self._request(request), Ack)
 
     # ------------------------------------------------------------------ policy
 
@@ -318,21 +273,21 @@ class Client:
         """What the daemon's policy would decide for this call from this session (nothing runs)."""
         raw = msgspec.Raw(encode_value(dict(arguments or {})))
         self._open_workspace()
-        return _expect(self._request(lambda i: ExplainPolicy(id=i, name=name, arguments=raw)), PolicyExplanation)
+        return expect(self._request(lambda i: ExplainPolicy(id=i, name=name, arguments=raw)), PolicyExplanation)
 
     def reload_policy(self) -> None:
         """Ask the daemon to reread its policy (administrators: the daemon's uid or root)."""
-        _expect(self._request(lambda i: ReloadPolicy(id=i)), Ack)
+        expect(self._request(lambda i: ReloadPolicy(id=i)), Ack)
 
     def cancel(self, batch_id: str) -> None:
-        _expect(self._request(lambda i: Cancel(id=i, batch_id=batch_id)), Ack)
+        expect(self._request(lambda i: Cancel(id=i, batch_id=batch_id)), Ack)
 
     def get_batch(self, batch_id: str) -> BatchStatus:
-        return _expect(self._request(lambda i: GetBatch(id=i, batch_id=batch_id)), BatchStatus)
+        return expect(self._request(lambda i: GetBatch(id=i, batch_id=batch_id)), BatchStatus)
 
     def list_batches(self, limit: int = 100) -> list[BatchSummary]:
         """The journal's batches of this uid (root: everyone's), newest first."""
-        return _expect(self._request(lambda i: ListBatches(id=i, limit=limit)), BatchList).batches
+        return expect(self._request(lambda i: ListBatches(id=i, limit=limit)), BatchList).batches
 
     def recover(
         self, batch_id: str, action: Literal["resume", "discard"], *, on_event: EventHandler | None = None
@@ -340,14 +295,14 @@ class Client:
         """Resume (runs the never-started calls; returns the finished batch) or discard an interrupted batch."""
         reply = self._request(lambda i: Recover(id=i, batch_id=batch_id, action=action))
         if action == "discard":
-            _expect(reply, Ack)
+            expect(reply, Ack)
             return None
-        accepted = _expect(reply, BatchAccepted)
+        accepted = expect(reply, BatchAccepted)
         return self.wait_batch(accepted.batch_id, on_event=on_event)
 
     def prune(self, older_than_seconds: float) -> int:
         """Delete finished batches older than this from the journal; returns how many."""
-        return _expect(
+        return expect(
             self._request(lambda i: PruneJournal(id=i, older_than_seconds=older_than_seconds)), Pruned
         ).removed
 
@@ -357,7 +312,7 @@ class Client:
         request_id = next(self._ids)
         self._transport.send(encode(build(request_id)))
         deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
-        while request_id not in self._replies:
+        while (reply := self._inbox.take_reply(request_id)) is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RequestTimeout(
@@ -365,9 +320,6 @@ class Client:
                     f"{timeout if timeout is not None else self.timeout:g}s"
                 )
             self._receive_one(remaining)
-        reply = self._replies.pop(request_id)
-        if isinstance(reply, Error):
-            raise RemoteError(reply.code, reply.message, reply.details)
         return reply
 
     def _receive_one(self, timeout: float | None) -> None:
@@ -376,39 +328,4 @@ class Client:
             if timeout is None:
                 raise DaemonUnavailable("the daemon connection closed")
             raise RequestTimeout(f"no message from the daemon at {self.endpoint} within {timeout:.3g}s")
-        try:
-            message = decode_daemon_message(frame)
-        except DecodeFailure as exc:
-            raise ProtocolError(f"undecodable frame from the daemon: {exc.message}") from None
-        tag = type(message).__struct_config__.tag
-        unsolicited = tag in _BATCH_EVENT_TYPES or (isinstance(message, BatchStatus) and message.id == 0)
-        if self._watching and unsolicited:
-            self._watch_queue.append(message)
-            if isinstance(message, ConfirmationRequested):
-                self._confirmations.append(message)
-        elif isinstance(message, ConfirmationRequested):
-            self._confirmations.append(message)
-            self._events[message.batch_id].append(message)
-        elif tag in _BATCH_EVENT_TYPES:
-            self._events[message.batch_id].append(message)  # type: ignore[union-attr]
-        elif isinstance(message, Error) and message.id is None:
-            raise RemoteError(message.code, message.message, message.details)
-        else:
-            self._replies[message.id] = message  # type: ignore[union-attr,index]
-
-
-def _to_wire(call: CallSpec | Mapping[str, Any], index: int) -> ToolCall:
-    if not isinstance(call, CallSpec):
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):
-            arguments = json.loads(arguments) if arguments else {}
-        call = CallSpec(str(call.get("name", "")), arguments, str(call.get("id") or call.get("call_id") or ""))
-    # Deterministic, so that resubmitting the same calls under the same batch id is the same batch.
-    call_id = call.call_id or f"call_{index}"
-    return ToolCall(call_id=call_id, name=call.name, arguments=msgspec.Raw(encode_value(dict(call.arguments))))
-
-
-def _expect(message: DaemonMessage, kind: type[T]) -> T:
-    if not isinstance(message, kind):
-        raise ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
-    return message
+        self._inbox.deliver(frame)

@@ -7,7 +7,7 @@ transport, while integration tests and real use go through :class:`ZmqTransport`
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -83,6 +83,26 @@ class ZmqTransport:
         except zmq.ZMQError as exc:
             raise DaemonUnavailable(f"cannot receive from the daemon: {exc}") from None
 
+    def try_recv(self) -> bytes | None:
+        """A frame if one is waiting, else None, without blocking (for event loops, which
+        wait on ``fds()`` becoming readable in between). DaemonUnavailable if the daemon went away."""
+        try:
+            if _has_input(self._sock):
+                return self._sock.recv(zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            raise DaemonUnavailable(f"cannot receive from the daemon: {exc}") from None
+        if self._monitor is not None and _has_input(self._monitor) and self._disconnected():
+            raise DaemonUnavailable(f"the daemon at {self._endpoint} went away (connection closed)")
+        return None
+
+    def fds(self) -> list[int]:
+        """File descriptors that become readable when ``try_recv`` may have news. ZeroMQ's
+        are edge-triggered: call ``try_recv`` until None before waiting on them again."""
+        fds = [cast(int, self._sock.getsockopt(zmq.FD))]
+        if self._monitor is not None:
+            fds.append(cast(int, self._monitor.getsockopt(zmq.FD)))
+        return fds
+
     def _disconnected(self) -> bool:
         """Read the monitor's pending events: was the connection closed?"""
         assert self._monitor is not None
@@ -103,3 +123,7 @@ class ZmqTransport:
             self._monitor = None
         self._sock.close(linger=0)
         self._ctx.term()
+
+
+def _has_input(sock: zmq.Socket[bytes]) -> bool:
+    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
