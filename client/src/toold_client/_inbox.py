@@ -152,14 +152,27 @@ def confirm_request(correlation_id: str, decision: Decision) -> Any:
 
 
 def to_wire(call: CallSpec | Mapping[str, Any], index: int) -> ToolCall:
+    """A call as sent. Arguments that are not an object (a provider's malformed JSON
+    string, say) are sent as they are: the daemon answers that call with BadArgs."""
     if not isinstance(call, CallSpec):
         arguments = call.get("arguments", {})
         if isinstance(arguments, str):
-            arguments = json.loads(arguments) if arguments else {}
+            arguments = json_or_text(arguments)
         call = CallSpec(str(call.get("name", "")), arguments, str(call.get("id") or call.get("call_id") or ""))
     # Deterministic, so that resubmitting the same calls under the same batch id is the same batch.
     call_id = call.call_id or f"call_{index}"
-    return ToolCall(call_id=call_id, name=call.name, arguments=msgspec.Raw(encode_value(dict(call.arguments))))
+    arguments = dict(call.arguments) if isinstance(call.arguments, Mapping) else call.arguments
+    return ToolCall(call_id=call_id, name=call.name, arguments=msgspec.Raw(encode_value(arguments)))
+
+
+def json_or_text(text: str) -> Any:
+    """JSON text decoded; text that is not JSON stays the string it was."""
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def expect(message: DaemonMessage, kind: type[T]) -> T:

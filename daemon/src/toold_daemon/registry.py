@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from toold_protocol import ToolDefinition, ToolErrorType
+from toold_protocol import ToolDefinition, ToolErrorType, declaration
 
 from .errors import ToolError
 from .tools._base import Tool
@@ -94,19 +94,7 @@ class Registry:
         """The definitions as one provider expects its function declarations."""
         out: builtins.list[dict[str, Any]] = []
         for d in self.definitions():
-            if fmt == "openai":
-                out.append(
-                    {
-                        "type": "function",
-                        "function": {"name": d.name, "description": d.description, "parameters": d.parameters},
-                    }
-                )
-            elif fmt == "anthropic":
-                out.append({"name": d.name, "description": d.description, "input_schema": d.parameters})
-            elif fmt == "gemini":
-                out.append({"name": d.name, "description": d.description, "parameters": gemini_schema(d.parameters)})
-            else:
-                out.append(msgspec.to_builtins(d))
+            out.append(msgspec.to_builtins(d) if fmt == "toold" else declaration(fmt, d))
         return out
 
 
@@ -130,23 +118,3 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
     if isinstance(node, list):
         return [_inline(item, defs) for item in node]
     return node
-
-
-_GEMINI_DROP = {"title", "additionalProperties", "default", "$schema"}
-
-
-def gemini_schema(node: Any) -> Any:
-    """Gemini accepts an OpenAPI subset: drop the keywords it rejects (never a property's name)."""
-    if isinstance(node, list):
-        return [gemini_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _GEMINI_DROP:
-            continue
-        if key == "properties":
-            out[key] = {name: gemini_schema(sub) for name, sub in value.items()}
-        else:
-            out[key] = gemini_schema(value)
-    return out

@@ -5,6 +5,8 @@ from ._codec import decode_client_message as decode_client_message
 from ._codec import decode_daemon_message as decode_daemon_message
 from ._codec import encode as encode
 from ._codec import encode_value as encode_value
+from ._declarations import declaration as declaration
+from ._declarations import gemini_schema as gemini_schema
 from ._endpoint import ENDPOINT_ENV as ENDPOINT_ENV
 from ._endpoint import SOCKET_NAME as SOCKET_NAME
 from ._endpoint import default_endpoint as default_endpoint
@@ -117,11 +119,13 @@ __all__ = [
     "ToolResult",
     "ToolsMode",
     "Welcome",
+    "declaration",
     "decode_client_message",
     "decode_daemon_message",
     "default_endpoint",
     "default_runtime_dir",
     "encode",
     "encode_value",
+    "gemini_schema",
     "sanitize_for_terminal",
 ]

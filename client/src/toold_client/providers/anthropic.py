@@ -1,0 +1,32 @@
+"""Anthropic Messages API: ``tool_use`` blocks in, one ``user`` message of ``tool_result`` blocks out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._common import Definitions, Results, answers, batch_call, declarations, nth_id
+
+
+def tools(definitions: Definitions) -> list[dict[str, Any]]:
+    """``[{name, description, input_schema}]``."""
+    return declarations("anthropic", definitions)
+
+
+def calls(response: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ``tool_use`` blocks of a response (or of its ``content`` list), in order."""
+    blocks = response.get("content") or [] if isinstance(response, Mapping) else response
+    uses = [block for block in blocks if isinstance(block, Mapping) and block.get("type") == "tool_use"]
+    return [
+        batch_call(nth_id(block.get("id"), index), str(block.get("name", "")), block.get("input", {}))
+        for index, block in enumerate(uses)
+    ]
+
+
+def results(outcome: Results) -> list[dict[str, Any]]:
+    """A single ``user`` message whose ``tool_result`` blocks follow the calls' order."""
+    blocks = [
+        {"type": "tool_result", "tool_use_id": a.call_id, "content": a.text, "is_error": not a.ok}
+        for a in answers(outcome)
+    ]
+    return [{"role": "user", "content": blocks}] if blocks else []

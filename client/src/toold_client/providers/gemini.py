@@ -1,0 +1,45 @@
+"""Google Gemini: ``functionCall`` parts in, ``functionResponse`` parts out.
+
+Gemini's calls may come without ids; they get ``call_<n>`` by position, stable across
+resubmission. A ``functionResponse`` names its function, so ``results`` needs the
+names: pass the ``BatchOutcome`` (or result dicts with a ``name``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._common import Definitions, Results, answers, batch_call, declarations, nth_id
+
+
+def tools(definitions: Definitions) -> list[dict[str, Any]]:
+    """``[{"functionDeclarations": [...]}]``, schemas reduced to the subset Gemini accepts."""
+    return [{"functionDeclarations": declarations("gemini", definitions)}]
+
+
+def calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``functionCall`` parts of the first candidate (or of a ``content``), in order."""
+    content = response
+    if "candidates" in response:
+        candidates = response.get("candidates") or [{}]
+        content = candidates[0].get("content") or {}
+    parts = [
+        part["functionCall"] for part in content.get("parts") or [] if isinstance(part.get("functionCall"), Mapping)
+    ]
+    return [
+        batch_call(nth_id(call.get("id"), index), str(call.get("name", "")), call.get("args", {}))
+        for index, call in enumerate(parts)
+    ]
+
+
+def results(outcome: Results) -> list[dict[str, Any]]:
+    """One ``user`` content whose ``functionResponse`` parts follow the calls' order."""
+    parts = []
+    for a in answers(outcome):
+        if not a.name:
+            raise ValueError("Gemini function responses name their function: pass the BatchOutcome")
+        response: dict[str, Any] = {"output": a.text} if a.ok else {"error": a.text}
+        if a.data:
+            response["data"] = a.data
+        parts.append({"functionResponse": {"id": a.call_id, "name": a.name, "response": response}})
+    return [{"role": "user", "parts": parts}] if parts else []

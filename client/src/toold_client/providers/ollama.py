@@ -1,0 +1,40 @@
+"""Ollama chat API: OpenAI-like declarations, calls whose arguments are already objects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._common import Definitions, Results, answers, batch_call, declarations, decode_arguments, nth_id
+
+
+def tools(definitions: Definitions) -> list[dict[str, Any]]:
+    """``[{"type": "function", "function": {name, description, parameters}}]``."""
+    return declarations("ollama", definitions)
+
+
+def calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``tool_calls`` of a chat response's ``message`` (or of a message), in order."""
+    message = response.get("message", response)
+    out = []
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") or {}
+        out.append(
+            batch_call(
+                nth_id(call.get("id"), index),
+                str(function.get("name", "")),
+                decode_arguments(function.get("arguments")),
+            )
+        )
+    return out
+
+
+def results(outcome: Results) -> list[dict[str, Any]]:
+    """One ``{"role": "tool", "content", "tool_name"}`` message per call, in call order."""
+    out = []
+    for a in answers(outcome):
+        message = {"role": "tool", "content": a.text}
+        if a.name:
+            message["tool_name"] = a.name
+        out.append(message)
+    return out
