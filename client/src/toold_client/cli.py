@@ -102,9 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
     policy_sub.add_parser("reload", help="reread the policy from the daemon's config file")
 
     _notes_cli.add_parsers(sub)
+    mcp = sub.add_parser("mcp", help="serve the daemon's tools to an MCP client over stdio")
+    mcp.add_argument(
+        "--workspace", dest="mcp_workspace", metavar="DIR", help="the session's workspace (default: the client's roots)"
+    )
+    mcp.add_argument(
+        "--approval-timeout", type=float, default=None, help="seconds an approval may take (default: the daemon's)"
+    )
     tools = sub.add_parser("tools", help="list the daemon's tools")
     tools.add_argument("--format", default="text", choices=["text", "json", "openai", "anthropic", "gemini"])
     return parser
+
+
+def _mcp(endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> int:
+    try:
+        from . import mcp_bridge
+    except ImportError as exc:
+        hint = "pip install 'toold-client[mcp]'"
+        print(f"toolctl mcp needs the MCP SDK ({exc.name} is missing): {hint}", file=sys.stderr)
+        return EXIT_USAGE
+    return mcp_bridge.main(endpoint, workspace, approval_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "ping":
             return _ping(endpoint, args.wait, args.timeout)
+        if args.command == "mcp":
+            return _mcp(args.endpoint, args.mcp_workspace or args.workspace, args.approval_timeout)
         with Client(endpoint, client_name="toolctl", timeout=args.timeout, workspace=args.workspace) as client:
             if args.command == "call":
                 return _call(client, args, _confirm_handler(args))

@@ -85,6 +85,7 @@ class Registry:
                     side_effecting=tool.side_effecting,
                     aliases=list(tool.aliases),
                     output=tool.output,
+                    open_world=tool.network,
                 )
                 for tool in self.list()
             ]

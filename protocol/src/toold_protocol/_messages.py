@@ -98,6 +98,8 @@ class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
     aliases: list[str] = []
     #: What a result's ``data`` holds ("" when the tool returns text only).
     output: str = ""
+    #: The tool reaches outside this machine (the network, a third-party server).
+    open_world: bool = False
 
 
 class PlannedCall(msgspec.Struct, frozen=True, kw_only=True):

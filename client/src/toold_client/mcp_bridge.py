@@ -1,0 +1,216 @@
+"""``toolctl mcp``: the daemon's tools offered to any MCP client over stdio.
+
+Each ``tools/call`` becomes a one-call batch in the daemon, so the policy, approvals,
+journal and confinement apply as to every other client. When the daemon asks for
+approval, the person is asked through MCP elicitation if the client supports it
+(accept approves, decline or cancel denies); otherwise an approver (``toolctl watch``,
+``toolctl approve``) decides until the approval timeout. Output chunks become progress
+notifications when the request carries a progress token; a cancelled request cancels
+the batch. The session's workspace is ``--workspace``, else the client's first
+``file://`` root, else the daemon's roots.
+
+Needs the MCP SDK: ``pip install 'toold-client[mcp]'``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import anyio
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
+
+from toold_protocol import ConfirmationRequested, DaemonMessage, OutputChunk, ToolDefinition, ToolResult
+
+from ._async_client import AsyncClient
+from ._inbox import APPROVE_ALL, DENY_ALL, Decision
+
+SERVER_NAME = "toold"
+
+
+@dataclass
+class Asking:
+    """How the approvals of one call went, for the note in its result."""
+
+    asked: bool = False
+    answers: list[str] = field(default_factory=list)
+
+
+class Bridge:
+    """One MCP session's link to the daemon: one daemon session, opened on first use."""
+
+    def __init__(self, endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> None:
+        self.endpoint = endpoint
+        self.workspace = workspace
+        self.approval_timeout = approval_timeout
+        self._client: AsyncClient | None = None
+        self._lock = anyio.Lock()
+
+    async def client(self, session: ServerSession) -> AsyncClient:
+        async with self._lock:
+            if self._client is None:
+                workspace = self.workspace or await _workspace_from_roots(session)
+                client = AsyncClient(self.endpoint, client_name="toolctl-mcp", workspace=workspace)
+                client.connect()
+                await client.hello()
+                self._client = client
+            return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    async def list_tools(self, session: ServerSession) -> list[types.Tool]:
+        definitions = await (await self.client(session)).tools()
+        return [mcp_tool(d) for d in definitions if isinstance(d, ToolDefinition)]
+
+    async def call_tool(
+        self, session: ServerSession, name: str, arguments: dict[str, Any], progress_token: Any
+    ) -> types.CallToolResult:
+        client = await self.client(session)
+        asking = Asking()
+        streamed = 0
+
+        async def on_event(event: DaemonMessage) -> None:
+            nonlocal streamed
+            if isinstance(event, OutputChunk) and progress_token is not None:
+                streamed += len(event.data)
+                await session.send_progress_notification(progress_token, float(streamed), message=event.data)
+
+        async def on_confirm(request: ConfirmationRequested) -> Decision | None:
+            asking.asked = True
+            if not _can_elicit(session):
+                asking.answers.append("left to an approver (toolctl watch or toolctl approve)")
+                return None
+            answer = await session.elicit(_approval_message(request), _APPROVAL_SCHEMA)
+            if answer.action == "accept":
+                remember = bool((answer.content or {}).get("remember_for_session"))
+                asking.answers.append("approved through MCP elicitation")
+                return Decision("approve_all", remember_for_session=remember) if remember else APPROVE_ALL
+            asking.answers.append(f"{answer.action}d through MCP elicitation")
+            return DENY_ALL
+
+        result = await client.call(
+            name,
+            arguments,
+            on_event=on_event,
+            on_confirm=on_confirm,
+            approval_timeout=self.approval_timeout,
+            cancel_on_abandon=True,
+        )
+        return mcp_result(result, asking)
+
+
+def mcp_tool(definition: ToolDefinition) -> types.Tool:
+    """A daemon tool as MCP lists it, with hints from its risk and side effects."""
+    return types.Tool(
+        name=definition.name,
+        description=definition.description,
+        inputSchema=definition.parameters,
+        annotations=types.ToolAnnotations(
+            readOnlyHint=not definition.side_effecting,
+            destructiveHint=definition.side_effecting and definition.risk != "low",
+            openWorldHint=definition.open_world,
+        ),
+    )
+
+
+def mcp_result(result: ToolResult, asking: Asking) -> types.CallToolResult:
+    """The result as MCP content: text (with how an approval went), ``data`` as structured content."""
+    text = result.content
+    if asking.asked:
+        how = "; ".join(asking.answers) or "answered by an approver"
+        text += f"\n[approval was asked: {how}; {_verdict(result)}]"
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structuredContent=result.data if result.data else None,
+        isError=not result.ok,
+    )
+
+
+def _verdict(result: ToolResult) -> str:
+    if result.error is not None and result.error.code == "CONFIRMATION_TIMEOUT":
+        return "nobody answered before the approval timeout"
+    if result.error is not None and result.error.type == "Denied":
+        return "denied"
+    return "approved"
+
+
+_APPROVAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "remember_for_session": {
+            "type": "boolean",
+            "title": "Allow the same again for this session",
+            "default": False,
+        }
+    },
+}
+
+
+def _approval_message(request: ConfirmationRequested) -> str:
+    lines = ["toold asks before running:"]
+    for item in request.calls:
+        lines.append(f"- {item.summary} ({item.name}, risk {item.risk})")
+        lines.extend(f"  {reason}" for reason in item.reasons)
+        if item.diff:
+            lines.append("  " + "\n  ".join(item.diff.splitlines()[:40]))
+    return "\n".join(lines)
+
+
+def _can_elicit(session: ServerSession) -> bool:
+    return session.check_client_capability(types.ClientCapabilities(elicitation=types.ElicitationCapability()))
+
+
+async def _workspace_from_roots(session: ServerSession) -> str | None:
+    """The client's first ``file://`` root, if it offers roots."""
+    if not session.check_client_capability(types.ClientCapabilities(roots=types.RootsCapability())):
+        return None
+    try:
+        with anyio.fail_after(10):
+            roots = (await session.list_roots()).roots
+    except Exception:  # a client that declares roots but cannot list them: no workspace
+        return None
+    for root in roots:
+        parsed = urlparse(str(root.uri))
+        if parsed.scheme == "file" and parsed.path:
+            return unquote(parsed.path)
+    return None
+
+
+def build_server(bridge: Bridge) -> Server[Any, Any]:
+    server: Server[Any, Any] = Server(SERVER_NAME)
+
+    @server.list_tools()  # type: ignore[no-untyped-call,untyped-decorator]
+    async def list_tools() -> list[types.Tool]:
+        return await bridge.list_tools(server.request_context.session)
+
+    @server.call_tool(validate_input=False)  # type: ignore[untyped-decorator]  # the daemon validates (BadArgs)
+    async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        context = server.request_context
+        token = context.meta.progressToken if context.meta is not None else None
+        return await bridge.call_tool(context.session, name, arguments, token)
+
+    return server
+
+
+async def serve_stdio(endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> None:
+    bridge = Bridge(endpoint, os.path.abspath(workspace) if workspace else None, approval_timeout)
+    server = build_server(bridge)
+    try:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        bridge.close()
+
+
+def main(endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> int:
+    anyio.run(serve_stdio, endpoint, workspace, approval_timeout)
+    print("toolctl mcp: the MCP client closed the session", file=sys.stderr)
+    return 0
