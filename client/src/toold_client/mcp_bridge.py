@@ -99,7 +99,7 @@ class Bridge:
         result = await client.call(
             name,
             arguments,
-            on_event=on_event,
+            on_event=on_event if progress_token is not None else None,  # else: results only, fewer frames
             on_confirm=on_confirm,
             approval_timeout=self.approval_timeout,
             cancel_on_abandon=True,
