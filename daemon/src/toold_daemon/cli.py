@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, logs
 from .activation import ActivationError, take_activated_socket
 from .config import Config, ConfigError, load_file
 from .hardening import harden_process
@@ -48,12 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cmd = sub.add_parser("doctor", help="show which isolation layers this machine grants, and why not")
     doctor_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     doctor_cmd.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    doctor_cmd.add_argument("--endpoint", default="", help="the socket to report on (default: as serve would)")
+    doctor_cmd.add_argument("--state-dir", type=Path, default=None, help="the state directory to report on")
+    doctor_cmd.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="toold: %(levelname)s %(message)s", stream=sys.stderr)
+    logs.configure(args.log_level)
     if args.command == "check-config":
         return check_config(args.file)
     try:
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     # The fork server starts now, while this process is single-threaded and trio not running.
     spawner = start_spawner([*builtin_tools(), *plugins, Probe()], admission_for(args, config))
     if args.command == "doctor":
-        return doctor(config, spawner, reports)
+        return doctor(config, spawner, reports, args)
     return run_serve(args, config, spawner, plugins, activated.fd if activated else None)
 
 
@@ -148,12 +151,18 @@ def run_serve(
     return 0
 
 
-def doctor(config: Config, spawner: tuple[int, socket.socket], plugins: list[PluginReport]) -> int:
-    """Print each isolation layer as on/off with the reason, then the plugins; exit 1 if a
-    required layer is off."""
+def doctor(
+    config: Config, spawner: tuple[int, socket.socket], plugins: list[PluginReport], args: argparse.Namespace
+) -> int:
+    """Each isolation layer as on/off with the reason, then the service checks and the
+    plugins (or all of it as one JSON object); exit 1 if something required is off."""
+    import json
+
     import trio
 
     from .isolation.runner import SpawnRunner
+    from .operations import service_checks
+    from .server import ServeOptions, resolve_endpoint_quietly, state_dir_of
 
     async def probe() -> dict[str, str]:
         runner = SpawnRunner(*spawner, config)
@@ -163,16 +172,35 @@ def doctor(config: Config, spawner: tuple[int, socket.socket], plugins: list[Plu
             runner.close()
 
     layers = trio.run(probe)
-    width = max(map(len, layers))
+    endpoint = resolve_endpoint_quietly(config, args.endpoint)
+    checks = service_checks(config, endpoint, state_dir_of(config, ServeOptions(state_dir=args.state_dir)))
+    required_off = [n for n in config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
+    required_off += [c.name for c in checks if c.required and not c.on]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ok": not required_off,
+                    "layers": {name: {"on": state.startswith("on"), "detail": state} for name, state in layers.items()},
+                    "service": {c.name: {"on": c.on, "detail": c.detail, "required": c.required} for c in checks},
+                    "plugins": [report.line() for report in plugins],
+                    "required_off": required_off,
+                },
+                indent=2,
+            )
+        )
+        return 1 if required_off else 0
+    width = max(map(len, [*layers, *(c.name for c in checks)]))
     for name, state in sorted(layers.items()):
         on = state.startswith("on")
         detail = (state[2:] if on else state[3:]).strip().removeprefix(":").strip()
         if detail.startswith("(") and detail.endswith(")"):
             detail = detail[1:-1]
         print(f"{name:<{width}}  {'on ' if on else 'off'}  {detail}")
+    for check in checks:
+        print(f"{check.name:<{width}}  {'on ' if check.on else 'off'}  {check.detail}")
     for report in plugins:
         print(f"plugin {report.line()}")
-    required_off = [n for n in config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
     if required_off:
         print(f"required but off: {', '.join(required_off)}", file=sys.stderr)
         return 1

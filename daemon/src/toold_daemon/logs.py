@@ -1,0 +1,59 @@
+"""How the daemon logs: one line per event on stderr, ``key=value`` fields, and the
+syslog priority prefix (``<3>`` error ... ``<7>`` debug) when stderr is the journal.
+
+systemd says stderr goes to the journal by setting ``JOURNAL_STREAM`` to the device
+and inode of that stream; journald then takes ``<N>`` at the start of a line as the
+entry's priority. Newlines inside a message (a traceback) are escaped there, so one
+event stays one journal entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TextIO
+
+_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+
+def stderr_is_journal(stream: TextIO = sys.stderr, environ: dict[str, str] | None = None) -> bool:
+    """True when ``JOURNAL_STREAM`` names this very stream (not one a parent had)."""
+    value = (environ if environ is not None else os.environ).get("JOURNAL_STREAM", "")
+    device, _, inode = value.partition(":")
+    try:
+        st = os.fstat(stream.fileno())
+        return bool(value) and (st.st_dev, st.st_ino) == (int(device), int(inode))
+    except (ValueError, OSError):
+        return False
+
+
+class EventFormatter(logging.Formatter):
+    """``level=warning logger=server msg="..."``, with ``<N>`` first for the journal."""
+
+    def __init__(self, *, journal: bool) -> None:
+        super().__init__()
+        self.journal = journal
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatException(record.exc_info)
+        logger = record.name.removeprefix("toold_daemon.")
+        line = f"level={record.levelname.lower()} logger={logger} msg={_quoted(message, one_line=self.journal)}"
+        if self.journal:
+            return f"<{_PRIORITY.get(record.levelno, 6)}>{line}"
+        return line
+
+
+def _quoted(text: str, *, one_line: bool) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    if one_line:
+        escaped = escaped.replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def configure(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EventFormatter(journal=stderr_is_journal()))
+    logging.basicConfig(level=level, handlers=[handler], force=True)

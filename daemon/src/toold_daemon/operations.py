@@ -1,0 +1,104 @@
+"""What ``toold doctor`` reports beside the isolation layers: how the daemon would run
+as a service here (activation, notify and watchdog, its user and group, its socket,
+its journal). Each line is a ``Check``; a required one that is off fails the doctor."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config
+from .journal import JOURNAL_NAME
+
+SERVICE_GROUP = "toold"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    on: bool
+    detail: str
+    required: bool = False
+
+
+def service_checks(config: Config, endpoint: str, state_dir: Path) -> list[Check]:
+    return [
+        _activation(),
+        _notify(),
+        _service_user(config),
+        _service_group(),
+        _socket(endpoint),
+        _journal(state_dir),
+    ]
+
+
+def _activation() -> Check:
+    if os.environ.get("LISTEN_FDS") and os.environ.get("LISTEN_PID") == str(os.getpid()):
+        return Check("socket activation", True, f"systemd passes {os.environ['LISTEN_FDS']} socket(s)")
+    return Check("socket activation", False, "not activated: toold binds its own socket")
+
+
+def _notify() -> Check:
+    target = os.environ.get("NOTIFY_SOCKET", "")
+    if not target:
+        return Check("notify", False, "no NOTIFY_SOCKET: not started by systemd as Type=notify")
+    watchdog = os.environ.get("WATCHDOG_USEC", "")
+    pings = f"watchdog every {int(watchdog) / 2e6:g}s" if watchdog.isdigit() else "no watchdog"
+    return Check("notify", True, f"READY/STATUS/STOPPING to {target}; {pings}")
+
+
+def _service_user(config: Config) -> Check:
+    name = config.daemon.user
+    if not name:
+        return Check("service user", False, f"none: the protocol process stays uid {os.getuid()} ([daemon] user)")
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return Check("service user", False, f"[daemon] user = {name!r} does not exist", required=True)
+    return Check("service user", True, f"{name} (uid {entry.pw_uid}): the protocol process drops to it")
+
+
+def _service_group() -> Check:
+    try:
+        group = grp.getgrnam(SERVICE_GROUP)
+    except KeyError:
+        return Check("service group", False, f"no group {SERVICE_GROUP!r} (the packaged socket admits its members)")
+    members = ", ".join(group.gr_mem) or "no members listed"
+    return Check("service group", True, f"{SERVICE_GROUP} (gid {group.gr_gid}): {members}")
+
+
+def _socket(endpoint: str) -> Check:
+    if not endpoint.startswith("ipc://"):
+        return Check("socket", False, f"{endpoint}: not a Unix socket")
+    path = endpoint.removeprefix("ipc://")
+    try:
+        st = os.stat(path)
+    except OSError:
+        return Check("socket", False, f"no socket at {path} (daemon not running)")
+    if not stat.S_ISSOCK(st.st_mode):
+        return Check("socket", False, f"{path} is not a socket", required=True)
+    owner = _name(pwd.getpwuid, st.st_uid)
+    group = _name(grp.getgrgid, st.st_gid)
+    return Check("socket", True, f"{path} {owner}:{group} {stat.S_IMODE(st.st_mode):04o}")
+
+
+def _journal(state_dir: Path) -> Check:
+    path = state_dir / JOURNAL_NAME
+    try:
+        size = sum(p.stat().st_size for p in state_dir.glob(JOURNAL_NAME + "*"))
+    except OSError as exc:
+        return Check("journal", False, f"{path}: {exc.strerror}")
+    if not path.exists():
+        return Check("journal", False, f"none yet at {path}")
+    return Check("journal", True, f"{path}: {size / 1e6:.1f} MB with its WAL")
+
+
+def _name(lookup: object, number: int) -> str:
+    try:
+        return str(lookup(number)[0])  # type: ignore[operator]
+    except KeyError:
+        return str(number)

@@ -1,0 +1,49 @@
+"""`toold doctor --json`: the isolation layers and how the daemon runs as a service."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from tests.conftest import BIN, DaemonProcess
+
+
+def doctor(*args: str) -> tuple[int, dict[str, object]]:
+    done = subprocess.run([str(BIN / "toold"), "doctor", "--json", *args], capture_output=True, text=True, timeout=60)
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_reports_the_running_daemons_socket_and_journal(daemon: DaemonProcess, tmp_path: Path) -> None:
+    code, report = doctor("--endpoint", daemon.endpoint, "--state-dir", str(tmp_path / "state"))
+    service = report["service"]
+    assert isinstance(service, dict)
+    mode = oct(os.stat(daemon.socket).st_mode & 0o777)[2:]
+    assert service["socket"]["on"] and str(daemon.socket) in service["socket"]["detail"]
+    assert service["socket"]["detail"].endswith(mode.zfill(4))
+    assert service["journal"]["on"] and "journal.sqlite3" in service["journal"]["detail"]
+    assert not service["socket activation"]["on"] and not service["notify"]["on"]
+    assert code == 0 and report["ok"] is True
+    assert isinstance(report["layers"], dict) and "landlock" in report["layers"]
+
+
+def test_a_missing_service_user_is_required_and_fails(tmp_path: Path) -> None:
+    config = tmp_path / "toold.toml"
+    config.write_text('[daemon]\nuser = "no-such-user-toold"\n')
+    code, report = doctor("--config", str(config), "--state-dir", str(tmp_path / "state"))
+    assert code == 1 and report["ok"] is False
+    assert report["required_off"] == ["service user"]
+
+
+def test_notify_and_watchdog_are_reported_from_the_environment(tmp_path: Path) -> None:
+    env = os.environ | {"NOTIFY_SOCKET": "@toold-test", "WATCHDOG_USEC": "30000000"}
+    done = subprocess.run(
+        [str(BIN / "toold"), "doctor", "--state-dir", str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    line = next(line for line in done.stdout.splitlines() if line.startswith("notify"))
+    assert "on" in line and "@toold-test" in line and "watchdog every 15s" in line
