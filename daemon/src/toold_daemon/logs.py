@@ -57,3 +57,4 @@ def configure(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(EventFormatter(journal=stderr_is_journal()))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is the tool's business
