@@ -6,6 +6,7 @@ its own files under the shared root.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -321,7 +322,8 @@ def test_toold_doctor_reports_every_layer(tmp_path: Path) -> None:
 
     done = subprocess.run([str(BIN / "toold"), "doctor"], capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
-    rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()}
+    layer_names = set(json.loads(subprocess.check_output([str(BIN / "toold"), "doctor", "--json"]))["layers"])
+    rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines() if line.split()[0] in layer_names}
     assert set(rows) == {
         "capabilities", "cgroup", "landlock", "network", "no_new_privs", "privilege", "rlimits", "seccomp", "signals"
     }  # fmt: skip
