@@ -17,6 +17,7 @@ import zmq
 import toold_protocol as p
 from tests.conftest import BIN, DaemonProcess, start_daemon
 from toold_client import Client, DaemonUnavailable, RemoteError
+from toold_client._requests import Request
 
 
 def raw_exchange(endpoint: str, frames: list[bytes], *, expect: int = 1, timeout_ms: int = 3000) -> list[bytes]:
@@ -177,7 +178,7 @@ def test_ready_quickly_after_exec(tmp_path: Path, root: Path) -> None:
 
 def submit_raw(client: Client, calls: list[p.ToolCall], **fields: object) -> p.BatchAccepted:
     """Submit without waiting for the batch, so a test can act while it runs."""
-    accepted = client._request(lambda i: p.SubmitBatch(id=i, calls=calls, **fields))  # type: ignore[arg-type]
+    accepted = client._request(Request(p.SubmitBatch, {"calls": calls, **fields}))
     assert isinstance(accepted, p.BatchAccepted)
     return accepted
 

@@ -31,10 +31,11 @@ CLIENT = """
 import sys, msgspec, time
 import toold_protocol as p
 from toold_client import Client
+from toold_client._requests import Request
 client = Client(sys.argv[1])
 args = msgspec.Raw(p.encode_value({"command": sys.argv[2]}))
 call = p.ToolCall(call_id="c", name="shell", arguments=args)
-accepted = client._request(lambda i: p.SubmitBatch(id=i, calls=[call]))
+accepted = client._request(Request(p.SubmitBatch, {"calls": [call]}))
 print(accepted.batch_id, flush=True)
 time.sleep(600)
 """

@@ -16,47 +16,33 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar, cast
 
-import msgspec
-
 from toold_protocol import (
-    PROTOCOL_VERSION,
     Ack,
     BatchAccepted,
     BatchFinished,
     BatchList,
     BatchStatus,
     BatchSummary,
-    Cancel,
     ConfirmationRequested,
     DaemonMessage,
     EventMode,
-    ExplainPolicy,
-    GetBatch,
-    Hello,
-    ListBatches,
-    ListTools,
-    Ping,
     PolicyExplanation,
     Pong,
     Pruned,
-    PruneJournal,
-    Recover,
-    ReloadPolicy,
-    Subscribe,
-    SupplyResult,
     ToolDefinition,
     ToolList,
     ToolResult,
     Welcome,
     default_endpoint,
     encode,
-    encode_value,
 )
 
 from . import _aio
+from . import _requests as requests
 from ._client import BatchOutcome
 from ._errors import DaemonUnavailable, RequestTimeout
-from ._inbox import CallSpec, Decision, Inbox, confirm_request, expect, submit_request, to_wire
+from ._inbox import Inbox, expect
+from ._requests import CallSpec, Decision, Request, to_wire
 from ._transport import ZmqTransport
 
 T = TypeVar("T")
@@ -106,10 +92,7 @@ class AsyncClient:
             self._transport = None
 
     async def hello(self) -> Welcome:
-        request = lambda i: Hello(  # noqa: E731
-            id=i, protocol_version=PROTOCOL_VERSION, client_name=self.client_name, workspace=self.workspace
-        )
-        self._welcome = expect(await self._request(request), Welcome)
+        self._welcome = expect(await self._request(requests.hello(self.client_name, self.workspace)), Welcome)
         return self._welcome
 
     async def welcome(self) -> Welcome:
@@ -124,12 +107,12 @@ class AsyncClient:
 
     async def ping(self, timeout: float | None = None) -> float:
         started = time.perf_counter()
-        expect(await self._request(lambda i: Ping(id=i), timeout=timeout), Pong)
+        expect(await self._request(requests.ping(), timeout=timeout), Pong)
         return time.perf_counter() - started
 
     async def tools(self, format: str = "toold") -> list[ToolDefinition] | list[dict[str, Any]]:
         """Tool definitions; with ``format`` openai/anthropic/gemini, that provider's declarations."""
-        reply = expect(await self._request(lambda i: ListTools(id=i, format=format)), ToolList)  # type: ignore[arg-type]
+        reply = expect(await self._request(requests.list_tools(format)), ToolList)
         return reply.tools if format == "toold" else reply.formatted
 
     async def call(
@@ -173,7 +156,7 @@ class AsyncClient:
         ``cancel_on_abandon`` is set, the batch is cancelled in the daemon as well."""
         wire_calls = [to_wire(call, index) for index, call in enumerate(calls)]
         await self._open_workspace()
-        request = submit_request(wire_calls, batch_id, events, approval_timeout)
+        request = requests.submit(wire_calls, batch_id, events, approval_timeout)
         accepted = expect(await self._request(request, timeout=timeout), BatchAccepted)
         try:
             finished = await self.wait_batch(
@@ -181,7 +164,7 @@ class AsyncClient:
             )
         except BaseException as exc:
             if cancel_on_abandon and not isinstance(exc, Exception):  # cancelled, not failed
-                self._send_and_forget(lambda i: Cancel(id=i, batch_id=accepted.batch_id))
+                self._send_and_forget(requests.cancel(accepted.batch_id))
             raise
         return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
 
@@ -208,12 +191,12 @@ class AsyncClient:
                 return event
 
     async def confirm(self, correlation_id: str, decision: Decision) -> None:
-        expect(await self._request(confirm_request(correlation_id, decision)), Ack)
+        expect(await self._request(requests.confirm(correlation_id, decision)), Ack)
 
     async def subscribe(self) -> list[ConfirmationRequested]:
         """Become an approver; returns the requests pending now (later: ``next_confirmation``)."""
         self._inbox.confirmations.clear()
-        expect(await self._request(lambda i: Subscribe(id=i)), Ack)
+        expect(await self._request(requests.subscribe()), Ack)
         pending = list(self._inbox.confirmations)
         self._inbox.confirmations.clear()
         return pending
@@ -234,31 +217,29 @@ class AsyncClient:
         return await self._until_or_none(lambda: queue.popleft() if queue else None, timeout)
 
     async def supply_result(self, batch_id: str, call_id: str, content: str, *, ok: bool = True) -> None:
-        request = lambda i: SupplyResult(id=i, batch_id=batch_id, call_id=call_id, ok=ok, content=content)  # noqa: E731
+        request = requests.supply_result(batch_id, call_id, content, ok)
         expect(await self._request(request), Ack)
 
     async def explain(self, name: str, arguments: Mapping[str, Any] | None = None) -> PolicyExplanation:
-        raw = msgspec.Raw(encode_value(dict(arguments or {})))
         await self._open_workspace()
-        reply = await self._request(lambda i: ExplainPolicy(id=i, name=name, arguments=raw))
-        return expect(reply, PolicyExplanation)
+        return expect(await self._request(requests.explain(name, arguments)), PolicyExplanation)
 
     async def reload_policy(self) -> None:
-        expect(await self._request(lambda i: ReloadPolicy(id=i)), Ack)
+        expect(await self._request(requests.reload_policy()), Ack)
 
     async def cancel(self, batch_id: str) -> None:
-        expect(await self._request(lambda i: Cancel(id=i, batch_id=batch_id)), Ack)
+        expect(await self._request(requests.cancel(batch_id)), Ack)
 
     async def get_batch(self, batch_id: str) -> BatchStatus:
-        return expect(await self._request(lambda i: GetBatch(id=i, batch_id=batch_id)), BatchStatus)
+        return expect(await self._request(requests.get_batch(batch_id)), BatchStatus)
 
     async def list_batches(self, limit: int = 100) -> list[BatchSummary]:
-        return expect(await self._request(lambda i: ListBatches(id=i, limit=limit)), BatchList).batches
+        return expect(await self._request(requests.list_batches(limit)), BatchList).batches
 
     async def recover(
         self, batch_id: str, action: Literal["resume", "discard"], *, on_event: AsyncEventHandler | None = None
     ) -> BatchFinished | None:
-        reply = await self._request(lambda i: Recover(id=i, batch_id=batch_id, action=action))
+        reply = await self._request(requests.recover(batch_id, action))
         if action == "discard":
             expect(reply, Ack)
             return None
@@ -266,27 +247,27 @@ class AsyncClient:
         return await self.wait_batch(accepted.batch_id, on_event=on_event)
 
     async def prune(self, older_than_seconds: float) -> int:
-        reply = await self._request(lambda i: PruneJournal(id=i, older_than_seconds=older_than_seconds))
+        reply = await self._request(requests.prune(older_than_seconds))
         return expect(reply, Pruned).removed
 
     # ------------------------------------------------------------------ plumbing
 
-    def _send(self, build: Callable[[int], msgspec.Struct]) -> int:
+    def _send(self, request: Request) -> int:
         if self._transport is None:
             raise DaemonUnavailable("the client is not connected (use `async with AsyncClient(...)`)")
         request_id = next(self._ids)
-        self._transport.send(encode(build(request_id)))
+        self._transport.send(encode(request.build(request_id)))
         return request_id
 
-    def _send_and_forget(self, build: Callable[[int], msgspec.Struct]) -> None:
+    def _send_and_forget(self, request: Request) -> None:
         """Send without waiting (safe inside a cancelled task); the reply is dropped."""
         try:
-            self._inbox.unwanted.add(self._send(build))
+            self._inbox.unwanted.add(self._send(request))
         except DaemonUnavailable:
             pass
 
-    async def _request(self, build: Callable[[int], msgspec.Struct], *, timeout: float | None = None) -> DaemonMessage:
-        request_id = self._send(build)
+    async def _request(self, request: Request, *, timeout: float | None = None) -> DaemonMessage:
+        request_id = self._send(request)
         limit = timeout if timeout is not None else self.timeout
         try:
             reply = await self._until_or_none(lambda: self._inbox.take_reply(request_id), limit)

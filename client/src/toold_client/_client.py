@@ -16,55 +16,31 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-import msgspec
-
 from toold_protocol import (
-    PROTOCOL_VERSION,
     Ack,
     BatchAccepted,
     BatchFinished,
     BatchList,
     BatchStatus,
     BatchSummary,
-    Cancel,
     ConfirmationRequested,
     DaemonMessage,
     EventMode,
-    ExplainPolicy,
-    GetBatch,
-    Hello,
-    ListBatches,
-    ListTools,
-    Ping,
     PolicyExplanation,
     Pong,
     Pruned,
-    PruneJournal,
-    Recover,
-    ReloadPolicy,
-    Subscribe,
-    SupplyResult,
     ToolDefinition,
     ToolList,
     ToolResult,
     Welcome,
     default_endpoint,
     encode,
-    encode_value,
 )
 
+from . import _requests as requests
 from ._errors import DaemonUnavailable, RequestTimeout
-from ._inbox import (
-    APPROVE_ALL,
-    DENY_ALL,
-    CallSpec,
-    Decision,
-    Inbox,
-    confirm_request,
-    expect,
-    submit_request,
-    to_wire,
-)
+from ._inbox import Inbox, expect
+from ._requests import APPROVE_ALL, DENY_ALL, CallSpec, Decision, Request, to_wire
 from ._transport import Transport, ZmqTransport
 
 __all__ = ["APPROVE_ALL", "DENY_ALL", "BatchOutcome", "CallSpec", "Client", "ConfirmHandler", "Decision"]
@@ -125,12 +101,7 @@ class Client:
         return self._welcome
 
     def hello(self) -> Welcome:
-        reply = self._request(
-            lambda i: Hello(
-                id=i, protocol_version=PROTOCOL_VERSION, client_name=self.client_name, workspace=self.workspace
-            )
-        )
-        self._welcome = expect(reply, Welcome)
+        self._welcome = expect(self._request(requests.hello(self.client_name, self.workspace)), Welcome)
         return self._welcome
 
     def _open_workspace(self) -> None:
@@ -144,12 +115,12 @@ class Client:
     def ping(self, timeout: float | None = None) -> float:
         """Round-trip time in seconds."""
         started = time.perf_counter()
-        expect(self._request(lambda i: Ping(id=i), timeout=timeout), Pong)
+        expect(self._request(requests.ping(), timeout=timeout), Pong)
         return time.perf_counter() - started
 
     def tools(self, format: str = "toold") -> list[ToolDefinition] | list[dict[str, Any]]:
         """Tool definitions; with ``format`` openai/anthropic/gemini, that provider's declarations."""
-        reply = expect(self._request(lambda i: ListTools(id=i, format=format)), ToolList)  # type: ignore[arg-type]
+        reply = expect(self._request(requests.list_tools(format)), ToolList)
         return reply.tools if format == "toold" else reply.formatted
 
     def call(
@@ -187,7 +158,7 @@ class Client:
         ``on_confirm`` answers confirmation requests (return None to leave one to an approver)."""
         wire_calls = [to_wire(call, index) for index, call in enumerate(calls)]
         self._open_workspace()
-        request = submit_request(wire_calls, batch_id, events, approval_timeout)
+        request = requests.submit(wire_calls, batch_id, events, approval_timeout)
         accepted = expect(self._request(request, timeout=timeout), BatchAccepted)
         finished = self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
         return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
@@ -221,13 +192,13 @@ class Client:
 
     def confirm(self, correlation_id: str, decision: Decision) -> None:
         """Answer a confirmation request (RemoteError NOT_AUTHORIZED if this session may not)."""
-        expect(self._request(confirm_request(correlation_id, decision)), Ack)
+        expect(self._request(requests.confirm(correlation_id, decision)), Ack)
 
     def subscribe(self) -> list[ConfirmationRequested]:
         """Become an approver; returns the requests pending now that this session may answer.
         Later ones arrive through ``next_confirmation``."""
         self._inbox.confirmations.clear()
-        expect(self._request(lambda i: Subscribe(id=i)), Ack)
+        expect(self._request(requests.subscribe()), Ack)
         pending = list(self._inbox.confirmations)
         self._inbox.confirmations.clear()
         return pending
@@ -264,36 +235,35 @@ class Client:
 
     def supply_result(self, batch_id: str, call_id: str, content: str, *, ok: bool = True) -> None:
         """Parse-only mode: give a pending call its result (``ok=False``: an error result)."""
-        request = lambda i: SupplyResult(id=i, batch_id=batch_id, call_id=call_id, ok=ok, content=content)  # noqa: E731
+        request = requests.supply_result(batch_id, call_id, content, ok)
         expect(self._request(request), Ack)
 
     # ------------------------------------------------------------------ policy
 
     def explain(self, name: str, arguments: Mapping[str, Any] | None = None) -> PolicyExplanation:
         """What the daemon's policy would decide for this call from this session (nothing runs)."""
-        raw = msgspec.Raw(encode_value(dict(arguments or {})))
         self._open_workspace()
-        return expect(self._request(lambda i: ExplainPolicy(id=i, name=name, arguments=raw)), PolicyExplanation)
+        return expect(self._request(requests.explain(name, arguments)), PolicyExplanation)
 
     def reload_policy(self) -> None:
         """Ask the daemon to reread its policy (administrators: the daemon's uid or root)."""
-        expect(self._request(lambda i: ReloadPolicy(id=i)), Ack)
+        expect(self._request(requests.reload_policy()), Ack)
 
     def cancel(self, batch_id: str) -> None:
-        expect(self._request(lambda i: Cancel(id=i, batch_id=batch_id)), Ack)
+        expect(self._request(requests.cancel(batch_id)), Ack)
 
     def get_batch(self, batch_id: str) -> BatchStatus:
-        return expect(self._request(lambda i: GetBatch(id=i, batch_id=batch_id)), BatchStatus)
+        return expect(self._request(requests.get_batch(batch_id)), BatchStatus)
 
     def list_batches(self, limit: int = 100) -> list[BatchSummary]:
         """The journal's batches of this uid (root: everyone's), newest first."""
-        return expect(self._request(lambda i: ListBatches(id=i, limit=limit)), BatchList).batches
+        return expect(self._request(requests.list_batches(limit)), BatchList).batches
 
     def recover(
         self, batch_id: str, action: Literal["resume", "discard"], *, on_event: EventHandler | None = None
     ) -> BatchFinished | None:
         """Resume (runs the never-started calls; returns the finished batch) or discard an interrupted batch."""
-        reply = self._request(lambda i: Recover(id=i, batch_id=batch_id, action=action))
+        reply = self._request(requests.recover(batch_id, action))
         if action == "discard":
             expect(reply, Ack)
             return None
@@ -303,14 +273,14 @@ class Client:
     def prune(self, older_than_seconds: float) -> int:
         """Delete finished batches older than this from the journal; returns how many."""
         return expect(
-            self._request(lambda i: PruneJournal(id=i, older_than_seconds=older_than_seconds)), Pruned
+            self._request(requests.prune(older_than_seconds)), Pruned
         ).removed
 
     # ------------------------------------------------------------------ plumbing
 
-    def _request(self, build: Callable[[int], msgspec.Struct], *, timeout: float | None = None) -> DaemonMessage:
+    def _request(self, request: Request, *, timeout: float | None = None) -> DaemonMessage:
         request_id = next(self._ids)
-        self._transport.send(encode(build(request_id)))
+        self._transport.send(encode(request.build(request_id)))
         deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
         while (reply := self._inbox.take_reply(request_id)) is None:
             remaining = deadline - time.monotonic()

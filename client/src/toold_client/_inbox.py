@@ -10,58 +10,21 @@ how to wait for the next frame.
 from __future__ import annotations
 
 import collections
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
-
-import msgspec
+from typing import TypeVar
 
 from toold_protocol import (
     BatchStatus,
-    Confirm,
     ConfirmationRequested,
     DaemonMessage,
     DecodeFailure,
     Error,
-    EventMode,
-    SubmitBatch,
-    ToolCall,
     decode_daemon_message,
-    encode_value,
 )
 
 from ._errors import ProtocolError, RemoteError
 
 T = TypeVar("T")
 _BATCH_EVENT_TYPES = ("call_started", "output_chunk", "call_finished", "batch_finished", "confirmation_requested")
-
-
-@dataclass(frozen=True, slots=True)
-class CallSpec:
-    """One call to submit. ``arguments`` is a JSON-like mapping."""
-
-    name: str
-    arguments: Mapping[str, Any]
-    call_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """An answer to a confirmation request. ``approve_selected`` approves only
-    ``approved_call_ids``; ``modified_arguments`` replaces a call's arguments (the daemon
-    re-validates them); ``remember_for_session`` grants the same tool and path (or the
-    same program, for shell) for the rest of the submitting session."""
-
-    decision: Literal["approve_all", "approve_selected", "deny_all"]
-    approved_call_ids: tuple[str, ...] = ()
-    modified_arguments: Mapping[str, Mapping[str, Any]] | None = None
-    remember_for_session: bool = False
-    reason: str = ""
-
-
-APPROVE_ALL = Decision("approve_all")
-DENY_ALL = Decision("deny_all")
 
 
 class Inbox:
@@ -126,53 +89,6 @@ class Inbox:
         kept = [m for m in self.watch_queue if not isinstance(m, ConfirmationRequested)]
         self.watch_queue.clear()
         self.watch_queue.extend(kept)
-
-
-def submit_request(
-    calls: list[ToolCall], batch_id: str | None, events: EventMode, approval_timeout: float | None
-) -> Any:
-    """A builder of the ``submit_batch`` request for a request id."""
-    return lambda i: SubmitBatch(
-        id=i, calls=calls, batch_id=batch_id, events=events, approval_timeout_seconds=approval_timeout
-    )
-
-
-def confirm_request(correlation_id: str, decision: Decision) -> Any:
-    """A builder of the ``confirm`` request answering ``correlation_id`` with ``decision``."""
-    modified = {k: msgspec.Raw(encode_value(dict(v))) for k, v in (decision.modified_arguments or {}).items()}
-    return lambda i: Confirm(
-        id=i,
-        correlation_id=correlation_id,
-        decision=decision.decision,
-        approved_call_ids=list(decision.approved_call_ids),
-        modified_arguments=modified,
-        remember_for_session=decision.remember_for_session,
-        reason=decision.reason,
-    )
-
-
-def to_wire(call: CallSpec | Mapping[str, Any], index: int) -> ToolCall:
-    """A call as sent. Arguments that are not an object (a provider's malformed JSON
-    string, say) are sent as they are: the daemon answers that call with BadArgs."""
-    if not isinstance(call, CallSpec):
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):
-            arguments = json_or_text(arguments)
-        call = CallSpec(str(call.get("name", "")), arguments, str(call.get("id") or call.get("call_id") or ""))
-    # Deterministic, so that resubmitting the same calls under the same batch id is the same batch.
-    call_id = call.call_id or f"call_{index}"
-    arguments = dict(call.arguments) if isinstance(call.arguments, Mapping) else call.arguments
-    return ToolCall(call_id=call_id, name=call.name, arguments=msgspec.Raw(encode_value(arguments)))
-
-
-def json_or_text(text: str) -> Any:
-    """JSON text decoded; text that is not JSON stays the string it was."""
-    if not text.strip():
-        return {}
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def expect(message: DaemonMessage, kind: type[T]) -> T:
