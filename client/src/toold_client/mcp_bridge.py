@@ -26,10 +26,17 @@ from mcp.server.lowlevel import Server
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 
-from toold_protocol import ConfirmationRequested, DaemonMessage, OutputChunk, ToolDefinition, ToolResult
+from toold_protocol import (
+    ConfirmationRequested,
+    DaemonMessage,
+    OutputChunk,
+    ToolDefinition,
+    ToolResult,
+    sanitize_for_terminal,
+)
 
 from ._async_client import AsyncClient
-from ._inbox import APPROVE_ALL, DENY_ALL, Decision
+from ._requests import APPROVE_ALL, DENY_ALL, Decision
 
 SERVER_NAME = "toold"
 
@@ -90,7 +97,7 @@ class Bridge:
                 return None
             answer = await session.elicit(_approval_message(request), _APPROVAL_SCHEMA)
             if answer.action == "accept":
-                remember = bool((answer.content or {}).get("remember_for_session"))
+                remember = (answer.content or {}).get("remember_for_session") is True  # a real boolean only
                 asking.answers.append("approved through MCP elicitation")
                 return Decision("approve_all", remember_for_session=remember) if remember else APPROVE_ALL
             asking.answers.append(f"{answer.action}d through MCP elicitation")
@@ -155,13 +162,20 @@ _APPROVAL_SCHEMA: dict[str, Any] = {
 
 
 def _approval_message(request: ConfirmationRequested) -> str:
+    """What the person reads before answering. Summaries, names and reasons come from
+    the model and the workspace (a file name may hold a newline and a fake line): each
+    is made one line without control characters; diff lines stay indented below it."""
     lines = ["toold asks before running:"]
     for item in request.calls:
-        lines.append(f"- {item.summary} ({item.name}, risk {item.risk})")
-        lines.extend(f"  {reason}" for reason in item.reasons)
+        lines.append(f"- {_one_line(item.summary)} ({_one_line(item.name)}, risk {item.risk})")
+        lines.extend(f"  {_one_line(reason)}" for reason in item.reasons)
         if item.diff:
-            lines.append("  " + "\n  ".join(item.diff.splitlines()[:40]))
+            lines.extend(f"    {_one_line(line)}" for line in item.diff.splitlines()[:40])
     return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    return sanitize_for_terminal(text).replace("\n", "\u23ce")
 
 
 def _can_elicit(session: ServerSession) -> bool:

@@ -3,17 +3,20 @@ syslog priority prefix (``<3>`` error ... ``<7>`` debug) when stderr is the jour
 
 systemd says stderr goes to the journal by setting ``JOURNAL_STREAM`` to the device
 and inode of that stream; journald then takes ``<N>`` at the start of a line as the
-entry's priority. Newlines inside a message (a traceback) are escaped there, so one
-event stays one journal entry.
+entry's priority. Newlines and other control characters inside a message (a traceback, a name a
+client chose) are escaped everywhere, so one event stays one line and nobody can
+forge a line, a priority or a terminal escape through what they send.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import TextIO
 
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
 
 
@@ -40,17 +43,15 @@ class EventFormatter(logging.Formatter):
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
         logger = record.name.removeprefix("toold_daemon.")
-        line = f"level={record.levelname.lower()} logger={logger} msg={_quoted(message, one_line=self.journal)}"
+        line = f"level={record.levelname.lower()} logger={logger} msg={_quoted(message)}"
         if self.journal:
             return f"<{_PRIORITY.get(record.levelno, 6)}>{line}"
         return line
 
 
-def _quoted(text: str, *, one_line: bool) -> str:
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-    if one_line:
-        escaped = escaped.replace("\n", "\\n")
-    return f'"{escaped}"'
+def _quoted(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return '"' + _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", escaped) + '"'
 
 
 def configure(level: str) -> None:

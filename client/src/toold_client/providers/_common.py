@@ -11,7 +11,7 @@ import msgspec
 from toold_protocol import ToolDefinition, ToolResult, declaration
 
 from .._client import BatchOutcome
-from .._inbox import json_or_text
+from .._requests import json_or_text
 
 Definitions = Iterable[ToolDefinition | Mapping[str, Any]]
 Results = BatchOutcome | Sequence[ToolResult | Mapping[str, Any]]
@@ -34,8 +34,43 @@ def decode_arguments(arguments: Any) -> Any:
     return arguments if arguments is not None else {}
 
 
-def batch_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
-    return {"id": call_id, "name": name, "arguments": arguments}
+#: Stands for a call's name when the model gave none usable: no tool has it, so that call
+#: (and only that call) gets an UnknownTool result instead of the batch being refused.
+NO_NAME = "<no tool name>"
+_MAX_NAME = 128  # the protocol's limit; no tool name comes near it
+
+
+def batch_call(call_id: str, name: Any, arguments: Any) -> dict[str, Any]:
+    usable = isinstance(name, str) and name
+    return {"id": call_id, "name": name[:_MAX_NAME] if usable else NO_NAME, "arguments": arguments}
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is an object, else an empty one: a provider response is untrusted
+    input (the model shapes much of it), and a wrong shape must not raise here."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def items(value: Any) -> list[Any]:
+    """``value`` if it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def first(value: Any) -> Mapping[str, Any]:
+    """The first element of a list (``choices``, ``candidates``) as an object."""
+    listed = items(value)
+    return mapping(listed[0]) if listed else {}
+
+
+def function_calls(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``tool_calls`` of an OpenAI-shaped message (Chat Completions, Ollama), in order:
+    ``{"id", "function": {"name", "arguments"}}``; arguments as JSON text or an object."""
+    out = []
+    for index, call in enumerate(items(message.get("tool_calls"))):
+        function = mapping(mapping(call).get("function"))
+        arguments = decode_arguments(function.get("arguments"))
+        out.append(batch_call(nth_id(mapping(call).get("id"), index), function.get("name"), arguments))
+    return out
 
 
 def nth_id(call_id: Any, index: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._common import Definitions, Results, answers, batch_call, declarations, nth_id
+from ._common import Definitions, Results, answers, batch_call, declarations, items, mapping, nth_id
 
 
 def tools(definitions: Definitions) -> list[dict[str, Any]]:
@@ -15,10 +15,10 @@ def tools(definitions: Definitions) -> list[dict[str, Any]]:
 
 def calls(response: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The ``tool_use`` blocks of a response (or of its ``content`` list), in order."""
-    blocks = response.get("content") or [] if isinstance(response, Mapping) else response
-    uses = [block for block in blocks if isinstance(block, Mapping) and block.get("type") == "tool_use"]
+    blocks = items(mapping(response).get("content")) if isinstance(response, Mapping) else items(list(response))
+    uses = [mapping(block) for block in blocks if mapping(block).get("type") == "tool_use"]
     return [
-        batch_call(nth_id(block.get("id"), index), str(block.get("name", "")), block.get("input", {}))
+        batch_call(nth_id(block.get("id"), index), block.get("name"), block.get("input", {}))
         for index, block in enumerate(uses)
     ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._common import Definitions, Results, answers, batch_call, declarations, nth_id
+from ._common import Definitions, Results, answers, batch_call, declarations, first, items, mapping, nth_id
 
 
 def tools(definitions: Definitions) -> list[dict[str, Any]]:
@@ -19,16 +19,14 @@ def tools(definitions: Definitions) -> list[dict[str, Any]]:
 
 def calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The ``functionCall`` parts of the first candidate (or of a ``content``), in order."""
-    content = response
-    if "candidates" in response:
-        candidates = response.get("candidates") or [{}]
-        content = candidates[0].get("content") or {}
-    parts = [
-        part["functionCall"] for part in content.get("parts") or [] if isinstance(part.get("functionCall"), Mapping)
-    ]
+    content = mapping(response)
+    if "candidates" in content:
+        content = mapping(first(content.get("candidates")).get("content"))
+    parts = [mapping(mapping(part).get("functionCall")) for part in items(content.get("parts"))]
+    function_parts = [call for call in parts if call]
     return [
-        batch_call(nth_id(call.get("id"), index), str(call.get("name", "")), call.get("args", {}))
-        for index, call in enumerate(parts)
+        batch_call(nth_id(call.get("id"), index), call.get("name"), call.get("args", {}))
+        for index, call in enumerate(function_parts)
     ]
 
 

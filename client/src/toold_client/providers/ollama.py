@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._common import Definitions, Results, answers, batch_call, declarations, decode_arguments, nth_id
+from ._common import Definitions, Results, answers, declarations, function_calls, mapping
 
 
 def tools(definitions: Definitions) -> list[dict[str, Any]]:
@@ -15,18 +15,8 @@ def tools(definitions: Definitions) -> list[dict[str, Any]]:
 
 def calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The ``tool_calls`` of a chat response's ``message`` (or of a message), in order."""
-    message = response.get("message", response)
-    out = []
-    for index, call in enumerate(message.get("tool_calls") or []):
-        function = call.get("function") or {}
-        out.append(
-            batch_call(
-                nth_id(call.get("id"), index),
-                str(function.get("name", "")),
-                decode_arguments(function.get("arguments")),
-            )
-        )
-    return out
+    response = mapping(response)
+    return function_calls(mapping(response.get("message", response)))
 
 
 def results(outcome: Results) -> list[dict[str, Any]]:

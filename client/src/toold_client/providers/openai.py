@@ -6,7 +6,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._common import Definitions, Results, answers, batch_call, declarations, decode_arguments, nth_id
+from ._common import (
+    Definitions,
+    Results,
+    answers,
+    batch_call,
+    declarations,
+    decode_arguments,
+    first,
+    function_calls,
+    items,
+    mapping,
+    nth_id,
+)
 
 
 def tools(definitions: Definitions) -> list[dict[str, Any]]:
@@ -17,21 +29,10 @@ def tools(definitions: Definitions) -> list[dict[str, Any]]:
 def calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The tool calls of a Chat Completions response (or of its first choice's message,
     or of an assistant message), in order. Arguments arrive as JSON text and are decoded."""
-    message = response
-    if "choices" in response:
-        choices = response.get("choices") or [{}]
-        message = choices[0].get("message") or {}
-    out = []
-    for index, call in enumerate(message.get("tool_calls") or []):
-        function = call.get("function") or {}
-        out.append(
-            batch_call(
-                nth_id(call.get("id"), index),
-                str(function.get("name", "")),
-                decode_arguments(function.get("arguments")),
-            )
-        )
-    return out
+    message = mapping(response)
+    if "choices" in message:
+        message = mapping(first(message.get("choices")).get("message"))
+    return function_calls(message)
 
 
 def results(outcome: Results) -> list[dict[str, Any]]:
@@ -46,15 +47,12 @@ def response_tools(definitions: Definitions) -> list[dict[str, Any]]:
 
 def response_calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The ``function_call`` items of a Responses API ``output``, in order (``call_id`` kept)."""
-    out = []
-    items = [item for item in response.get("output") or [] if item.get("type") == "function_call"]
-    for index, item in enumerate(items):
-        out.append(
-            batch_call(
-                nth_id(item.get("call_id"), index), str(item.get("name", "")), decode_arguments(item.get("arguments"))
-            )
-        )
-    return out
+    found = [mapping(item) for item in items(mapping(response).get("output"))]
+    function_items = [item for item in found if item.get("type") == "function_call"]
+    return [
+        batch_call(nth_id(item.get("call_id"), index), item.get("name"), decode_arguments(item.get("arguments")))
+        for index, item in enumerate(function_items)
+    ]
 
 
 def response_results(outcome: Results) -> list[dict[str, Any]]:
