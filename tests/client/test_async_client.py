@@ -183,3 +183,32 @@ async def _settled(client: AsyncClient, batch_id: str, sleep: Any) -> p.BatchSta
             return status
         await sleep(0.05)
     return status
+
+
+async def test_a_send_by_one_task_never_strands_the_reading_task(daemon: DaemonProcess) -> None:
+    """A send may take ZeroMQ's edge-triggered readiness for a frame that arrived
+    meanwhile; the task reading must still hear of it (it is woken after every send)."""
+    async with AsyncClient(daemon.endpoint, timeout=10) as client:
+
+        async def reader_and_senders(n: int) -> None:
+            for _ in range(40):
+                await client.call("read_file", {"path": "hello.txt"}, timeout=10)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for n in range(12):
+                    nursery.start_soon(reader_and_senders, n)
+
+
+def test_a_send_by_one_task_never_strands_the_reading_task_under_asyncio(daemon: DaemonProcess) -> None:
+    async def main() -> None:
+        async with AsyncClient(daemon.endpoint, timeout=10) as client:
+
+            async def forty() -> None:
+                for _ in range(40):
+                    await client.call("read_file", {"path": "hello.txt"}, timeout=10)
+
+            async with asyncio.timeout(60):
+                await asyncio.gather(*(forty() for _ in range(12)))
+
+    asyncio.run(main())

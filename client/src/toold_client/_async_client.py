@@ -69,6 +69,10 @@ class AsyncClient:
         self._ids = itertools.count(1)
         self._inbox = Inbox(os.getuid())
         self._reading = False
+        # Wakes the reading task after another task sent: a send may take ZeroMQ's
+        # (edge-triggered) readiness signal for a frame that arrived meanwhile, and the
+        # reader, waiting on that descriptor, would never hear of the frame.
+        self._kick_read = self._kick_write = -1
         self._arrived: _aio.Event | None = None
         self._welcome: Welcome | None = None
 
@@ -85,11 +89,14 @@ class AsyncClient:
         """Open the connection (``async with`` does this); DaemonUnavailable if there is no daemon."""
         if self._transport is None:
             self._transport = ZmqTransport(self.endpoint)
+            self._kick_read, self._kick_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+            os.close(self._kick_read)
+            os.close(self._kick_write)
 
     async def hello(self) -> Welcome:
         self._welcome = expect(await self._request(requests.hello(self.client_name, self.workspace)), Welcome)
@@ -257,6 +264,11 @@ class AsyncClient:
             raise DaemonUnavailable("the client is not connected (use `async with AsyncClient(...)`)")
         request_id = next(self._ids)
         self._transport.send(encode(request.build(request_id)))
+        if self._reading:
+            try:
+                os.write(self._kick_write, b"\0")
+            except BlockingIOError:
+                pass  # the pipe is full: the reader is woken already
         return request_id
 
     def _send_and_forget(self, request: Request) -> None:
@@ -307,12 +319,21 @@ class AsyncClient:
             if not self._drain():
                 if self._transport is None:
                     raise DaemonUnavailable("the client connection is closed")
-                if await _aio.with_timeout(_aio.wait_readable(self._transport.fds()), timeout):
+                fds = [*self._transport.fds(), self._kick_read]
+                if await _aio.with_timeout(_aio.wait_readable(fds), timeout):
+                    self._forget_kicks()
                     self._drain()
         finally:
             self._reading = False
             arrived, self._arrived = self._arrived, _aio.new_event()
             arrived.set()  # everyone waiting looks again; one of them becomes the reader
+
+    def _forget_kicks(self) -> None:
+        try:
+            while os.read(self._kick_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _drain(self) -> bool:
         """File every frame waiting now (ZeroMQ's descriptor only signals new arrivals)."""
