@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from .hardening import harden_process
 from .isolation.admission import Admission
 from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
+from .operations import Check
 from .plugin_loader import PluginReport, load_plugins
 from .tools import Tool, builtin_tools, web_search
 from .tools.custom import taken_names
@@ -101,6 +103,7 @@ def admission_for(args: argparse.Namespace, config: Config) -> Admission:
         allowed_gids=tuple(daemon.allowed_gids),
         allow_root_clients=daemon.root_clients_allowed(),
         socket_path=endpoint.removeprefix("ipc://") if endpoint.startswith("ipc://") else "",
+        readable_paths=tuple(os.path.realpath(p) for server in config.mcp.servers for p in server.read_paths),
     )
 
 
@@ -164,16 +167,22 @@ def doctor(
     from .operations import service_checks
     from .server import ServeOptions, resolve_endpoint_quietly, state_dir_of
 
+    servers: dict[str, str] = {}
+
     async def probe() -> dict[str, str]:
         runner = SpawnRunner(*spawner, config)
         try:
-            return await runner.probe(Probe())
+            layers = await runner.probe(Probe())
+            if config.mcp.servers:
+                servers.update(await try_servers(config, runner))
+            return layers
         finally:
             runner.close()
 
     layers = trio.run(probe)
     endpoint = resolve_endpoint_quietly(config, args.endpoint)
     checks = service_checks(config, endpoint, state_dir_of(config, ServeOptions(state_dir=args.state_dir)))
+    checks += [server_check(name, report) for name, report in servers.items()]
     required_off = [n for n in config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
     required_off += [c.name for c in checks if c.required and not c.on]
     if args.json:
@@ -205,6 +214,25 @@ def doctor(
         print(f"required but off: {', '.join(required_off)}", file=sys.stderr)
         return 1
     return 0
+
+
+async def try_servers(config: Config, runner: Any) -> dict[str, str]:
+    """Each configured MCP server started once, confined, as the user running doctor."""
+    from toold_protocol import Identity
+
+    from .mcp.gateway import trial
+    from .sandbox import build_sandbox
+
+    identity = Identity(uid=os.getuid(), gid=os.getgid(), pid=os.getpid())
+    return await trial(config.mcp, runner, identity, build_sandbox(config, []))
+
+
+def server_check(name: str, report: str) -> Check:
+    """A configured server that starts and lists tools is on; one that does not is a
+    required row that is off (its tools cannot be offered)."""
+
+    started = report.endswith("tools") or " tools; " in report
+    return Check(f"mcp {name}", started, report or "did not start", required=not started)
 
 
 def check_config(path: Path) -> int:

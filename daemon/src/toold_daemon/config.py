@@ -356,10 +356,50 @@ class JournalConfig(_Section, frozen=True):
     retention_days: Annotated[float, Meta(gt=0)] = 30.0
 
 
+class McpServerConfig(_Section, frozen=True, kw_only=True):
+    """A third-party MCP server (stdio) whose tools join the registry as
+    ``mcp__{name}__{tool}``; one instance per user and workspace, confined like a command."""
+
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$", max_length=32)]
+    command: Annotated[str, Meta(min_length=1)]  # a program's name (on the sanitized PATH) or absolute path
+    args: list[str] = []  # ``{workspace}`` is replaced by the session's workspace root
+    env: dict[str, str] = {}
+    network: bool = False
+    # Directories the server's own files live in (an npm prefix, a venv), readable and
+    # executable under Landlock besides the system's; the workspace is always writable.
+    read_paths: list[str] = []
+    # Tool annotations are the server's word: trusted only when the administrator says so
+    # (readOnlyHint then makes a tool read-only for the policy, destructiveHint high-risk).
+    trust_annotations: bool = False
+    risk: Literal["low", "medium", "high"] = "medium"
+    timeout_seconds: Seconds = 120.0  # per call
+    start_timeout_seconds: Seconds = 30.0  # until its tool list is in
+
+    def __post_init__(self) -> None:
+        for path in self.read_paths:
+            if not path.startswith("/"):
+                raise ValueError(f"read_paths: {path!r} is not an absolute path")
+        if "/" in self.command and not self.command.startswith("/"):
+            raise ValueError(f"command: {self.command!r} must be a program's name or an absolute path")
+
+
+class McpConfig(_Section, frozen=True):
+    servers: list[McpServerConfig] = []
+    idle_seconds: Seconds = 600.0  # an instance nobody called for this long is stopped
+    max_instances: PositiveInt = 32  # running at once, over every user and workspace
+
+    def __post_init__(self) -> None:
+        names = [server.name for server in self.servers]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"servers: the name {duplicated[0]!r} is used twice")
+
+
 class Config(_Section, frozen=True):
     daemon: DaemonConfig = DaemonConfig()
     tools: ToolsConfig = ToolsConfig()
     journal: JournalConfig = JournalConfig()
+    mcp: McpConfig = McpConfig()
 
 
 class ConfigError(Exception):

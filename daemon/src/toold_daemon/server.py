@@ -30,6 +30,7 @@ from .isolation.peers import tool_process
 from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
 from .journal import Journal
+from .mcp import Gateway
 from .notify import Notifier
 from .privileges import CannotDrop, drop_to
 from .registry import Registry
@@ -182,6 +183,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     if isinstance(runner, SpawnRunner):
         runner.user_state = user_state
     executor = Executor(runner, sandbox, config, journal)
+    gateway = _gateway(config, runner, registry)
     ipc = IpcServer(
         endpoint,
         hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
@@ -199,6 +201,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         isolation=runner.isolation if isinstance(runner, SpawnRunner) else list(ThreadRunner.ISOLATION),
         journal=journal,
         config_path=options.config_path,
+        gateway=gateway,
     )
     try:
         ipc.bind()
@@ -210,6 +213,9 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 if isinstance(runner, SpawnRunner):
                     runner.bind_nursery(nursery)
                     nursery.start_soon(runner.workers.retire_idle_forever)
+                if gateway is not None:
+                    gateway.bind_nursery(nursery)
+                    nursery.start_soon(gateway.retire_idle_forever)
                 await nursery.start(ipc.serve, service.handle)
                 log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
                 if ready is not None:
@@ -226,6 +232,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                     notifier.stopping()
                     break
                 await service.shutdown(config.daemon.shutdown_grace_seconds)
+                if gateway is not None:
+                    await gateway.close()
                 await _drain_replies(ipc)
                 nursery.cancel_scope.cancel()
     finally:
@@ -236,6 +244,19 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
             journal.close()
         user_state.close()
         notifier.close()
+
+
+def _gateway(config: Config, runner: ThreadRunner | SpawnRunner, registry: Registry) -> Gateway | None:
+    """The MCP gateway when servers are configured: it needs the spawner, which starts
+    each server as its user under the same confinement as a command."""
+    if not config.mcp.servers:
+        return None
+    if not isinstance(runner, SpawnRunner):
+        log.error("[[mcp.servers]] need the isolated spawner; their tools are not offered")
+        return None
+    gateway = Gateway(config.mcp, runner, registry)
+    runner.gateway = gateway
+    return gateway
 
 
 def _status(service: Service) -> str:

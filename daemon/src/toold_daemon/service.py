@@ -75,6 +75,7 @@ from .errors import ToolError
 from .executor import Executor
 from .ipc import Inbound
 from .journal import Journal, fingerprint
+from .mcp import Gateway
 from .policy.engine import describe_command
 from .registry import Registry
 from .sandbox import Sandbox
@@ -115,8 +116,10 @@ class Service:
         isolation: list[IsolationLayer] | None = None,
         journal: Journal | None = None,
         config_path: Path | None = None,
+        gateway: Gateway | None = None,
     ) -> None:
         self.config = config
+        self.gateway = gateway
         self.config_path = config_path
         self.registry = registry
         self.sandbox = sandbox
@@ -338,13 +341,40 @@ class Service:
             ),
         )
 
-    def _list_tools(self, session: Session, message: ListTools) -> None:
+    def _discovery_due(self, session: Session, names: list[str] | None) -> bool:
+        """Whether a configured MCP server's tools must be learnt first (with this
+        session's identity and workspace): for a listing, or for calls to ``names``."""
+        return (
+            self.gateway is not None
+            and not session.workspace_problem
+            and self.config.tools.mode != "disabled"
+            and self.gateway.needs_discovery(names)
+        )
+
+    def _discover_then(self, session: Session, then: Callable[[], None]) -> None:
+        """Learn the due servers' tools in the background, then handle the request."""
+        assert self._nursery is not None and self.gateway is not None
+        gateway = self.gateway
+
+        async def discover() -> None:
+            await gateway.discover(session.identity, self.sandbox_of(session))
+            then()
+
+        self._nursery.start_soon(discover)
+
+    def _list_tools(self, session: Session, message: ListTools, *, discovered: bool = False) -> None:
+        if not discovered and self._discovery_due(session, None):
+            self._discover_then(session, lambda: self._list_tools(session, message, discovered=True))
+            return
         advertised = self.config.tools.mode != "disabled"
         definitions = self.registry.definitions() if advertised else []
         formatted = self.registry.export(message.format) if advertised and message.format != "toold" else []
         self._reply(session, ToolList(id=message.id, format=message.format, tools=definitions, formatted=formatted))
 
-    def _submit(self, session: Session, message: SubmitBatch) -> None:
+    def _submit(self, session: Session, message: SubmitBatch, *, discovered: bool = False) -> None:
+        if not discovered and self._discovery_due(session, [call.name for call in message.calls]):
+            self._discover_then(session, lambda: self._submit(session, message, discovered=True))
+            return
         if not self.accepting:
             self._error(session.peer, message.id, ProtocolErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
             return

@@ -42,6 +42,7 @@ class Admission:
     allow_root_clients: bool = False
     socket_path: str = ""  # read for its owner, group and mode when allowed_uids is None
     any_root: bool = False  # only for a spawner that serves its own uid alone (benchmarks)
+    readable_paths: tuple[str, ...] = ()  # what ``[[mcp.servers]] read_paths`` name, canonical
 
     def check(self, request: SpawnRequest) -> None:
         """Raise ``Refused`` unless ``request``'s uid and roots are ones this spawner serves."""
@@ -56,6 +57,9 @@ class Admission:
                 real = os.path.realpath(root)  # as root: every symlink on the way resolved
                 if not any(inside(real, place) for place in places):
                     raise Refused(f"uid {uid} may not use {root} as a root")
+        for path in request.readable:
+            if not any(inside(os.path.realpath(path), place) for place in self.readable_paths):
+                raise Refused(f"{path} is not a directory the configuration lets servers read")
 
     def uid_allowed(self, uid: int, gid: int) -> bool:
         if uid == 0:

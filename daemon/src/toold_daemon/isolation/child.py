@@ -25,18 +25,25 @@ from .supervisor import Supervisor
 from .wire import Chunk, Outcome, SpawnRequest, write_frame
 
 
-def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int, daemon_pid: int) -> None:
-    """Never returns: confines itself, does the work, writes the outcome, exits."""
+def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: int, daemon_pid: int) -> None:
+    """Never returns: confines itself, does the work, writes the outcome, exits.
+    ``fds``: the channel, and for a stdio server also the write end of its stderr pipe."""
     code = 0
+    channel = fds[0]
     try:
         # fds received with SCM_RIGHTS are inheritable: the command must not get the
         # channel, or it could write forged frames (a fake outcome) to the daemon.
         os.set_inheritable(channel, False)
         try:
-            layers = confine(request, [channel], spawner_pid, work.landlock, protected=(daemon_pid,))
+            layers = confine(request, fds, spawner_pid, work.landlock, protected=(daemon_pid,))
         except ConfinementFailed as exc:
+            if request.stdio:
+                os.write(fds[1], f"toold: {exc}\n".encode())
+                os._exit(0)
             write_frame(channel, _error("IsolationUnavailable", "ISOLATION_UNAVAILABLE", str(exc)))
             os._exit(0)
+        if request.stdio:
+            exec_on_stdio(request, channel, fds[1])
         if request.zygote:
             from .zygote import serve
 
@@ -63,6 +70,25 @@ def run_child(request: SpawnRequest, channel: int, work: Work, spawner_pid: int,
             traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def exec_on_stdio(request: SpawnRequest, channel: int, stderr: int) -> None:
+    """Become the server program, speaking on ``channel`` (stdin and stdout) and writing
+    its diagnostics to ``stderr``. Its channel carries the server's protocol, not ours:
+    the daemon parses it as untrusted input."""
+    try:
+        os.dup2(channel, 0)
+        os.dup2(channel, 1)
+        os.dup2(stderr, 2)
+        for fd in (channel, stderr):
+            if fd > 2:
+                os.close(fd)
+        if request.cwd:
+            os.chdir(request.cwd)
+        os.execve(request.argv[0], request.argv, request.env)  # noqa: S606 -- argv, never a shell
+    except OSError as exc:
+        os.write(2, f"toold: cannot start {request.argv[0]}: {exc.strerror}\n".encode())
+    os._exit(127)
 
 
 def _error(type_: str, code: str, message: str, **details: Any) -> Outcome:

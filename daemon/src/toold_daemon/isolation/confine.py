@@ -14,6 +14,7 @@ import pwd
 import resource
 import signal
 import sys
+from collections.abc import Sequence
 
 from ..sandbox.denied_tree import find_denied
 from ..sandbox.paths import Sandbox
@@ -268,14 +269,18 @@ def _set_limits(limits: Limits) -> None:
         resource.setrlimit(which, (cap, cap))
 
 
-def landlock_ruleset(roots: list[str], writable: list[str], *, network: bool, tools_only: bool = False) -> int | str:
+def landlock_ruleset(
+    roots: list[str], writable: list[str], *, network: bool, tools_only: bool = False, readable: Sequence[str] = ()
+) -> int | str:
     """Build the ruleset for these roots (in the spawner, cached): a fd, or why not.
-    ``tools_only``: the narrower set of a tool worker (``tool_worker_rules``)."""
+    ``tools_only``: the narrower set of a tool worker (``tool_worker_rules``);
+    ``readable``: more read+execute places (an MCP server's install directory)."""
     abi = kernel.landlock_abi()
     if abi == 0:
         return "off: the kernel has no Landlock (needs Linux 5.13 with landlock in the LSM list)"
     try:
         rules = tool_worker_rules(roots, abi) if tools_only else landlock_rules(roots, writable, abi)
+        rules += [(path, kernel.READ_EXEC) for path in readable if os.path.exists(path)]
         return kernel.landlock_ruleset(rules, abi, deny_tcp=landlock_cuts_tcp(network))
     except OSError as exc:
         return f"off: Landlock refused the ruleset ({exc.strerror})"

@@ -44,7 +44,7 @@ class Preparer:
         self.tools = tools
         self._configs: OrderedDict[bytes, Config] = OrderedDict()
         self._sandboxes: OrderedDict[tuple[bytes, tuple[str, ...]], Sandbox | str] = OrderedDict()
-        self._rulesets: OrderedDict[tuple[tuple[str, ...], tuple[str, ...], bool, bool], int | str] = OrderedDict()
+        self._rulesets: OrderedDict[tuple[tuple[str, ...], ...], int | str] = OrderedDict()
         if kernel.seccomp_supported() is None:
             kernel.seccomp_program(sockets="none")
             kernel.seccomp_program(sockets="any")
@@ -61,7 +61,9 @@ class Preparer:
         config = self._config(request.config) if request.config else None
         args = msgspec.msgpack.decode(request.args, type=tool.args_type) if tool is not None else None
         sandbox = self._sandbox(request.config, config, request.roots) if config is not None else None
-        ruleset = self._ruleset(request.roots, request.writable, request.network, tools_only=request.worker)
+        ruleset = self._ruleset(
+            request.roots, request.writable, request.readable, request.network, tools_only=request.worker
+        )
         return Work(tool, args, config, sandbox, ruleset, self.tools if request.worker else {})
 
     def _config(self, data: bytes) -> Config:
@@ -76,14 +78,18 @@ class Preparer:
 
         return _cached(self._sandboxes, (key, tuple(roots)), build)
 
-    def _ruleset(self, roots: list[str], writable: list[str], network: bool, *, tools_only: bool) -> int | str:
-        key = (tuple(roots), tuple(writable), network, tools_only)
+    def _ruleset(
+        self, roots: list[str], writable: list[str], readable: list[str], network: bool, *, tools_only: bool
+    ) -> int | str:
+        key = (tuple(roots), tuple(writable), tuple(readable), (str(network), str(tools_only)))
         if key not in self._rulesets and len(self._rulesets) >= _CACHE_SIZE:
             _, old = self._rulesets.popitem(last=False)
             if isinstance(old, int):
                 os.close(old)
         return _cached(
-            self._rulesets, key, lambda: landlock_ruleset(roots, writable, network=network, tools_only=tools_only)
+            self._rulesets,
+            key,
+            lambda: landlock_ruleset(roots, writable, network=network, tools_only=tools_only, readable=readable),
         )
 
 

@@ -76,6 +76,19 @@ class _Child:
     cgroup: str  # its call cgroup's name ("" without one)
 
 
+@dataclass(frozen=True, slots=True)
+class StdioChild:
+    """A long-lived confined program: its stdio socket and the read end of its stderr."""
+
+    child: _Child
+    channel: socket.socket
+    stderr: int
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+
 class SpawnRunner:
     def __init__(self, spawner_pid: int, control: socket.socket, config: Config) -> None:
         self.spawner_pid = spawner_pid
@@ -100,6 +113,7 @@ class SpawnRunner:
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
         self.user_state: Any = None  # memory and todos (``UserState``), set by the server
+        self.gateway: Any = None  # third-party MCP servers (``mcp.Gateway``), set by the server
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
         self._temps: TempDirs | None = TempDirs(self._euid)  # None: the spawner's (see temps_from_spawner)
         self._zygotes = (
@@ -148,6 +162,9 @@ class SpawnRunner:
         return self.layers
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
+        if self.gateway is not None and self.gateway.serves(tool):
+            output: ToolOutput = await self.gateway.call(tool, args, ctx, identity)
+            return output
         if tool.runs_in_daemon(self.config):
             ctx.jobs, ctx.identity, ctx.user_state = self.jobs, identity, self.user_state
             return await trio.to_thread.run_sync(tool.run, args, ctx)
@@ -313,7 +330,7 @@ class SpawnRunner:
         read_end, write_end = os.pipe()
         try:
             request = self._request(
-                tool, args, ctx, identity=identity, token=token, temp=temp, command=command, probe=probe
+                tool.name, args, ctx, identity=identity, token=token, temp=temp, command=command, probe=probe
             )
             if preview:
                 request = msgspec.structs.replace(request, preview=True)
@@ -330,7 +347,42 @@ class SpawnRunner:
             os.close(write_end)
         return _Child(pid, read_end, token, temp, identity.uid, group)
 
-    async def _fork_child(self, request: SpawnRequest, write_end: int) -> tuple[int, str]:
+    async def start_stdio(
+        self, name: str, identity: Identity, sandbox: Sandbox, command: Command, readable: list[str]
+    ) -> StdioChild:
+        """Start a long-lived program (an MCP server) as ``identity`` in a fresh confined
+        child of its own cgroup, speaking on a socket that is its stdin and stdout. The
+        caller owns the result: ``stop_stdio`` kills it and cleans up."""
+        self._check_identity(identity)
+        token = secrets.token_hex(12)
+        temp = await self._take_temp(identity)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        err_read, err_write = os.pipe()
+        ctx = ToolContext(call_id=f"server-{token}", sandbox=sandbox, config=self.config)
+        request = self._request(
+            name, None, ctx, identity=identity, token=token, temp=temp, command=command, probe=False
+        )
+        request = msgspec.structs.replace(request, stdio=True, readable=readable, hidden_patterns=[])
+        try:
+            pid, group = await self._fork_child(request, [theirs.fileno(), err_write])
+        except BaseException:
+            ours.close()
+            os.close(err_read)
+            with trio.CancelScope(shield=True):
+                await self._give_back_temp(temp, identity.uid, reusable=False)
+            raise
+        finally:
+            theirs.close()
+            os.close(err_write)
+        return StdioChild(_Child(pid, -1, token, temp, identity.uid, group), ours, err_read)
+
+    async def stop_stdio(self, started: StdioChild) -> None:
+        """Kill a program ``start_stdio`` started, everything it started, and clean up."""
+        started.channel.close()
+        with trio.CancelScope(shield=True):
+            await self._kill(started.child)
+
+    async def _fork_child(self, request: SpawnRequest, write_end: int | list[int]) -> tuple[int, str]:
         """A fresh child from the spawner, which joins a new call cgroup first thing:
         (pid, the cgroup's name or "")."""
         isolation = self.config.tools.isolation
@@ -361,7 +413,7 @@ class SpawnRunner:
 
     def _request(
         self,
-        tool: Tool[Any],
+        tool_name: str,
         args: Any,
         ctx: ToolContext,
         *,
@@ -390,7 +442,7 @@ class SpawnRunner:
         return SpawnRequest(
             call_id=ctx.call_id,
             token=token,
-            tool=tool.name,
+            tool=tool_name,
             args=_encoder.encode(args),
             config=self._config_bytes,
             roots=roots,
@@ -482,7 +534,7 @@ class SpawnRunner:
             except (PeerGone, OSError):
                 return Spawned(error="the spawner process has exited")
 
-    async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int) -> int:
+    async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int | list[int]) -> int:
         async with self._lock:
             try:
                 await send_with_fd(self._control, frame(request), channel_write_end)

@@ -13,8 +13,9 @@ class PeerGone(Exception):
     """The process at the other end closed the socket (it exited)."""
 
 
-async def send_with_fd(sock: trio.socket.SocketType, data: bytes, fd: int) -> None:
-    sent = await sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+async def send_with_fd(sock: trio.socket.SocketType, data: bytes, fd: int | list[int]) -> None:
+    fds = [fd] if isinstance(fd, int) else fd
+    sent = await sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     while sent < len(data):
         sent += await sock.send(data[sent:])
 

@@ -120,27 +120,27 @@ def _loop(
             why = f"refused: {exc}" if isinstance(exc, Refused) else f"bad spawn request: {exc}"
             control.sendall(frame(Spawned(error=why)))
             continue
-        if len(fds) != 1:
+        expected = 2 if request.stdio else 1  # a server's stdio: its channel and its stderr
+        if len(fds) != expected or (request.stdio and not request.argv):
             close_fds(fds)
-            control.sendall(frame(Spawned(error="a spawn request carries exactly one fd")))
+            control.sendall(frame(Spawned(error=f"this spawn request carries exactly {expected} fd(s) and argv")))
             continue
-        channel = fds[0]
         try:
             work = preparer.prepare(request)
         except (ValueError, msgspec.MsgspecError) as exc:
-            os.close(channel)
+            close_fds(fds)
             control.sendall(frame(Spawned(error=f"cannot prepare the call: {exc}")))
             continue
         try:
             pid = os.fork()
         except OSError as exc:
-            os.close(channel)
+            close_fds(fds)
             control.sendall(frame(Spawned(error=f"fork failed: {exc.strerror}")))
             continue
         if pid == 0:
             control.close()
-            run_child(request, channel, work, my_pid, daemon_pid)
-        os.close(channel)
+            run_child(request, fds, work, my_pid, daemon_pid)
+        close_fds(fds)
         control.sendall(frame(Spawned(pid=pid)))
 
 

@@ -57,6 +57,8 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn", omit_
     cgroups: list[str] = []  # the call's cgroup in each hierarchy, joined first thing
     zygote: bool = False  # confine, then start commands sent over the channel (a socket)
     worker: bool = False  # confine, then run Python tool calls sent over the channel (a socket)
+    stdio: bool = False  # confine, then exec argv on the channel (a socket) as stdin and stdout
+    readable: list[str] = []  # read+execute besides the system's (an MCP server's own files)
     keep_capabilities: list[str] = []  # left in the bounding set of a root client's processes
     readonly_paths: list[str] = []  # bound read-only in the command's own mount namespace
     hidden_patterns: list[str] = []  # denied files below the roots, covered for commands

@@ -1,0 +1,289 @@
+"""toold as an MCP gateway: third-party stdio MCP servers (the reference filesystem and
+everything servers from npm, and a hostile one of ours) behind the daemon's policy,
+journal and confinement."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import BIN, DaemonProcess, module_daemon, reachable_daemon, start_daemon
+from tests.e2e.test_identity import OTHER_UID, as_other_user
+from tests.mcp_peers import PREFIX, REPO, npm_bin
+from toold_client import CallSpec, Client, Decision
+
+HOSTILE = REPO / "tests" / "mcp_servers" / "hostile.py"
+# The system's interpreter (stdlib is all the hostile server needs): another user cannot
+# execute ours when it lives in root's home.
+PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+def servers_config(*, idle_seconds: float = 600, extra: str = "") -> str:
+    npm_bin("mcp-server-filesystem")  # installs the pinned servers (or skips without npm)
+    modules = PREFIX / "node_modules" / "@modelcontextprotocol"
+    return f"""
+[tools.approval]
+mode = "auto"
+
+[[tools.approval.rules]]
+tool = "mcp__fs__move_file"
+decision = "deny"
+message = "moves are not for agents"
+
+[[tools.approval.rules]]
+tool = "mcp__everything__echo"
+decision = "ask"
+
+[mcp]
+idle_seconds = {idle_seconds}
+
+[[mcp.servers]]
+name = "fs"
+command = "node"
+args = ["{modules}/server-filesystem/dist/index.js", "{{workspace}}"]
+read_paths = ["{PREFIX}"]
+
+[[mcp.servers]]
+name = "everything"
+command = "node"
+args = ["{modules}/server-everything/dist/index.js", "stdio"]
+read_paths = ["{PREFIX}"]
+
+[[mcp.servers]]
+name = "hostile"
+command = "{PYTHON}"
+args = ["{HOSTILE}"]
+read_paths = ["{HOSTILE.parent}"]
+{extra}
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    secret_env = {"AWS_SECRET_ACCESS_KEY": "do-not-leak", "GITHUB_TOKEN": "ghp_do_not_leak"}
+    with module_daemon(tmp_path_factory, "mcp-gateway", servers_config(), env=secret_env) as d:
+        yield d
+
+
+def call(daemon: DaemonProcess, name: str, args: dict[str, Any], **kwargs: Any) -> Any:
+    with daemon.client(timeout=60) as c:
+        return c.call(name, args, **kwargs)
+
+
+def test_their_tools_join_the_registry_with_their_schemas(daemon: DaemonProcess) -> None:
+    with daemon.client(timeout=60) as c:
+        tools = {t.name: t for t in c.tools()}
+    assert {"mcp__fs__read_text_file", "mcp__fs__write_file", "mcp__everything__get-sum"} <= set(tools)
+    assert tools["mcp__everything__get-sum"].parameters["properties"].keys() >= {"a", "b"}
+    assert tools["mcp__fs__write_file"].side_effecting  # the server's hints are not trusted by default
+    assert "read_file" in tools  # the built-ins are still there
+    # What a server lists is checked: a bad name and a tool without a schema are refused.
+    assert "mcp__hostile__whoami" in tools
+    assert not any("bad name" in n or n.endswith("no_schema") for n in tools)
+
+
+def test_a_call_goes_through_policy_journal_and_the_workspace(daemon: DaemonProcess) -> None:
+    target = daemon.root / "from-mcp.txt"
+    written = call(daemon, "mcp__fs__write_file", {"path": str(target), "content": "über MCP\n"})
+    assert written.ok, written
+    assert target.read_text() == "über MCP\n"
+    with daemon.client(timeout=60) as c:
+        outcome = c.submit([CallSpec("mcp__fs__read_text_file", {"path": str(target)})], batch_id="mcp-read-1")
+        assert outcome.results[0].ok and outcome.results[0].content == "über MCP\n"
+        journaled = c.get_batch(outcome.batch_id)
+        assert journaled.state == "finished" and journaled.results[0].content == "über MCP\n"
+        again = c.submit([CallSpec("mcp__fs__read_text_file", {"path": str(target)})], batch_id="mcp-read-1")
+        assert again.results[0].content == "über MCP\n"  # answered from the journal, exactly once
+
+
+def test_arguments_are_checked_against_the_servers_schema(daemon: DaemonProcess) -> None:
+    result = call(daemon, "mcp__everything__get-sum", {"a": "two", "b": 3})
+    assert not result.ok and result.error is not None and result.error.type == "BadArgs"
+    assert call(daemon, "mcp__everything__get-sum", {"a": 2, "b": 3}).content.endswith("5.")
+
+
+def test_a_deny_rule_on_one_of_their_tools_holds(daemon: DaemonProcess) -> None:
+    (daemon.root / "stay.txt").write_text("x")
+    result = call(daemon, "mcp__fs__move_file", {"source": "stay.txt", "destination": "gone.txt"})
+    assert not result.ok and result.error is not None and result.error.code == "DENIED_BY_POLICY"
+    assert "moves are not for agents" in result.error.message
+    assert (daemon.root / "stay.txt").exists() and not (daemon.root / "gone.txt").exists()
+
+
+def test_an_ask_rule_asks_a_person_first(daemon: DaemonProcess) -> None:
+    asked: list[str] = []
+
+    def deny(request: Any) -> Decision:
+        asked.append(request.calls[0].name)
+        return Decision("deny_all")
+
+    refused = call(daemon, "mcp__everything__echo", {"message": "hi"}, on_confirm=deny)
+    assert asked == ["mcp__everything__echo"] and not refused.ok
+    approved = call(
+        daemon, "mcp__everything__echo", {"message": "hi"}, on_confirm=lambda request: Decision("approve_all")
+    )
+    assert approved.ok and "hi" in approved.content
+
+
+def test_the_kernel_stops_a_server_writing_outside_the_workspace(daemon: DaemonProcess) -> None:
+    outside = daemon.root.parent / "written-by-a-server.txt"
+    result = call(daemon, "mcp__hostile__write", {"path": str(outside), "text": "escaped"})
+    assert not result.ok and "Permission denied" in result.content
+    assert not outside.exists()
+    inside = call(daemon, "mcp__hostile__write", {"path": str(daemon.root / "inside.txt"), "text": "ok"})
+    assert inside.ok and (daemon.root / "inside.txt").read_text() == "ok"
+
+
+def test_a_server_runs_as_the_caller_with_a_scrubbed_environment(daemon: DaemonProcess) -> None:
+    result = call(daemon, "mcp__hostile__whoami", {})
+    assert result.ok and result.data is not None
+    assert result.data["uid"] == os.getuid() and result.data["cwd"] == str(daemon.root)
+    env = result.data["env"]
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "GITHUB_TOKEN" not in env
+    everything = call(daemon, "mcp__everything__get-env", {})
+    assert everything.ok and "do-not-leak" not in everything.content and "ghp_do_not_leak" not in everything.content
+
+
+def test_a_server_has_no_network_unless_its_entry_says_so(daemon: DaemonProcess) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        result = call(daemon, "mcp__hostile__connect", {"port": listener.getsockname()[1]})
+    assert not result.ok and "connect failed" in result.content
+
+
+def test_a_server_that_dies_or_sends_garbage_fails_that_call_and_is_restarted(daemon: DaemonProcess) -> None:
+    before = call(daemon, "mcp__hostile__whoami", {}).data["pid"]
+    crashed = call(daemon, "mcp__hostile__crash", {})
+    assert not crashed.ok and crashed.error.code == "MCP_SERVER_FAILED"
+    assert "crashing on purpose" in crashed.error.message  # its stderr is reported
+    after = call(daemon, "mcp__hostile__whoami", {}).data["pid"]
+    assert after != before and not _alive(before)
+    garbage = call(daemon, "mcp__hostile__garbage", {})
+    assert not garbage.ok and "not JSON" in garbage.error.message
+    assert call(daemon, "mcp__hostile__whoami", {}).ok
+    with daemon.client() as c:
+        assert c.ping() >= 0  # the daemon kept serving
+
+
+def test_a_cancelled_call_leaves_the_server_serving(daemon: DaemonProcess) -> None:
+    with daemon.client(timeout=30) as c:
+        started = time.monotonic()
+        result = c.call("mcp__hostile__sleep", {"seconds": 0.2})
+        assert result.ok and time.monotonic() - started < 10
+
+
+def test_a_server_that_cannot_start_is_reported_and_the_daemon_serves_on(tmp_path: Path) -> None:
+    config = servers_config(
+        extra=f"""
+[[mcp.servers]]
+name = "dies"
+command = "{PYTHON}"
+args = ["{HOSTILE}", "--start=die"]
+read_paths = ["{HOSTILE.parent}"]
+
+[[mcp.servers]]
+name = "garbled"
+command = "{PYTHON}"
+args = ["{HOSTILE}", "--start=garbage"]
+read_paths = ["{HOSTILE.parent}"]
+start_timeout_seconds = 5
+"""
+    )
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config=config)
+    try:
+        with d.client(timeout=60) as c:
+            names = {t.name for t in c.tools()}
+            assert "mcp__hostile__whoami" in names
+            assert not any(n.startswith(("mcp__dies__", "mcp__garbled__")) for n in names)
+            unknown = c.call("mcp__dies__anything", {})
+            assert not unknown.ok
+            assert c.call("read_file", {"path": "."}).error is not None  # still serving
+        log = d.log.read_text()
+        assert "refusing to start" in log and "not JSON" in log
+    finally:
+        d.stop()
+
+
+def test_idle_servers_are_stopped_and_shutdown_stops_the_rest(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config=servers_config(idle_seconds=1))
+    try:
+        with d.client(timeout=60) as c:
+            first = c.call("mcp__hostile__whoami", {}).data["pid"]
+            deadline = time.monotonic() + 10
+            while _alive(first) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _alive(first), "an idle server was not stopped"
+            second = c.call("mcp__hostile__whoami", {}).data["pid"]
+            assert _alive(second)
+    finally:
+        d.stop()
+    assert not _alive(second)
+
+
+def test_each_user_gets_an_instance_of_their_own(tmp_path: Path) -> None:
+    with reachable_daemon(tmp_path, config=servers_config()) as d:
+        mine = Client(d.endpoint, timeout=60).call("mcp__hostile__whoami", {})
+
+        def whoami(client: Client) -> dict[str, Any]:
+            result = client.call("mcp__hostile__whoami", {})
+            return {"ok": result.ok, "data": result.data, "content": result.content}
+
+        theirs = as_other_user(d.endpoint, whoami)
+        assert theirs.get("ok"), theirs
+        assert mine.data is not None
+        assert theirs["data"]["uid"] == OTHER_UID and mine.data["uid"] == os.getuid()
+        assert theirs["data"]["pid"] != mine.data["pid"]
+
+
+def test_doctor_starts_each_server_and_reports_the_one_that_fails(tmp_path: Path) -> None:
+    config = tmp_path / "toold.toml"
+    config.write_text(
+        f"""
+[[mcp.servers]]
+name = "hostile"
+command = "{PYTHON}"
+args = ["{HOSTILE}"]
+read_paths = ["{HOSTILE.parent}"]
+
+[[mcp.servers]]
+name = "dies"
+command = "{PYTHON}"
+args = ["{HOSTILE}", "--start=die"]
+read_paths = ["{HOSTILE.parent}"]
+"""
+    )
+    done = subprocess.run(
+        [str(BIN / "toold"), "doctor", "--json", "--config", str(config), "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    report = json.loads(done.stdout)
+    assert report["service"]["mcp hostile"]["on"] and report["service"]["mcp hostile"]["detail"].startswith("6 tools")
+    failed = report["service"]["mcp dies"]
+    assert not failed["on"] and failed["required"] and "refusing to start" in failed["detail"]
+    assert done.returncode == 1 and "mcp dies" in report["required_off"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
