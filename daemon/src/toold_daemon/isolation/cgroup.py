@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 
 LIMITED = ("pids", "memory")
@@ -275,12 +276,23 @@ def _remove_stale(parent: str) -> None:
         base = os.path.join(parent, name)
         with contextlib.suppress(OSError):
             for call in os.listdir(base):
-                if call.startswith(("call-", "zygote-")):
+                if call.startswith(("call-", "zygote-", "worker-")):
                     path = os.path.join(base, call)
                     if not _write(os.path.join(path, "cgroup.kill"), "1"):
                         kill_listed(path)
-                    _rmdir(path)
-            os.rmdir(base)
+                    _rmdir_when_empty(path)
+            _rmdir_when_empty(base)
+
+
+def _rmdir_when_empty(path: str, seconds: float = 2.0) -> bool:
+    """Remove a cgroup whose processes were just killed: they leave it as they exit, a
+    moment later, and until then rmdir fails with EBUSY."""
+    deadline = time.monotonic() + seconds
+    while not _rmdir(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _enable_controllers(parent: str, base: str) -> frozenset[str]:
