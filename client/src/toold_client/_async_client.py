@@ -156,6 +156,7 @@ class AsyncClient:
         events: EventMode = "all",
         timeout: float | None = None,
         approval_timeout: float | None = None,
+        dry_run: bool = False,
         cancel_on_abandon: bool = False,
     ) -> BatchOutcome:
         """Submit a batch and wait for it to finish. ``on_event`` and ``on_confirm`` may be
@@ -163,7 +164,7 @@ class AsyncClient:
         ``cancel_on_abandon`` is set, the batch is cancelled in the daemon as well."""
         wire_calls = [to_wire(call, index) for index, call in enumerate(calls)]
         await self._open_workspace()
-        request = requests.submit(wire_calls, batch_id, events, approval_timeout)
+        request = requests.submit(wire_calls, batch_id, events, approval_timeout, dry_run=dry_run)
         accepted = expect(await self._request(request, timeout=timeout), BatchAccepted)
         try:
             finished = await self.wait_batch(
@@ -252,6 +253,22 @@ class AsyncClient:
             return None
         accepted = expect(reply, BatchAccepted)
         return await self.wait_batch(accepted.batch_id, on_event=on_event)
+
+    async def undo(
+        self,
+        batch_id: str,
+        *,
+        force: bool = False,
+        on_event: AsyncEventHandler | None = None,
+        on_confirm: AsyncConfirmHandler | None = None,
+        approval_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> BatchOutcome:
+        """As ``Client.undo``."""
+        request = requests.undo(batch_id, force, "all", approval_timeout)
+        accepted = expect(await self._request(request, timeout=timeout), BatchAccepted)
+        finished = await self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
+        return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
 
     async def prune(self, older_than_seconds: float) -> int:
         reply = await self._request(requests.prune(older_than_seconds))

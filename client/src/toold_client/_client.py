@@ -153,12 +153,13 @@ class Client:
         events: EventMode = "all",
         timeout: float | None = None,
         approval_timeout: float | None = None,
+        dry_run: bool = False,
     ) -> BatchOutcome:
         """Submit a batch and wait for it to finish; ``on_event`` sees every event as it arrives.
         ``on_confirm`` answers confirmation requests (return None to leave one to an approver)."""
         wire_calls = [to_wire(call, index) for index, call in enumerate(calls)]
         self._open_workspace()
-        request = requests.submit(wire_calls, batch_id, events, approval_timeout)
+        request = requests.submit(wire_calls, batch_id, events, approval_timeout, dry_run=dry_run)
         accepted = expect(self._request(request, timeout=timeout), BatchAccepted)
         finished = self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
         return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
@@ -270,11 +271,27 @@ class Client:
         accepted = expect(reply, BatchAccepted)
         return self.wait_batch(accepted.batch_id, on_event=on_event)
 
+    def undo(
+        self,
+        batch_id: str,
+        *,
+        force: bool = False,
+        on_event: EventHandler | None = None,
+        on_confirm: ConfirmHandler | None = None,
+        approval_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> BatchOutcome:
+        """Put back every path a finished batch changed; the undo is a batch of its own
+        (one ``restore_files`` call: its result lists what was restored, the conflicts,
+        and the calls nothing can reverse). A path changed since fails it unless ``force``."""
+        request = requests.undo(batch_id, force, "all", approval_timeout)
+        accepted = expect(self._request(request, timeout=timeout), BatchAccepted)
+        finished = self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
+        return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
+
     def prune(self, older_than_seconds: float) -> int:
         """Delete finished batches older than this from the journal; returns how many."""
-        return expect(
-            self._request(requests.prune(older_than_seconds)), Pruned
-        ).removed
+        return expect(self._request(requests.prune(older_than_seconds)), Pruned).removed
 
     # ------------------------------------------------------------------ plumbing
 

@@ -32,6 +32,7 @@ from toold_protocol import (
     Subscribe,
     SupplyResult,
     ToolCall,
+    UndoBatch,
     encode_value,
 )
 
@@ -75,9 +76,7 @@ DENY_ALL = Decision("deny_all")
 
 
 def hello(client_name: str, workspace: str) -> Request:
-    return Request(
-        Hello, {"protocol_version": PROTOCOL_VERSION, "client_name": client_name, "workspace": workspace}
-    )
+    return Request(Hello, {"protocol_version": PROTOCOL_VERSION, "client_name": client_name, "workspace": workspace})
 
 
 def ping() -> Request:
@@ -88,9 +87,27 @@ def list_tools(format: str) -> Request:
     return Request(ListTools, {"format": format})
 
 
-def submit(calls: list[ToolCall], batch_id: str | None, events: EventMode, approval_timeout: float | None) -> Request:
-    fields = {"calls": calls, "batch_id": batch_id, "events": events, "approval_timeout_seconds": approval_timeout}
+def submit(
+    calls: list[ToolCall],
+    batch_id: str | None,
+    events: EventMode,
+    approval_timeout: float | None,
+    *,
+    dry_run: bool = False,
+) -> Request:
+    fields = {
+        "calls": calls,
+        "batch_id": batch_id,
+        "events": events,
+        "approval_timeout_seconds": approval_timeout,
+        "dry_run": dry_run,
+    }
     return Request(SubmitBatch, fields)
+
+
+def undo(batch_id: str, force: bool, events: EventMode, approval_timeout: float | None) -> Request:
+    fields = {"batch_id": batch_id, "force": force, "events": events, "approval_timeout_seconds": approval_timeout}
+    return Request(UndoBatch, fields)
 
 
 def confirm(correlation_id: str, decision: Decision) -> Request:
@@ -167,5 +184,3 @@ def json_or_text(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
-
-

@@ -20,6 +20,7 @@ from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, 
 from . import _notes_cli
 from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
 from ._errors import DaemonUnavailable, TooldError
+from ._requests import CallSpec
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -51,13 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("name")
     call.add_argument("--args", default="{}", help="arguments as a JSON object")
     call.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    call.add_argument("--dry-run", action="store_true", help="show what it would do (diffs, policy); change nothing")
     _confirmation_flags(call)
 
     batch = sub.add_parser("batch", help="run a batch: a JSON array of {id, name, arguments}")
     batch.add_argument("file", nargs="?", default="-", help="file with the batch (default: stdin)")
     batch.add_argument("--json", action="store_true", help="print the results as a JSON array")
     batch.add_argument("--batch-id", default=None, help="choose the batch id")
+    batch.add_argument("--dry-run", action="store_true", help="show what it would do (diffs, policy); change nothing")
     _confirmation_flags(batch)
+    undo = sub.add_parser("undo", help="put back every file a finished batch changed")
+    undo.add_argument("batch_id")
+    undo.add_argument("--force", action="store_true", help="restore even paths that changed since the batch")
+    undo.add_argument("--json", action="store_true", help="print the result as one JSON object")
     pending = sub.add_parser("pending", help="confirmation requests you may answer")
     pending.add_argument("--json", action="store_true")
     approve = sub.add_parser("approve", help="approve a confirmation request")
@@ -157,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 return _journal(client, args)
             if args.command in ("memory", "todos"):
                 return _notes_cli.run(client, args, _leave_to_approver)
+            if args.command == "undo":
+                return _undo(client, args)
             if args.command == "recover":
                 return _recover(client, args.batch_id, "resume" if args.resume else "discard", args.json)
             return _tools(client, args.format)
@@ -301,7 +310,11 @@ def _call(client: Client, args: argparse.Namespace, on_confirm: ConfirmHandler) 
     arguments = _parse_json(args.args, "--args")
     if not isinstance(arguments, dict):
         raise _UsageError("--args must be a JSON object")
-    result = client.call(args.name, arguments, on_confirm=on_confirm, approval_timeout=args.approval_timeout)
+    if args.dry_run:
+        outcome = client.submit([CallSpec(args.name, arguments)], events="results", dry_run=True)
+        result = outcome.results[0]
+    else:
+        result = client.call(args.name, arguments, on_confirm=on_confirm, approval_timeout=args.approval_timeout)
     if args.json:
         print(json.dumps(result_json(result), ensure_ascii=False))
     else:
@@ -320,6 +333,7 @@ def _batch(client: Client, args: argparse.Namespace, on_confirm: ConfirmHandler)
         events="results",
         on_confirm=on_confirm,
         approval_timeout=args.approval_timeout,
+        dry_run=args.dry_run,
     )
     if args.json:
         print(json.dumps([result_json(r) for r in outcome.results], ensure_ascii=False))
@@ -385,6 +399,22 @@ def _journal(client: Client, args: argparse.Namespace) -> int:
     removed = client.prune(args.older_than)
     print(f"pruned {removed} batches")
     return EXIT_OK
+
+
+def _undo(client: Client, args: argparse.Namespace) -> int:
+    """Undo a batch; this command approves its own undo when the policy asks (running it
+    is the person's decision), and exits 1 when a path changed since stops it."""
+    outcome = client.undo(args.batch_id, force=args.force, on_confirm=lambda request: APPROVE_ALL)
+    result = outcome.results[0]
+    if args.json:
+        print(
+            json.dumps({"batch_id": outcome.batch_id, **result_json(result), "data": result.data}, ensure_ascii=False)
+        )
+    else:
+        if result.ok:
+            print(f"undo batch {sanitize_for_terminal(outcome.batch_id)} (toolctl undo it to redo)")
+        _print_result(result)
+    return EXIT_OK if result.ok else EXIT_TOOL_ERROR
 
 
 def _recover(client: Client, batch_id: str, action: str, as_json: bool) -> int:

@@ -39,6 +39,7 @@ class PreparedCall:
     policy_reason: str = ""  # why the policy decided as it did (toolctl policy explain)
     policy_rule: int | None = None
     denial: ToolResult | None = None  # the result of a call a person denied (journaled when reached)
+    changes: list[Any] = field(default_factory=list)  # what it did to each path (undo), journaled with its result
 
     @property
     def disposition(self) -> Disposition:
@@ -76,6 +77,8 @@ class Batch:
     listeners: list[tuple[bytes, bool]] = field(default_factory=list)  # (peer, wants per-call events)
     approval_timeout: float | None = None  # the submitter's override of approval.timeout_seconds
     sandbox: Sandbox | None = None  # the session's workspace; None: the daemon's roots
+    dry_run: bool = False  # plan, judge and preview every call; change nothing
+    undo_bytes: int = 0  # pre-image bytes kept so far ([journal] undo_max_bytes_per_batch)
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:

@@ -354,6 +354,8 @@ class JournalConfig(_Section, frozen=True):
     # normal: survives a daemon crash; full: also power loss (one fsync per commit).
     synchronous: Literal["normal", "full"] = "normal"
     retention_days: Annotated[float, Meta(gt=0)] = 30.0
+    # Pre-images kept per batch for ``toolctl undo``; a file past it is "not undoable".
+    undo_max_bytes_per_batch: Annotated[int, Meta(ge=0)] = 64 * 1024 * 1024
 
 
 class McpServerConfig(_Section, frozen=True, kw_only=True):

@@ -67,3 +67,7 @@ def file_exists(shown: str) -> ToolError:
         f"{shown} already exists; pass overwrite=true to replace it",
         path=shown,
     )
+
+
+def file_not_found(shown: str) -> ToolError:
+    return ToolError(ToolErrorType.FILE_NOT_FOUND, "FILE_NOT_FOUND", f"File not found: {shown}", path=shown)

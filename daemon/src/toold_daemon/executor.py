@@ -9,7 +9,7 @@ becomes ``Tool failed: ...``. Events go to ``emit``, which never blocks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -34,6 +34,8 @@ from .reads import ReadTracker
 from .runner import ToolRunner
 from .sandbox import Sandbox
 from .tools._base import Tool, ToolContext, _Cancelled
+from .undo.ledger import UndoLedger
+from .undo.restore import RestoreArgs
 
 Emit = Callable[[msgspec.Struct], None]
 
@@ -45,7 +47,13 @@ class Recorder(Protocol):
     def started(self, batch_id: str, index: int) -> None: ...
 
     def result(
-        self, batch_id: str, index: int, result: ToolResult, *, final_state: BatchState | None = None
+        self,
+        batch_id: str,
+        index: int,
+        result: ToolResult,
+        *,
+        final_state: BatchState | None = None,
+        changes: Sequence[Any] = (),
     ) -> None: ...
 
     def batch_done(self, batch_id: str, state: BatchState) -> None: ...
@@ -57,7 +65,15 @@ class NoRecorder:
     def started(self, batch_id: str, index: int) -> None:
         pass
 
-    def result(self, batch_id: str, index: int, result: ToolResult, *, final_state: BatchState | None = None) -> None:
+    def result(
+        self,
+        batch_id: str,
+        index: int,
+        result: ToolResult,
+        *,
+        final_state: BatchState | None = None,
+        changes: Sequence[Any] = (),
+    ) -> None:
         pass
 
     def batch_done(self, batch_id: str, state: BatchState) -> None:
@@ -65,8 +81,16 @@ class NoRecorder:
 
 
 class Executor:
-    def __init__(self, runner: ToolRunner, sandbox: Sandbox, config: Config, recorder: Recorder | None = None) -> None:
+    def __init__(
+        self,
+        runner: ToolRunner,
+        sandbox: Sandbox,
+        config: Config,
+        recorder: Recorder | None = None,
+        undo: UndoLedger | None = None,
+    ) -> None:
         self.runner = runner
+        self.undo = undo
         self.sandbox = sandbox
         self.config = config
         self.recorder: Recorder = recorder or NoRecorder()
@@ -85,7 +109,7 @@ class Executor:
                 if call.index == len(batch.calls) - 1:
                     final = "cancelled" if batch.cancel_reason else "finished"
                 if call.result is None:  # pre-resolved results were journaled with the batch
-                    self.recorder.result(batch.batch_id, call.index, result, final_state=final)
+                    self.recorder.result(batch.batch_id, call.index, result, final_state=final, changes=call.changes)
                 elif final is not None:
                     self.recorder.batch_done(batch.batch_id, final)
                 state_recorded = final is not None
@@ -109,6 +133,8 @@ class Executor:
             return call.result
         if batch.cancel_reason is not None:
             return _cancelled(call.call_id, batch.cancel_reason)
+        if batch.dry_run:
+            return await self._dry_run(batch, call)
         if call.denial is not None:
             return call.denial
         if call.awaiting_result:
@@ -135,6 +161,10 @@ class Executor:
             reads=self.reads.for_paths(batch.session_id, [str(p) for p in call.resolved.values()]),
             identity=batch.identity,
         )
+        if self.undo is not None and tool.side_effecting:
+            ctx.undo_budget = max(0, self.undo.max_bytes_per_batch - batch.undo_bytes)
+            if isinstance(call.args, RestoreArgs):
+                ctx.blobs = self.undo.blobs_for(batch.identity.uid, call.args)
         timeout = tool.timeout_seconds(call.args) or self.timeout_for(tool)
         started = time.monotonic()
         output = None
@@ -190,17 +220,61 @@ class Executor:
                 max_lines=limits.max_lines,
             )
         self.reads.update(batch.session_id, output.records)
+        content, data = output.content, output.data
+        if output.changes and self.undo is not None:
+            kept = self.undo.keep(output.changes)
+            batch.undo_bytes += kept.stored_bytes
+            call.changes = kept.changes
+            if kept.not_undoable:  # said in the result, never silently
+                content += f"\n[toold: not undoable: {'; '.join(kept.not_undoable[:20])}]"
+                data = {**(data or {}), "not_undoable": kept.not_undoable}
         return results.success(
             call.call_id,
-            output.content,
+            content,
             output.display,
-            output.data,
+            data,
             allow_truncation=output.allow_truncation,
             max_bytes=limits.max_bytes,
             max_lines=limits.max_lines,
             duration_ms=_ms(started),
             tail=output.tail,
             unseen=output.unseen,
+        )
+
+    async def _dry_run(self, batch: Batch, call: PreparedCall) -> ToolResult:
+        """What the call would do, computed without doing it: the policy's decision, and
+        for a tool that can preview its effect (writes, edits, patches, deletes, moves)
+        that preview, made in the user's worker. Nothing else runs: no command, no read."""
+        assert call.tool is not None
+        tool = call.tool
+        decision = "deny" if call.denial is not None else "ask" if call.needs_confirmation else "allow"
+        data: dict[str, Any] = {"dry_run": True, "policy": decision, "reason": call.policy_reason}
+        if call.locations:
+            data["paths"] = call.locations
+        lines = [f"[dry run: the policy would {decision} this call ({call.policy_reason or 'no reason given'})]"]
+        if type(tool).preview is not Tool.preview and tool.side_effecting:
+            ctx = ToolContext(call_id=call.call_id, sandbox=batch.sandbox or self.sandbox, config=self.config)
+            ctx.resolved = call.resolved
+            try:
+                diff = await self.runner.preview(tool, call.args, ctx, batch.identity)
+            except ToolError as exc:
+                return results.failure(call.call_id, exc)
+            data["diff"] = diff or ""
+            lines.append(diff or f"{call.summary}: no change to show")
+        elif tool.side_effecting:
+            lines.append(f"not run in a dry run: {call.summary}")
+        else:
+            lines.append(f"read-only, not run in a dry run: {call.summary}")
+        limits = self.config.tools.output
+        return results.success(
+            call.call_id,
+            "\n".join(lines),
+            None,
+            data,
+            max_bytes=limits.max_bytes,
+            max_lines=limits.max_lines,
+            duration_ms=0.0,
+            allow_truncation=True,
         )
 
     async def _wait_supplied(self, batch: Batch, call: PreparedCall) -> ToolResult:

@@ -44,7 +44,9 @@ from toold_protocol import (
     ToolResult,
 )
 
-SCHEMA_VERSION = 2
+from .undo.images import Change
+
+SCHEMA_VERSION = 3
 JOURNAL_NAME = "journal.sqlite3"
 INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
 DISCARDED = "discarded after restart"
@@ -93,6 +95,22 @@ _MIGRATIONS: dict[int, str] = {
     """,
     # The session's workspace ("" = the daemon's roots): a recovered batch runs there again.
     2: "ALTER TABLE batches ADD COLUMN workspace TEXT NOT NULL DEFAULT ''",
+    # What each mutating call did to each path, for undo (the bytes live in the undo store).
+    3: """
+    CREATE TABLE changes (
+        batch_id    TEXT NOT NULL REFERENCES batches(batch_id) ON DELETE CASCADE,
+        seq         INTEGER NOT NULL,
+        idx         INTEGER NOT NULL,
+        path        TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        mode        INTEGER NOT NULL,
+        hash        TEXT NOT NULL,
+        note        TEXT NOT NULL,
+        after_kind  TEXT NOT NULL,
+        after_hash  TEXT NOT NULL,
+        PRIMARY KEY (batch_id, seq)
+    )
+    """,
 }
 
 _encoder = msgspec.msgpack.Encoder()
@@ -102,6 +120,18 @@ _data_decoder = msgspec.msgpack.Decoder(dict[str, Any])
 
 class JournalError(Exception):
     """The journal cannot be used (corrupt, newer schema, unreadable). The message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChange:
+    index: int
+    path: str
+    kind: str
+    mode: int
+    hash: str
+    note: str
+    after_kind: str
+    after_hash: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,13 +296,43 @@ class Journal:
             db.execute("UPDATE batches SET state = 'running' WHERE batch_id = ? AND state != 'running'", (batch_id,))
             db.execute("COMMIT")
 
-    def result(self, batch_id: str, index: int, result: ToolResult, *, final_state: BatchState | None = None) -> None:
+    def result(
+        self,
+        batch_id: str,
+        index: int,
+        result: ToolResult,
+        *,
+        final_state: BatchState | None = None,
+        changes: Sequence[Change] = (),
+    ) -> None:
         """Step 3: before the next call starts and before the result is sent. With
-        ``final_state`` (the batch's last call), the batch's end is in the same transaction."""
+        ``final_state`` (the batch's last call), the batch's end is in the same transaction;
+        ``changes`` (what the call did to each path, for undo) too."""
         now = time.time()
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
             self._insert_result(batch_id, index, result, now)
+            if changes:
+                first = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM changes WHERE batch_id = ?", (batch_id,))
+                start = int(first.fetchone()[0])
+                db.executemany(
+                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            batch_id,
+                            start + n,
+                            index,
+                            c.before.path,
+                            c.before.kind,
+                            c.before.mode,
+                            c.before.hash,
+                            c.before.note,
+                            c.after_kind,
+                            c.after_hash,
+                        )
+                        for n, c in enumerate(changes)
+                    ],
+                )
             if final_state is not None:
                 db.execute(
                     "UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (final_state, now, batch_id)
@@ -306,6 +366,21 @@ class Journal:
         )
 
     # ------------------------------------------------------------------ reads
+
+    def changes(self, batch_id: str) -> list[StoredChange]:
+        """What the batch's calls did to each path, in the order they did it."""
+        return [
+            StoredChange(*row)
+            for row in self._db.execute(
+                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash FROM changes "
+                "WHERE batch_id = ? ORDER BY seq",
+                (batch_id,),
+            )
+        ]
+
+    def kept_hashes(self) -> set[str]:
+        """Every pre-image the journal still names (the undo store keeps these)."""
+        return {row[0] for row in self._db.execute("SELECT DISTINCT hash FROM changes WHERE hash != ''")}
 
     def exists(self, batch_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?", (batch_id,)).fetchone() is not None

@@ -88,6 +88,7 @@ class Registry:
                     open_world=tool.network,
                 )
                 for tool in self.list()
+                if not tool.internal
             ]
         return self._definitions
 

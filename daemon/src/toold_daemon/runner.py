@@ -21,6 +21,7 @@ from toold_protocol import Identity, IsolationLayer, ToolErrorType
 
 from .errors import ToolError
 from .tools._base import Tool, ToolContext, ToolOutput
+from .undo.capture import run_capturing
 
 
 class ToolRunner(Protocol):
@@ -64,7 +65,9 @@ class ThreadRunner:
         if tool.runs_inline(args, ctx):
             return tool.run(args, ctx)
         try:
-            return await trio.to_thread.run_sync(tool.run, args, ctx, limiter=self._limiter, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(
+                run_capturing, tool, args, ctx, limiter=self._limiter, abandon_on_cancel=True
+            )
         except BaseException:
             ctx.cancelled.set()  # an abandoned thread stops at its next check
             raise

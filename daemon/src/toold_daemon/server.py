@@ -39,6 +39,8 @@ from .sandbox import build_sandbox
 from .service import Service
 from .tools import Tool, builtin_tools
 from .tools.custom import configured_tools
+from .undo.ledger import UndoLedger
+from .undo.store import UndoStore
 from .user_state import UserState
 
 log = logging.getLogger("toold")
@@ -125,7 +127,13 @@ def prepare_runtime_dir(directory: Path) -> None:
 
 
 def _drop_privileges(
-    config: Config, runner: ThreadRunner | SpawnRunner, journal: Journal | None, ipc: IpcServer, user_state: UserState
+    config: Config,
+    runner: ThreadRunner | SpawnRunner,
+    journal: Journal | None,
+    ipc: IpcServer,
+    user_state: UserState,
+    *,
+    undo: UndoLedger | None,
 ) -> None:
     """Become ``[daemon] user`` now that the spawner runs, the socket is bound and the
     journal is open (see ``privileges``); a drop that cannot be made stops the daemon."""
@@ -137,6 +145,8 @@ def _drop_privileges(
         companions = [journal.path.with_name(journal.path.name + suffix) for suffix in ("-wal", "-shm")]
         own += [state, journal.path, state / "journal.lock", *companions]
     own += [user_state.path.parent, *user_state.companions()]
+    if undo is not None:
+        own += [undo.store.directory, *undo.store.directory.iterdir()]
     socket_path = ipc_path(ipc.endpoint) if ipc.activated_fd is None else None  # systemd's socket stays systemd's
     if socket_path is not None:
         own += [socket_path.parent, socket_path, socket_path.with_name(socket_path.name + ".lock")]
@@ -182,7 +192,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     user_state = UserState.open_in(state_dir_of(config, options))
     if isinstance(runner, SpawnRunner):
         runner.user_state = user_state
-    executor = Executor(runner, sandbox, config, journal)
+    undo = _undo_ledger(config, options, journal)
+    executor = Executor(runner, sandbox, config, journal, undo)
     gateway = _gateway(config, runner, registry)
     ipc = IpcServer(
         endpoint,
@@ -206,7 +217,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     try:
         ipc.bind()
         if config.daemon.user:
-            _drop_privileges(config, runner, journal, ipc, user_state)
+            _drop_privileges(config, runner, journal, ipc, user_state, undo=undo)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 service.bind_nursery(nursery)
@@ -244,6 +255,19 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
             journal.close()
         user_state.close()
         notifier.close()
+
+
+def _undo_ledger(config: Config, options: ServeOptions, journal: Journal | None) -> UndoLedger | None:
+    """Pre-images for ``toolctl undo``, beside the journal (none without one); those of
+    batches the journal no longer holds are removed."""
+    if journal is None:
+        return None
+    store = UndoStore.open_in(state_dir_of(config, options))
+    ledger = UndoLedger(store, journal, config.journal.undo_max_bytes_per_batch)
+    removed = ledger.collect()
+    if removed:
+        log.info("removed %d undo pre-image(s) of pruned batches", removed)
+    return ledger
 
 
 def _gateway(config: Config, runner: ThreadRunner | SpawnRunner, registry: Registry) -> Gateway | None:

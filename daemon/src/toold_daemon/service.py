@@ -62,6 +62,7 @@ from toold_protocol import (
     ToolErrorType,
     ToolList,
     ToolResult,
+    UndoBatch,
     Welcome,
     decode_client_message,
     encode,
@@ -79,7 +80,7 @@ from .mcp import Gateway
 from .policy.engine import describe_command
 from .registry import Registry
 from .sandbox import Sandbox
-from .tools import ToolContext
+from .tools import Tool, ToolContext
 from .workspaces import WorkspaceRefused, Workspaces
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,8 @@ class Service:
                 self._list_batches(session, message)
             case Recover():
                 self._recover(session, message)
+            case UndoBatch():
+                self._undo(session, message)
             case PruneJournal():
                 self._prune(session, message)
             case Confirm():
@@ -371,7 +374,10 @@ class Service:
         formatted = self.registry.export(message.format) if advertised and message.format != "toold" else []
         self._reply(session, ToolList(id=message.id, format=message.format, tools=definitions, formatted=formatted))
 
-    def _submit(self, session: Session, message: SubmitBatch, *, discovered: bool = False) -> None:
+    def _submit(
+        self, session: Session, message: SubmitBatch, *, discovered: bool = False, trusted: bool = False
+    ) -> None:
+        """``trusted``: built by the daemon itself (an undo), so internal tools may appear."""
         if not discovered and self._discovery_due(session, [call.name for call in message.calls]):
             self._discover_then(session, lambda: self._submit(session, message, discovered=True))
             return
@@ -402,17 +408,29 @@ class Service:
                 f"uid {uid} already runs {running} batches (max_running_batches_per_uid)",
             )
             return
+        internal = [c.name for c in message.calls if (t := self.registry.get(c.name)) is not None and t.internal]
+        if internal and not trusted:
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.INVALID_MESSAGE,
+                f"{internal[0]} is run by the daemon itself (toolctl undo), not submitted",
+            )
+            return
         batch_id = chosen or secrets.token_hex(12)
         calls = self._planner(session).plan(message.calls, turn_iteration=self._count_turn(session, message.turn_id))
+        if message.dry_run:
+            calls = [_marked_dry(call) for call in calls]
         batch = Batch(
             batch_id=batch_id,
             identity=session.identity,
             session_id=session.session_id,
             calls=calls,
             results=[None] * len(calls),
-            digest=fingerprint(message.calls),
+            digest=_digest(message),
             approval_timeout=message.approval_timeout_seconds,
             sandbox=session.sandbox,
+            dry_run=message.dry_run,
         )
         planned = [c.planned() for c in calls]
         if self.journal is not None:  # journaled before it is acknowledged
@@ -443,7 +461,7 @@ class Service:
             return False
         owner = live.identity.uid if live is not None else stored.identity.uid  # type: ignore[union-attr]
         digest = live.digest if live is not None else stored.fingerprint  # type: ignore[union-attr]
-        if owner != session.identity.uid or digest != fingerprint(message.calls):
+        if owner != session.identity.uid or digest != _digest(message):
             self._error(
                 session.peer,
                 message.id,
@@ -522,7 +540,7 @@ class Service:
                 self._send(peer, encode(status))
 
         try:
-            if any(c.needs_confirmation and c.result is None for c in batch.calls):
+            if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
                 await self._confirm_batch(session, batch, emit)
             await self.executor.run(batch, emit)
         except Exception:
@@ -896,6 +914,53 @@ class Service:
         )
         self._start(session, batch, all_events=True)
 
+    def _undo(self, session: Session, message: UndoBatch) -> None:
+        """Undo a finished batch: one ``restore_files`` call, submitted as a batch of this
+        session (journaled, judged by the policy, itself undoable)."""
+        if self.journal is None or self.executor.undo is None:
+            self._error(session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal")
+            return
+        key = self._batch_key(session, message.batch_id)
+        stored = self.journal.load(key)
+        if stored is None or not self._may_see(session, stored.identity.uid):
+            self._error(session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}")
+            return
+        if session.identity.uid not in (stored.identity.uid, 0):
+            self._error(
+                session.peer, message.id, ProtocolErrorCode.NOT_AUTHORIZED, "only the batch's user or root may undo it"
+            )
+            return
+        live = self.batches.get(key)
+        if stored.state not in ("finished", "cancelled") or (live is not None and not live.done.is_set()):
+            self._error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.NOT_INTERRUPTED,
+                f"batch {message.batch_id!r} is {stored.state}: only a batch that has ended can be undone",
+            )
+            return
+        arguments = self.executor.undo.plan(stored, force=message.force, cannot_reverse=self._cannot_reverse)
+        base = str(self.sandbox_of(session).working_dir)
+        for entry in arguments["entries"]:  # as a model would name them: relative to the workspace
+            if entry["path"].startswith(base.rstrip("/") + "/"):
+                entry["path"] = os.path.relpath(entry["path"], base)
+        call = ToolCall(call_id="undo", name="restore_files", arguments=msgspec.Raw(msgspec.msgpack.encode(arguments)))
+        submit = SubmitBatch(
+            id=message.id,
+            calls=[call],
+            events=message.events,
+            approval_timeout_seconds=message.approval_timeout_seconds,
+        )
+        self._submit(session, submit, discovered=True, trusted=True)
+
+    def _cannot_reverse(self, name: str) -> bool:
+        """A side-effecting tool that declares no paths it changes: a command, an MCP
+        server's tool, daemon state. Its effects are beyond what undo keeps."""
+        tool = self.registry.get(name)
+        if tool is None:
+            return name.startswith("mcp__")
+        return tool.side_effecting and type(tool).changes is Tool.changes
+
     def _prune(self, session: Session, message: PruneJournal) -> None:
         if self.journal is None:
             self._error(session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal")
@@ -967,6 +1032,21 @@ class Service:
         self, peer: bytes, request_id: int | None, code: ProtocolErrorCode, message: str, **details: object
     ) -> None:
         self._send(peer, encode(Error(id=request_id, code=str(code), message=message, details=details)))
+
+
+def _digest(message: SubmitBatch) -> str:
+    """What makes a resubmission the same batch: its calls, and whether it is a dry run."""
+    digest = fingerprint(message.calls)
+    return f"dry:{digest}" if message.dry_run else digest
+
+
+def _marked_dry(call: PreparedCall) -> PreparedCall:
+    """A dry run's call refused at planning: its result says so in ``data`` too."""
+    if call.result is not None:
+        policy = "deny" if call.result.error is not None and call.result.error.code == "DENIED_BY_POLICY" else "error"
+        data = {**(call.result.data or {}), "dry_run": True, "policy": policy}
+        call.result = msgspec.structs.replace(call.result, data=data)
+    return call
 
 
 def _denied(call: PreparedCall, why: str) -> ToolResult:

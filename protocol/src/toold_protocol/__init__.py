@@ -59,6 +59,7 @@ from ._messages import ToolFormat as ToolFormat
 from ._messages import ToolList as ToolList
 from ._messages import ToolResult as ToolResult
 from ._messages import ToolsMode as ToolsMode
+from ._messages import UndoBatch as UndoBatch
 from ._messages import Welcome as Welcome
 from ._terminal import sanitize_for_terminal as sanitize_for_terminal
 from ._version import MIN_PROTOCOL_VERSION as MIN_PROTOCOL_VERSION
@@ -118,6 +119,7 @@ __all__ = [
     "ToolList",
     "ToolResult",
     "ToolsMode",
+    "UndoBatch",
     "Welcome",
     "declaration",
     "decode_client_message",

@@ -171,6 +171,9 @@ class SubmitBatch(_Message, tag="submit_batch", frozen=True):
     #: How long this batch's confirmation may wait for an answer, instead of the
     #: daemon's ``timeout_seconds`` (bounded by the daemon to a day).
     approval_timeout_seconds: Annotated[float, Meta(gt=0, le=86_400)] | None = None
+    #: Plan, validate and judge every call, and compute what mutating calls would change
+    #: (diffs, paths), without changing anything or asking anyone; results say so.
+    dry_run: bool = False
 
 
 class Confirm(_Message, tag="confirm", frozen=True):
@@ -235,6 +238,19 @@ class Recover(_Message, tag="recover", frozen=True):
     action: Literal["resume", "discard"]
 
 
+class UndoBatch(_Message, tag="undo_batch", frozen=True):
+    """Put back every path a finished batch changed, as a new batch of one
+    ``restore_files`` call (replies ``batch_accepted``, then the usual events). A path
+    changed since the batch fails the whole undo unless ``force``. Only the batch's uid
+    (or root) may undo it."""
+
+    id: RequestId
+    batch_id: BatchId
+    force: bool = False
+    events: EventMode = "all"
+    approval_timeout_seconds: Annotated[float, Meta(gt=0, le=86_400)] | None = None
+
+
 class PruneJournal(_Message, tag="prune_journal", frozen=True):
     """Delete finished batches that ended more than ``older_than_seconds`` ago."""
 
@@ -270,6 +286,7 @@ ClientMessage = (
     | Ping
     | ListBatches
     | Recover
+    | UndoBatch
     | PruneJournal
     | ExplainPolicy
     | ReloadPolicy

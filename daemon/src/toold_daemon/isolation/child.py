@@ -19,6 +19,7 @@ import msgspec
 from ..errors import ToolError, from_os_error
 from ..sandbox import Sandbox
 from ..tools._base import ToolContext, ToolOutput
+from ..undo.capture import run_capturing
 from .confine import ConfinementFailed, confine
 from .prepare import Work
 from .supervisor import Supervisor
@@ -109,11 +110,13 @@ def run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
         resolved={k: Path(v) for k, v in request.resolved.items()},
         reads=dict(request.reads),
         emit=lambda stream, data: write_frame(channel, Chunk(stream=stream, data=data)),
+        undo_budget=request.undo_budget,
+        blobs=dict(request.blobs),
     )
     try:
         if request.preview:
             return Outcome(ok=True, content=tool.preview(args, ctx) or "")
-        output: ToolOutput = tool.run(args, ctx)
+        output: ToolOutput = run_capturing(tool, args, ctx)
     except ToolError as exc:
         details = dict(exc.details)
         read = details.pop("output", None)  # what the tool read before failing (an HTTP error's body)
@@ -132,6 +135,7 @@ def run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
         tail=output.tail,
         unseen_bytes=output.unseen.bytes,
         unseen_lines=output.unseen.lines,
+        changes=output.changes,
     )
 
 

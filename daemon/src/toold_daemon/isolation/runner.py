@@ -186,6 +186,7 @@ class SpawnRunner:
             outcome.records,
             tail=outcome.tail,
             unseen=Unseen(outcome.unseen_bytes, outcome.unseen_lines),
+            changes=list(outcome.changes),
         )
 
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
@@ -496,6 +497,8 @@ class SpawnRunner:
             limits=self._limits,
             require=list(isolation.require),
             preview=preview,
+            undo_budget=ctx.undo_budget,
+            blobs=ctx.blobs,
         )
 
     def temps_from_spawner(self) -> None:

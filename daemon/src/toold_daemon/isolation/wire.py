@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..undo.images import Change
+
 MAX_FRAME = 64 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 
@@ -63,6 +65,8 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn", omit_
     readonly_paths: list[str] = []  # bound read-only in the command's own mount namespace
     hidden_patterns: list[str] = []  # denied files below the roots, covered for commands
     hide_max_entries: int = 100_000  # entries the search for them may visit
+    undo_budget: int = -1  # bytes of pre-images the call may keep for undo (-1: take none)
+    blobs: dict[str, bytes] = {}  # saved contents by hash, for ``restore_files``
 
 
 class TempWanted(msgspec.Struct, frozen=True, kw_only=True, tag="temp"):
@@ -112,6 +116,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome", omit_def
     unseen_lines: int = 0
     layers: dict[str, str] = {}  # isolation layer -> "on" or why it is off
     records: dict[str, str] = {}  # read-tracking records (see ToolOutput.records)
+    changes: list[Change] = []  # what the call did to each path it declared (undo)
 
 
 ChildMessage = Chunk | Outcome

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..undo.restore import RestoreFiles
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from .apply_patch import ApplyPatch
 from .delete_file import DeleteFile
@@ -36,6 +37,7 @@ def builtin_tools() -> list[Tool[Any]]:
         MoveFile(),
         ReadFile(),
         ReadManyFiles(),
+        RestoreFiles(),
         RunCode(),
         Shell(),
         ShellJobs(),

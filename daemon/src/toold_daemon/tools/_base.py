@@ -42,6 +42,8 @@ class ToolOutput:
     tail: str = ""
     #: Output the tool produced that ``content`` does not hold (counted by the marker).
     unseen: Unseen = NOTHING_UNSEEN
+    #: What the call did to each path it declared (``undo.images.Change``), for undo.
+    changes: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,10 @@ class ToolContext:
     jobs: Any = None
     #: The daemon's per-user memory and todos (``UserState``; set for ``in_daemon`` tools).
     user_state: Any = None
+    #: Bytes of pre-images this call may keep for undo (-1: none are taken).
+    undo_budget: int = -1
+    #: Saved file contents by hash (``restore_files`` only, from the daemon's undo store).
+    blobs: dict[str, bytes] = field(default_factory=dict)
 
     def resolve(self, raw: str, *, follow_last: bool = True) -> Path:
         """The canonical path of a path argument: the one the planner validated,
@@ -121,6 +127,8 @@ class Tool(Generic[A]):
     #: Runs in a fresh confined child per call with the network open for that call
     #: (web tools): tool workers have no network.
     network: ClassVar[bool] = False
+    #: Not offered to models (not listed); only the daemon builds its calls (undo).
+    internal: ClassVar[bool] = False
 
     def warm(self) -> None:
         """Build, in the spawner before it forks, what each child of this tool would
@@ -193,6 +201,11 @@ class Tool(Generic[A]):
     def timeout_seconds(self, args: A) -> float | None:
         """A per-call timeout from the arguments (``timeout_ms``), or None for the config's."""
         return None
+
+    def changes(self, args: A, ctx: ToolContext) -> list[Path]:
+        """The paths this call may create, change or remove (canonical): their pre-images
+        are kept so that ``toolctl undo`` can put them back. Default: none."""
+        return []
 
     def preview(self, args: A, ctx: ToolContext) -> str | None:
         """What the call would change, as a unified diff, without changing anything: shown

@@ -65,6 +65,9 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
         files = self.paths(args)
         return f"Patch {len(files)} file(s): {', '.join(files)}"[:200]
 
+    def changes(self, args: ApplyPatchArgs, ctx: ToolContext) -> list[Path]:
+        return [ctx.resolve(raw, follow_last=False) for raw in self.paths(args)]
+
     def preview(self, args: ApplyPatchArgs, ctx: ToolContext) -> str | None:
         def load(raw: str) -> Text | None:
             path = ctx.resolve(raw)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated
 
 from msgspec import Meta
 
+from ..errors import bad_args, file_not_found
 from ..sandbox.writes import delete, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._mutate import gone
+
+PREVIEW_PATHS = 200
 
 
 class DeleteFileArgs(ToolArgs, frozen=True):
@@ -35,6 +40,27 @@ class DeleteFile(Tool[DeleteFileArgs]):
 
     def summary(self, args: DeleteFileArgs) -> str:
         return f"Delete {args.path[:150]}{' recursively' if args.recursive else ''}"
+
+    def changes(self, args: DeleteFileArgs, ctx: ToolContext) -> list[Path]:
+        return [ctx.resolve(args.path, follow_last=False)]
+
+    def preview(self, args: DeleteFileArgs, ctx: ToolContext) -> str | None:
+        """The paths a delete would remove (a directory needs ``recursive``)."""
+        path = ctx.resolve(args.path, follow_last=False)
+        if not os.path.lexists(path):
+            raise file_not_found(args.path)
+        if not os.path.isdir(path) or os.path.islink(path):
+            return f"would delete {args.path}"
+        if not args.recursive:
+            raise bad_args(f"{args.path} is a directory: deleting it needs recursive=true")
+        found = [args.path.rstrip("/") + "/"]
+        for directory, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files) + dirs:
+                found.append(os.path.relpath(os.path.join(directory, name), path.parent))
+                if len(found) > PREVIEW_PATHS:
+                    return "would delete:\n" + "\n".join(found) + "\n… and more"
+        return "would delete:\n" + "\n".join(found)
 
     def run(self, args: DeleteFileArgs, ctx: ToolContext) -> ToolOutput:
         path = ctx.resolve(args.path, follow_last=False)

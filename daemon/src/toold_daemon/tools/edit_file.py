@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from msgspec import Meta
@@ -106,6 +107,9 @@ class EditFile(Tool[EditFileArgs]):
 
     def summary(self, args: EditFileArgs) -> str:
         return f"Edit {args.path[:150]} ({len(args.edits)} edit{'s' if len(args.edits) != 1 else ''})"
+
+    def changes(self, args: EditFileArgs, ctx: ToolContext) -> list[Path]:
+        return [ctx.resolve(args.path)]
 
     def preview(self, args: EditFileArgs, ctx: ToolContext) -> str | None:
         path = ctx.resolve(args.path)

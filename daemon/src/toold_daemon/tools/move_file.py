@@ -9,7 +9,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from ..config import Config
-from ..errors import bad_args, file_exists
+from ..errors import bad_args, file_exists, file_not_found
 from ..sandbox.writes import move, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._mutate import gone
@@ -53,6 +53,19 @@ class MoveFile(Tool[MoveFileArgs]):
     def prompts(self, args: MoveFileArgs, resolved: dict[str, Path], config: Config) -> bool:
         destination = resolved.get(args.destination)
         return destination is None or os.path.lexists(destination)  # asks only when replacing
+
+    def changes(self, args: MoveFileArgs, ctx: ToolContext) -> list[Path]:
+        return [ctx.resolve(args.source, follow_last=False), ctx.resolve(args.destination, follow_last=False)]
+
+    def preview(self, args: MoveFileArgs, ctx: ToolContext) -> str | None:
+        source = ctx.resolve(args.source, follow_last=False)
+        destination = ctx.resolve(args.destination, follow_last=False)
+        if not os.path.lexists(source):
+            raise file_not_found(args.source)
+        replacing = os.path.lexists(destination)
+        if replacing and not args.overwrite:
+            raise file_exists(args.destination)
+        return f"would move {args.source} to {args.destination}" + (" (replacing it)" if replacing else "")
 
     def run(self, args: MoveFileArgs, ctx: ToolContext) -> ToolOutput:
         source = ctx.resolve(args.source, follow_last=False)

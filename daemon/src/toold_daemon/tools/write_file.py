@@ -10,8 +10,10 @@ from typing import Annotated, Literal
 
 from msgspec import Meta
 
+from toold_protocol import ToolErrorType
+
 from ..config import Config
-from ..errors import bad_args, file_exists
+from ..errors import ToolError, bad_args, file_exists
 from ..sandbox.writes import atomic_write, parent_dir, read_existing
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._mutate import written
@@ -58,15 +60,25 @@ class WriteFile(Tool[WriteFileArgs]):
     def prompts(self, args: WriteFileArgs, resolved: dict[str, Path], config: Config) -> bool:
         return args.overwrite  # creating a new file does not ask under the default policy
 
+    def changes(self, args: WriteFileArgs, ctx: ToolContext) -> list[Path]:
+        return [ctx.resolve(args.path)]
+
     def preview(self, args: WriteFileArgs, ctx: ToolContext) -> str | None:
-        if not args.overwrite or args.encoding != "utf-8":
-            return None
+        """The diff against the file as it is, or against nothing for a new file."""
+        if args.encoding != "utf-8":
+            return f"would write {args.path} ({len(_decode_base64(args.content))} bytes of binary content)"
         path = ctx.resolve(args.path)
-        with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
-            existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
-        if existing is None:
-            return None
-        return unified_diff(existing.data.decode("utf-8", errors="replace"), args.content, args.path)
+        try:
+            with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
+                existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
+        except ToolError as exc:
+            if exc.type != ToolErrorType.FILE_NOT_FOUND:  # a missing parent: created with the file
+                raise
+            existing = None
+        if existing is not None and not args.overwrite:
+            raise file_exists(args.path)
+        before = existing.data.decode("utf-8", errors="replace") if existing is not None else ""
+        return unified_diff(before, args.content, args.path)
 
     def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolOutput:
         path = ctx.resolve(args.path)

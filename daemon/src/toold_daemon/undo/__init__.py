@@ -1,0 +1,1 @@
+"""Undo: pre-images of what mutating calls change, and putting them back."""

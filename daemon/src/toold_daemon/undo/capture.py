@@ -1,0 +1,23 @@
+"""Run a mutating tool with its pre-images taken first and its post-images after."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..tools._base import Tool, ToolContext, ToolOutput
+from .images import capture, changes_after
+
+
+def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
+    """``tool.run``, and when the daemon asked for undo data (``ctx.undo_budget`` ≥ 0)
+    what it did to each path it declares. A call that fails records nothing: the tools
+    change a path atomically or not at all."""
+    if ctx.undo_budget < 0 or not tool.side_effecting:
+        return tool.run(args, ctx)
+    paths = tool.changes(args, ctx)
+    if not paths:
+        return tool.run(args, ctx)
+    before, _used = capture(paths, ctx.undo_budget)
+    output = tool.run(args, ctx)
+    return dataclasses.replace(output, changes=changes_after(before))

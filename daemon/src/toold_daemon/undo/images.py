@@ -1,0 +1,119 @@
+"""Pre-images and post-images of the paths a call changes, taken in the user's worker.
+
+Before a mutating tool runs, each path it declares (``Tool.changes``) is read as it is:
+a regular file's exact bytes and mode, a symlink's target, a directory (and, for a
+recursive delete or a moved tree, everything below it), or "absent". After the tool,
+each path's new state is hashed. The protocol process stores the bytes
+content-addressed and journals the rest, so ``toolctl undo`` can put every path back
+and refuse the ones that changed since. Nothing here follows a symlink.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+Kind = Literal["file", "absent", "dir", "symlink", "unknown"]
+MAX_ENTRIES = 10_000  # below one path (a recursive delete): more are "not undoable"
+
+
+class Image(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One path's state. ``data`` travels from the worker to the daemon only (the
+    journal keeps ``hash``); ``note`` says why the path cannot be put back."""
+
+    path: str
+    kind: Kind
+    mode: int = 0
+    hash: str = ""
+    data: bytes = b""
+    note: str = ""
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a call did to one path: its state before and after."""
+
+    before: Image
+    after_kind: Kind
+    after_hash: str = ""
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def capture(paths: list[Path], budget: int) -> tuple[list[Image], int]:
+    """The pre-images of ``paths`` (and of everything below a directory among them),
+    keeping file bytes while they fit in ``budget``: (images, bytes kept)."""
+    images: list[Image] = []
+    used = 0
+    seen: set[str] = set()
+    for path in paths:
+        for found in _below(path):
+            if found.path in seen:
+                continue
+            seen.add(found.path)
+            image = found
+            if found.kind == "file" and used + len(found.data) > budget:
+                image = Image(path=found.path, kind="unknown", note="over the batch's undo bound")
+            used += len(image.data)
+            images.append(image)
+    return images, used
+
+
+def _below(path: Path) -> list[Image]:
+    """``path``'s image, then (for a directory) those of its entries, parents first."""
+    first = image_of(str(path))
+    if first.kind != "dir":
+        return [first]
+    found = [first]
+    for directory, dirs, files in os.walk(path, followlinks=False):
+        dirs.sort()
+        for name in [*sorted(files), *dirs]:
+            if len(found) >= MAX_ENTRIES:
+                return [*found, Image(path=str(path), kind="unknown", note=f"more than {MAX_ENTRIES} entries below")]
+            found.append(image_of(os.path.join(directory, name)))
+    return found
+
+
+def image_of(path: str) -> Image:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return Image(path=path, kind="absent")
+    except OSError as exc:
+        return Image(path=path, kind="unknown", note=f"cannot be read: {exc.strerror}")
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        target = os.fsencode(os.readlink(path))
+        return Image(path=path, kind="symlink", hash=digest(target), data=target)
+    if stat.S_ISDIR(st.st_mode):
+        return Image(path=path, kind="dir", mode=mode)
+    if not stat.S_ISREG(st.st_mode):
+        return Image(path=path, kind="unknown", note="not a regular file, directory or symlink")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        return Image(path=path, kind="unknown", note=f"cannot be read: {exc.strerror}")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    return Image(path=path, kind="file", mode=mode, hash=digest(data), data=data)
+
+
+def state_of(path: str) -> tuple[Kind, str]:
+    """A path's kind and content hash now (a directory's hash is empty)."""
+    image = image_of(path)
+    return image.kind, image.hash
+
+
+def changes_after(before: list[Image]) -> list[Change]:
+    """Each pre-image with its path's state now; bytes already stored are dropped."""
+    changed: list[Change] = []
+    for image in before:
+        after_kind, after_hash = state_of(image.path)
+        changed.append(Change(before=image, after_kind=after_kind, after_hash=after_hash))
+    return changed

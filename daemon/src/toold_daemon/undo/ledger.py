@@ -1,0 +1,111 @@
+"""The protocol process's side of undo: keep what workers captured, plan an undo.
+
+``keep`` stores a call's pre-images in the undo store and hands the journal the rest;
+``plan`` turns a journaled batch into the arguments of one ``restore_files`` call (every
+path once: the state the batch first found it in, and the state it left it in);
+``blobs_for`` gives that call the saved bytes, and only the bytes of the batch it undoes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..journal import Journal, StoredBatch, StoredChange
+from .images import Change
+from .restore import RestoreArgs
+from .store import UndoStore
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    changes: list[Change]  # without the bytes, for the journal
+    stored_bytes: int
+    not_undoable: list[str]  # "path (why)"
+
+
+class UndoLedger:
+    def __init__(self, store: UndoStore, journal: Journal, max_bytes_per_batch: int) -> None:
+        self.store = store
+        self.journal = journal
+        self.max_bytes_per_batch = max_bytes_per_batch
+
+    def keep(self, changes: list[Change]) -> Kept:
+        stripped: list[Change] = []
+        stored = 0
+        for change in changes:
+            before = change.before
+            if before.kind in ("file", "symlink"):
+                self.store.put(before.data)
+                stored += len(before.data)
+            stripped.append(msgspec.structs.replace(change, before=msgspec.structs.replace(before, data=b"")))
+        missing = [f"{c.before.path} ({c.before.note})" for c in changes if c.before.note]
+        return Kept(stripped, stored, missing)
+
+    def plan(self, stored: StoredBatch, *, force: bool, cannot_reverse: Callable[[str], bool]) -> dict[str, Any]:
+        """``restore_files`` arguments that undo ``stored``; ``cannot_reverse(tool name)``:
+        whether a tool's effects are beyond pre-images (commands)."""
+        first: dict[str, StoredChange] = {}
+        last: dict[str, StoredChange] = {}
+        for change in self.journal.changes(stored.batch_id):
+            first.setdefault(change.path, change)
+            last[change.path] = change
+        removals = [p for p in first if first[p].kind == "absent"]
+        restorations = [p for p in first if first[p].kind != "absent"]
+        # Children are removed before their parents, parents made before their children.
+        ordered = sorted(removals, key=_depth, reverse=True) + sorted(restorations, key=_depth)
+        entries = [
+            {
+                "path": path,
+                "expect_kind": last[path].after_kind,
+                "expect_hash": last[path].after_hash,
+                "kind": first[path].kind,
+                "mode": first[path].mode,
+                "hash": first[path].hash,
+                "note": first[path].note,
+            }
+            for path in ordered
+        ]
+        return {
+            "undoes": stored.batch_id,
+            "entries": entries,
+            "force": force,
+            "irreversible": _irreversible(stored, cannot_reverse),
+        }
+
+    def blobs_for(self, uid: int, args: RestoreArgs) -> dict[str, bytes]:
+        """The saved bytes ``args`` names, if the batch it undoes is ``uid``'s (or uid is
+        root's) and the journal recorded those hashes for it; nothing otherwise."""
+        stored = self.journal.load(args.undoes)
+        if stored is None or uid not in (stored.identity.uid, 0):
+            return {}
+        recorded = {change.hash for change in self.journal.changes(args.undoes)}
+        blobs: dict[str, bytes] = {}
+        for entry in args.entries:
+            if entry.hash and entry.hash in recorded and entry.hash not in blobs:
+                data = self.store.get(entry.hash)
+                if data is not None:
+                    blobs[entry.hash] = data
+        return blobs
+
+    def collect(self) -> int:
+        """Remove pre-images of batches the journal no longer holds."""
+        return self.store.collect(self.journal.kept_hashes())
+
+
+def _depth(path: str) -> int:
+    return path.rstrip(os.sep).count(os.sep)
+
+
+def _irreversible(stored: StoredBatch, cannot_reverse: Callable[[str], bool]) -> list[str]:
+    """The batch's calls that ran something no pre-image can reverse."""
+    found = []
+    for call, result in zip(stored.calls, stored.results, strict=True):
+        ran = call.started is not None or (result is not None and result.ok)
+        if ran and cannot_reverse(call.tool):
+            found.append(f"call {call.index} {call.tool}: {call.summary[:120]}")
+    return found

@@ -1,0 +1,164 @@
+"""``restore_files``: what ``toolctl undo`` runs, in the user's worker, as the user.
+
+Its arguments name each path, the state the undone batch left it in (``expect``) and
+the state to put back; the bytes come from the daemon's undo store with the call
+(``ToolContext.blobs``), never from the arguments. First every path is compared with
+what the batch left: one that changed since is a conflict, and without ``force``
+nothing at all is restored. Then each path is put back in order, through the same
+symlink-refusing walk from the root as every write. The daemon offers this tool to no
+model: it is not listed, and only an undo request builds its calls.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+from msgspec import Meta
+
+from toold_protocol import ToolErrorType
+
+from ..errors import ToolError
+from ..sandbox.writes import atomic_write, parent_dir
+from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
+from .images import Kind, state_of
+
+
+class Entry(ToolArgs, frozen=True):
+    path: str
+    expect_kind: Kind  # what the undone batch left there
+    kind: Kind  # what to put back
+    expect_hash: str = ""
+    mode: int = 0
+    hash: str = ""
+    note: str = ""  # why it cannot be put back ("" when it can)
+
+
+class RestoreArgs(ToolArgs, frozen=True):
+    undoes: Annotated[str, Meta(max_length=256)]
+    entries: list[Entry]
+    force: bool = False
+    irreversible: tuple[str, ...] = ()  # the undone batch's calls nothing can reverse (commands)
+
+
+class RestoreFiles(Tool[RestoreArgs]):
+    name = "restore_files"
+    description = "Put back the files a batch changed (toolctl undo builds these calls)."
+    args_type = RestoreArgs
+    side_effecting = True
+    follows_last_symlink = False
+    risk = "medium"
+    internal: ClassVar[bool] = True
+    output = "data: {undoes, restored, conflicts, not_undoable, irreversible, forced}"
+
+    def paths(self, args: RestoreArgs) -> list[str]:
+        return [entry.path for entry in args.entries]
+
+    def summary(self, args: RestoreArgs) -> str:
+        forced = " (forced)" if args.force else ""
+        return f"Undo batch {args.undoes[:80]}: restore {len(args.entries)} path(s){forced}"
+
+    def changes(self, args: RestoreArgs, ctx: ToolContext) -> list[Path]:
+        return [ctx.resolve(entry.path, follow_last=False) for entry in args.entries if not entry.note]
+
+    def run(self, args: RestoreArgs, ctx: ToolContext) -> ToolOutput:
+        usable = [entry for entry in args.entries if not entry.note]
+        conflicts = [entry.path for entry in usable if _changed_since(entry, ctx)]
+        if conflicts and not args.force:
+            raise ToolError(
+                ToolErrorType.EXECUTION_FAILED,
+                "UNDO_CONFLICT",
+                f"{len(conflicts)} path(s) changed since batch {args.undoes} (nothing was restored; "
+                f"--force restores anyway): {', '.join(conflicts[:20])}",
+                conflicts=conflicts,
+            )
+        restored: list[str] = []
+        for entry in usable:
+            ctx.check_cancelled()
+            _put_back(entry, ctx)
+            restored.append(entry.path)
+        not_undoable = [f"{entry.path} ({entry.note})" for entry in args.entries if entry.note]
+        lines = [f"Restored {len(restored)} path(s) changed by batch {args.undoes}."]
+        if conflicts:
+            lines.append(f"Forced over {len(conflicts)} path(s) changed since: {', '.join(conflicts[:20])}")
+        if not_undoable:
+            lines.append(f"Not undoable: {'; '.join(not_undoable[:20])}")
+        if args.irreversible:
+            lines.append(f"Could not reverse (commands): {'; '.join(args.irreversible[:20])}")
+        data: dict[str, Any] = {
+            "undoes": args.undoes,
+            "restored": restored,
+            "conflicts": conflicts,
+            "not_undoable": not_undoable,
+            "irreversible": list(args.irreversible),
+            "forced": args.force,
+        }
+        return ToolOutput("\n".join(lines), data=data)
+
+
+def _changed_since(entry: Entry, ctx: ToolContext) -> bool:
+    kind, digest = state_of(str(ctx.resolve(entry.path, follow_last=False)))
+    if kind != entry.expect_kind:
+        return True
+    return kind != "dir" and digest != entry.expect_hash
+
+
+def _put_back(entry: Entry, ctx: ToolContext) -> None:
+    path = ctx.resolve(entry.path, follow_last=False)
+    with parent_dir(ctx.sandbox, path, create=True, shown=entry.path) as (dir_fd, name):
+        current = _lstat(dir_fd, name)
+        if entry.kind == "absent":
+            _remove(dir_fd, name, current)
+        elif entry.kind == "dir":
+            if current is not None and not stat.S_ISDIR(current.st_mode):
+                os.unlink(name, dir_fd=dir_fd)
+                current = None
+            if current is None:
+                os.mkdir(name, 0o700, dir_fd=dir_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                os.fchmod(fd, entry.mode)
+            finally:
+                os.close(fd)
+        elif entry.kind == "symlink":
+            _remove(dir_fd, name, current)
+            os.symlink(_blob(entry, ctx), name, dir_fd=dir_fd)
+        else:
+            if current is not None and stat.S_ISDIR(current.st_mode):
+                _remove(dir_fd, name, current)
+            atomic_write(dir_fd, name, _blob(entry, ctx), mode=entry.mode, shown=entry.path)
+
+
+def _blob(entry: Entry, ctx: ToolContext) -> bytes:
+    data = ctx.blobs.get(entry.hash)
+    if data is None:
+        raise ToolError(
+            ToolErrorType.EXECUTION_FAILED, "UNDO_DATA_MISSING", f"the saved content of {entry.path} is gone"
+        )
+    return data
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _remove(dir_fd: int, name: str, current: os.stat_result | None) -> None:
+    """Remove a file or symlink; a directory only when empty (its entries come first)."""
+    if current is None:
+        return
+    if stat.S_ISDIR(current.st_mode):
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+        except OSError as exc:
+            raise ToolError(
+                ToolErrorType.EXECUTION_FAILED,
+                "UNDO_DIR_NOT_EMPTY",
+                f"{name} was created by the batch and now holds other files: {exc.strerror}",
+            ) from None
+    else:
+        os.unlink(name, dir_fd=dir_fd)

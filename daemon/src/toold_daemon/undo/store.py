@@ -1,0 +1,68 @@
+"""Where pre-images live: the daemon's state directory, content-addressed, 0600.
+
+A blob is named by the SHA-256 of its bytes, so a file kept by many batches is stored
+once and a blob is never rewritten. The journal holds which batch changed which path
+(``changes``) and is the only index: blobs no row names any more (their batches were
+pruned) are removed by ``collect``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from .images import digest
+
+UNDO_DIR = "undo"
+
+
+class UndoStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+
+    @classmethod
+    def open_in(cls, state_dir: Path) -> UndoStore:
+        return cls(state_dir / UNDO_DIR)
+
+    def put(self, data: bytes) -> str:
+        """Keep ``data``; return its name (its hash)."""
+        name = digest(data)
+        path = self.directory / name
+        if path.exists():
+            return name
+        temp = self.directory / f".{name}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.rename(temp, path)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        return name
+
+    def get(self, name: str) -> bytes | None:
+        if len(name) != 64 or not all(c in "0123456789abcdef" for c in name):
+            return None
+        try:
+            fd = os.open(self.directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        return data if digest(data) == name else None
+
+    def collect(self, referenced: set[str]) -> int:
+        """Remove blobs no journal row names; the number removed."""
+        removed = 0
+        for entry in os.scandir(self.directory):
+            if entry.name not in referenced:
+                try:
+                    os.unlink(entry.path)
+                    removed += 1
+                except OSError:
+                    pass
+        return removed
