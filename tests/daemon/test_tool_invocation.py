@@ -31,6 +31,10 @@ EXAMPLES: dict[str, Any] = {
     "web_search": lambda p: {"query": p + "x" * 300},
     "memory": lambda p: {"action": "set", "key": p + "k" * 300, "value": "v"},
     "write_todos": lambda p: {"action": "add", "task": p + "t" * 300},
+    "restore_files": lambda p: {
+        "undoes": "b" * 200,
+        "entries": [{"path": p, "expect_kind": "file", "kind": "absent"}],
+    },
 }
 WITHOUT_LOCATIONS = {"run_code", "shell_jobs", "web_search", "memory", "write_todos"}
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import toold_protocol as p
 
 CLIENT_TAGS = {
+    "undo_batch",
     "explain_policy",
     "reload_policy",
     "hello",
