@@ -135,7 +135,9 @@ def _clip(text: str) -> str:
 # --------------------------------------------------------------------------- ripgrep engine
 
 #: What makes ripgrep's output parseable and its choices the Python engine's: no user
-#: config, path order, and only .gitignore files (not .ignore, git's exclude or global).
+#: config, and only .gitignore files (not .ignore, git's exclude or global). Not
+#: ``--sort=path``: it makes ripgrep single-threaded; its output is put in path order
+#: here instead (each file's lines arrive together, in order).
 RIPGREP_FLAGS = (
     "--no-config",
     "--no-heading",
@@ -143,7 +145,6 @@ RIPGREP_FLAGS = (
     "--line-number",
     "--null",
     "--color=never",
-    "--sort=path",
     "--no-require-git",
     "--no-ignore-dot",
     "--no-ignore-exclude",
@@ -152,11 +153,31 @@ RIPGREP_FLAGS = (
 )
 
 
+#: Lines kept from an unsorted (parallel) run before it is cut short and redone sorted:
+#: the hits past ``max_results`` can only be dropped once all of them are in path order.
+UNSORTED_MAX_HITS = 50_000
+
+
 def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hit] | None:
+    """ripgrep on all cores, its hits put in path order; a search with very many hits
+    runs again with ``--sort=path`` (one thread), where it may stop at ``max_results``."""
+    found = _ripgrep_run(rg, target, args, ctx, sort=False)
+    if found is _TOO_MANY:
+        found = _ripgrep_run(rg, target, args, ctx, sort=True)
+    assert found is not _TOO_MANY
+    return found
+
+
+_TOO_MANY: list[Hit] = []
+
+
+def _ripgrep_run(rg: str, target: Path, args: GrepArgs, ctx: ToolContext, *, sort: bool) -> list[Hit] | None:
     sandbox = ctx.sandbox
     root = sandbox.root_of(target) or sandbox.working_dir
     rel = target.relative_to(root).as_posix() or "."
     cmd = [rg, *RIPGREP_FLAGS, "--case-sensitive" if args.case_sensitive else "--ignore-case"]
+    if sort:
+        cmd.append("--sort=path")
     if args.context_lines:
         cmd.append(f"--context={args.context_lines}")
     if args.include_hidden:
@@ -179,6 +200,7 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
     )
     hits: list[Hit] = []
     matches = 0
+    too_many = False
     assert proc.stdout is not None and proc.stderr is not None
     try:
         for raw in proc.stdout:
@@ -190,8 +212,11 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
             hits.append(hit)
             if hit.is_match:
                 matches += 1
-                if matches > args.max_results:
+                if sort and matches > args.max_results:
                     break
+            if not sort and len(hits) > max(UNSORTED_MAX_HITS, 4 * args.max_results):
+                too_many = True
+                break
     finally:
         if proc.poll() is None:
             try:
@@ -203,9 +228,33 @@ def _ripgrep(rg: str, target: Path, args: GrepArgs, ctx: ToolContext) -> list[Hi
         proc.stderr.close()
         code = proc.wait()
     ctx.check_cancelled()
+    if too_many:
+        return _TOO_MANY
     if code == 2 and not hits and b"regex" in stderr.lower():
         return None
+    if not sort:
+        hits = _first_matches(_in_path_order(hits), args.max_results)
     return [_relative_to_workspace(h, sandbox, root) for h in _without_denied_links(hits, sandbox, root)]
+
+
+def _in_path_order(hits: list[Hit]) -> list[Hit]:
+    """Hits in the order ``--sort=path`` gives: files compared component by component,
+    each file's lines as ripgrep printed them."""
+    by_file: dict[str, list[Hit]] = {}
+    for hit in hits:
+        by_file.setdefault(hit.path, []).append(hit)
+    return [hit for path in sorted(by_file, key=lambda p: p.split("/")) for hit in by_file[path]]
+
+
+def _first_matches(hits: list[Hit], max_results: int) -> list[Hit]:
+    """Up to one match past ``max_results`` (which tells the caller there were more)."""
+    matches = 0
+    for index, hit in enumerate(hits):
+        if hit.is_match:
+            matches += 1
+            if matches > max_results:
+                return hits[: index + 1]
+    return hits
 
 
 def _without_denied_links(hits: list[Hit], sandbox: Sandbox, root: Path) -> list[Hit]:

@@ -1,0 +1,45 @@
+"""grep runs ripgrep on every core and puts its hits in the order ``--sort=path`` gives:
+checked against ripgrep's own sorted output on a tree where byte order and path order
+differ, and the cut at ``max_results`` keeps the first matches in that order."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from toold_daemon.tools.grep import RIPGREP_FLAGS, Hit, _first_matches, _in_path_order, _parse_rg_line, find_ripgrep
+
+
+def test_unsorted_hits_come_out_in_ripgreps_path_order(tmp_path: Path) -> None:
+    rg = find_ripgrep()
+    if rg is None:
+        pytest.skip("ripgrep not installed")
+    rng = random.Random(3)
+    for name in [
+        "a/b.txt",
+        "a-b.txt",
+        "a.b/c.txt",
+        "a/b/c.txt",
+        "Z.txt",
+        "é.txt",
+        *(f"d{i}/f{i}.txt" for i in range(60)),
+    ]:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join("needle\n" if rng.random() < 0.5 else "hay\n" for _ in range(5)) + "needle\n")
+    base = [rg, *RIPGREP_FLAGS, "--context=1", "--regexp", "needle", "--", "."]
+
+    def hits(extra: list[str]) -> list[Hit]:
+        out = subprocess.run([*base[:1], *extra, *base[1:]], cwd=tmp_path, capture_output=True, check=True).stdout
+        return [h for line in out.splitlines(keepends=True) if (h := _parse_rg_line(line, ".")) is not None]
+
+    assert _in_path_order(hits([])) == hits(["--sort=path"])
+
+
+def test_the_cut_keeps_one_match_past_the_limit_and_the_context_before_it() -> None:
+    hits = [Hit("a", 1, "x", True), Hit("a", 2, "ctx", False), Hit("b", 1, "y", True), Hit("b", 2, "z", True)]
+    assert _first_matches(hits, 1) == hits[:3]
+    assert _first_matches(hits, 5) == hits
