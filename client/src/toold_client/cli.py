@@ -175,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     except TooldError as exc:
         print(f"toolctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # A person's Ctrl-C: a message and the shell's exit code, not a traceback. A batch
+        # already submitted is left to the daemon (`toolctl journal list` shows it).
+        print("toolctl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
 
 
 class _UsageError(Exception):
