@@ -124,7 +124,8 @@ def _schema_problem(schema: Any) -> str:
 
 def output_of(result: dict[str, Any]) -> ToolOutput:
     """A ``tools/call`` result as our output; ``isError`` as a ToolError carrying the text."""
-    text = "\n".join(_text_of(item) for item in result.get("content") or [] if isinstance(item, dict))
+    blocks = result.get("content")
+    text = "\n".join(_text_of(item) for item in (blocks if isinstance(blocks, list) else []) if isinstance(item, dict))
     structured = result.get("structuredContent")
     data = structured if isinstance(structured, dict) else None
     if result.get("isError") is True:
