@@ -69,3 +69,9 @@ def test_content_blocks_other_than_text_are_described_not_passed() -> None:
 @pytest.mark.parametrize("name", ["mcp__srv__tool", "mcp__a-b__c__d"])
 def test_server_of_splits_at_the_first_separator(name: str) -> None:
     assert server_of(name) == name.split("__")[1]
+
+
+def test_a_server_listing_thousands_of_tools_is_cut() -> None:
+    listed = [{"name": f"t{i}", "inputSchema": {"type": "object"}} for i in range(5000)]
+    found = tools_of(SERVER, listed)
+    assert len(found.tools) == 256 and "more than 256 tools" in found.skipped[-1]

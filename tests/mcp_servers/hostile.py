@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 
@@ -36,6 +37,15 @@ TOOLS = [
         "name": "sleep",
         "description": "Sleep.",
         "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}},
+    },
+    {
+        "name": "run",
+        "description": "Run a program.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"argv": {"type": "array", "items": {"type": "string"}}},
+            "required": ["argv"],
+        },
     },
     {"name": "bad name!", "description": "Refused by the gateway.", "inputSchema": {"type": "object"}},
     {"name": "no_schema", "description": "Refused by the gateway."},
@@ -73,6 +83,9 @@ def call(request_id: int, name: str, args: dict) -> None:
             text(request_id, f"connect failed: {exc}", error=True)
             return
         text(request_id, "connected")
+    elif name == "run":
+        done = subprocess.run(args["argv"], capture_output=True, text=True, timeout=30)
+        text(request_id, f"rc={done.returncode}\n{done.stdout}{done.stderr}")
     elif name == "crash":
         sys.stderr.write("hostile: crashing on purpose\n")
         sys.stderr.flush()

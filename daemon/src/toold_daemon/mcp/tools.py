@@ -25,6 +25,7 @@ from ..tools.custom import SchemaTool
 PREFIX = "mcp__"
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_DESCRIPTION_CHARS = 4096
+MAX_TOOLS_PER_SERVER = 256  # a server listing more is cut (the registry is shared by everyone)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
@@ -78,6 +79,9 @@ def tools_of(server: McpServerConfig, listed: Any) -> Discovered:
         if name in seen:
             skipped.append(f"{name}: listed twice")
             continue
+        if len(made) >= MAX_TOOLS_PER_SERVER:
+            skipped.append(f"{name} and the rest: more than {MAX_TOOLS_PER_SERVER} tools")
+            break
         schema = entry.get("inputSchema")
         problem = _schema_problem(schema)
         if problem:

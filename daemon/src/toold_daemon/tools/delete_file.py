@@ -54,13 +54,19 @@ class DeleteFile(Tool[DeleteFileArgs]):
         if not args.recursive:
             raise bad_args(f"{args.path} is a directory: deleting it needs recursive=true")
         found = [args.path.rstrip("/") + "/"]
+        hidden = 0  # denied entries are counted, never named: a dry run must not list secrets
         for directory, dirs, files in os.walk(path):
             dirs.sort()
             for name in sorted(files) + dirs:
-                found.append(os.path.relpath(os.path.join(directory, name), path.parent))
+                full = os.path.join(directory, name)
+                if ctx.sandbox.denied_pattern(Path(full)) is not None:
+                    hidden += 1
+                    continue
+                found.append(os.path.relpath(full, path.parent))
                 if len(found) > PREVIEW_PATHS:
                     return "would delete:\n" + "\n".join(found) + "\n… and more"
-        return "would delete:\n" + "\n".join(found)
+        also = f"\nand {hidden} denied entr{'y' if hidden == 1 else 'ies'}" if hidden else ""
+        return "would delete:\n" + "\n".join(found) + also
 
     def run(self, args: DeleteFileArgs, ctx: ToolContext) -> ToolOutput:
         path = ctx.resolve(args.path, follow_last=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from ..tools._base import Tool, ToolContext, ToolOutput
@@ -18,6 +19,7 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     paths = tool.changes(args, ctx)
     if not paths:
         return tool.run(args, ctx)
-    before, _used = capture(paths, ctx.undo_budget)
+    sandbox = ctx.sandbox
+    before, _used = capture(paths, ctx.undo_budget, lambda p: sandbox.denied_pattern(Path(p)) is not None)
     output = tool.run(args, ctx)
     return dataclasses.replace(output, changes=changes_after(before))

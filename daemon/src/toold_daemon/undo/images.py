@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -46,14 +47,16 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def capture(paths: list[Path], budget: int) -> tuple[list[Image], int]:
+def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tuple[list[Image], int]:
     """The pre-images of ``paths`` (and of everything below a directory among them),
-    keeping file bytes while they fit in ``budget``: (images, bytes kept)."""
+    keeping file bytes while they fit in ``budget``: (images, bytes kept). A ``denied``
+    file (a secret below a deleted directory) is never read: its bytes must not leave
+    the workspace, so it is "not undoable"."""
     images: list[Image] = []
     used = 0
     seen: set[str] = set()
     for path in paths:
-        for found in _below(path):
+        for found in _below(path, denied):
             if found.path in seen:
                 continue
             seen.add(found.path)
@@ -65,9 +68,9 @@ def capture(paths: list[Path], budget: int) -> tuple[list[Image], int]:
     return images, used
 
 
-def _below(path: Path) -> list[Image]:
+def _below(path: Path, denied: Callable[[str], bool]) -> list[Image]:
     """``path``'s image, then (for a directory) those of its entries, parents first."""
-    first = image_of(str(path))
+    first = _image_unless_denied(str(path), denied)
     if first.kind != "dir":
         return [first]
     found = [first]
@@ -76,8 +79,14 @@ def _below(path: Path) -> list[Image]:
         for name in [*sorted(files), *dirs]:
             if len(found) >= MAX_ENTRIES:
                 return [*found, Image(path=str(path), kind="unknown", note=f"more than {MAX_ENTRIES} entries below")]
-            found.append(image_of(os.path.join(directory, name)))
+            found.append(_image_unless_denied(os.path.join(directory, name), denied))
     return found
+
+
+def _image_unless_denied(path: str, denied: Callable[[str], bool]) -> Image:
+    if denied(path):
+        return Image(path=path, kind="unknown", note="a denied file: its content is not kept")
+    return image_of(path)
 
 
 def image_of(path: str) -> Image:

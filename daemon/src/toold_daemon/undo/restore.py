@@ -54,7 +54,7 @@ class RestoreFiles(Tool[RestoreArgs]):
     output = "data: {undoes, restored, conflicts, not_undoable, irreversible, forced}"
 
     def paths(self, args: RestoreArgs) -> list[str]:
-        return [entry.path for entry in args.entries]
+        return [entry.path for entry in args.entries if not entry.note]  # the others are only reported
 
     def summary(self, args: RestoreArgs) -> str:
         forced = " (forced)" if args.force else ""
