@@ -28,6 +28,13 @@ HOSTILE = REPO / "tests" / "mcp_servers" / "hostile.py"
 PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
 
+def hostile_entry(name: str, *args: str) -> str:
+    """A ``[[mcp.servers]]`` entry running the hostile server with ``args``."""
+    quoted = ", ".join(f'"{a}"' for a in (str(HOSTILE), *args))
+    lines = [f'name = "{name}"', f'command = "{PYTHON}"', f"args = [{quoted}]", f'read_paths = ["{HOSTILE.parent}"]']
+    return "[[mcp.servers]]\n" + "\n".join(lines) + "\n"
+
+
 def servers_config(*, idle_seconds: float = 600, extra: str = "") -> str:
     npm_bin("mcp-server-filesystem")  # installs the pinned servers (or skips without npm)
     modules = PREFIX / "node_modules" / "@modelcontextprotocol"
@@ -59,11 +66,7 @@ command = "node"
 args = ["{modules}/server-everything/dist/index.js", "stdio"]
 read_paths = ["{PREFIX}"]
 
-[[mcp.servers]]
-name = "hostile"
-command = "{PYTHON}"
-args = ["{HOSTILE}"]
-read_paths = ["{HOSTILE.parent}"]
+{hostile_entry("hostile")}
 {extra}
 """
 
@@ -186,17 +189,9 @@ def test_a_cancelled_call_leaves_the_server_serving(daemon: DaemonProcess) -> No
 def test_a_server_that_cannot_start_is_reported_and_the_daemon_serves_on(tmp_path: Path) -> None:
     config = servers_config(
         extra=f"""
-[[mcp.servers]]
-name = "dies"
-command = "{PYTHON}"
-args = ["{HOSTILE}", "--start=die"]
-read_paths = ["{HOSTILE.parent}"]
+{hostile_entry("dies", "--start=die")}
 
-[[mcp.servers]]
-name = "garbled"
-command = "{PYTHON}"
-args = ["{HOSTILE}", "--start=garbage"]
-read_paths = ["{HOSTILE.parent}"]
+{hostile_entry("garbled", "--start=garbage")}
 start_timeout_seconds = 5
 """
     )
@@ -254,17 +249,9 @@ def test_doctor_starts_each_server_and_reports_the_one_that_fails(tmp_path: Path
     config = tmp_path / "toold.toml"
     config.write_text(
         f"""
-[[mcp.servers]]
-name = "hostile"
-command = "{PYTHON}"
-args = ["{HOSTILE}"]
-read_paths = ["{HOSTILE.parent}"]
+{hostile_entry("hostile")}
 
-[[mcp.servers]]
-name = "dies"
-command = "{PYTHON}"
-args = ["{HOSTILE}", "--start=die"]
-read_paths = ["{HOSTILE.parent}"]
+{hostile_entry("dies", "--start=die")}
 """
     )
     done = subprocess.run(
@@ -275,7 +262,7 @@ read_paths = ["{HOSTILE.parent}"]
         cwd=tmp_path,
     )
     report = json.loads(done.stdout)
-    assert report["service"]["mcp hostile"]["on"] and report["service"]["mcp hostile"]["detail"].startswith("6 tools")
+    assert report["service"]["mcp hostile"]["on"] and report["service"]["mcp hostile"]["detail"].startswith("7 tools")
     failed = report["service"]["mcp dies"]
     assert not failed["on"] and failed["required"] and "refusing to start" in failed["detail"]
     assert done.returncode == 1 and "mcp dies" in report["required_off"]

@@ -935,7 +935,7 @@ class Service:
             self._error(
                 session.peer,
                 message.id,
-                ProtocolErrorCode.NOT_INTERRUPTED,
+                ProtocolErrorCode.BATCH_NOT_ENDED,
                 f"batch {message.batch_id!r} is {stored.state}: only a batch that has ended can be undone",
             )
             return
