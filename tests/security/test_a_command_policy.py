@@ -270,6 +270,8 @@ def test_every_program_that_runs_was_judged(shell: str, tmp_path: Path) -> None:
     @example("alpha`rm`")
     @example("alpha <<EOF\nrm\nEOF\nbeta")
     @example("A=1 alpha \\\nrm")
+    @example('echo "$\\\n(rm)"')
+    @example("alpha $\\\n(rm)")
     @example('alpha "`alpha \\"\'\\" ; rm ; alpha \\"\'\\"`"')
     def check(command: str) -> None:
         ran = _executed(path, command, tmp_path, env)

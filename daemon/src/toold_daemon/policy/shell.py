@@ -369,6 +369,10 @@ class _Reader:
             self.i += 1
 
     def _read_dollar(self, word: _Word, *, quoted: bool) -> None:
+        if self.text.startswith("\\\n", self.i + 1):
+            # The shell removes a line continuation before it reads ``$``: ``$\<newline>(x)``
+            # is ``$(x)``, a substitution that reads here like a literal dollar.
+            raise Unreadable("a line continuation right after $")
         nxt = self.peek(1)
         if nxt in ("'", '"') and not quoted:
             raise Unreadable(f"${nxt}…{nxt} quoting")
