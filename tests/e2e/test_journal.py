@@ -18,7 +18,7 @@ import toold_protocol as p
 from tests.conftest import BIN, DaemonProcess, start_daemon
 from tests.e2e.test_daemon import big_tree, grep_calls, submit_raw
 from tests.e2e.test_toolctl import toolctl
-from toold_client import Client
+from toold_client import Client, RemoteError
 from toold_daemon.journal import Journal
 
 CALLS = 6
@@ -136,10 +136,11 @@ def test_randomized_kill_points(tmp_path: Path, root: Path) -> None:
 
 
 def test_kill_after_the_last_result_needs_no_recovery(tmp_path: Path, root: Path) -> None:
-    (root / "a.txt").write_text("A")
+    """A batch with side effects is answered only once its result is durable."""
     daemon = start_daemon(tmp_path, root)
     with daemon.client() as client:
-        outcome = client.submit([{"id": "x", "name": "read_file", "arguments": {"path": "a.txt"}}], batch_id="quick")
+        calls = [{"id": "x", "name": "write_file", "arguments": {"path": "a.txt", "content": "A"}}]
+        outcome = client.submit(calls, batch_id="quick")
     daemon.proc.send_signal(signal.SIGKILL)
     daemon.proc.wait()
     daemon = restart(tmp_path, root)
@@ -147,6 +148,44 @@ def test_kill_after_the_last_result_needs_no_recovery(tmp_path: Path, root: Path
         with daemon.client() as client:
             status = client.get_batch("quick")
             assert status.state == "finished" and status.results == outcome.results
+    finally:
+        daemon.stop()
+
+
+def test_a_read_only_batch_killed_before_its_commit_is_read_again(tmp_path: Path, root: Path) -> None:
+    """A read-only batch is answered before its journal commit (within LINGER_SECONDS). After
+    a kill right after the answer it may be finished, unknown or waiting for resume; either
+    way the same id gives the same content again, by running the read once more at most."""
+    (root / "a.txt").write_text("A")
+    daemon = start_daemon(tmp_path, root)
+    calls = [{"id": "x", "name": "read_file", "arguments": {"path": "a.txt"}}]
+    with daemon.client() as client:
+        outcome = client.submit(calls, batch_id="quick")
+        settled = client.submit(calls, batch_id="settled")
+        time.sleep(0.3)  # well past LINGER_SECONDS: this one is committed
+        client.get_batch("settled")
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait()
+    daemon = restart(tmp_path, root)
+    try:
+        with daemon.client() as client:
+            assert client.get_batch("settled").results == settled.results
+            try:
+                state = client.get_batch("quick").state
+            except RemoteError as exc:
+                assert exc.code == "UNKNOWN_BATCH"
+                state = "unknown"
+            if state == "unknown":
+                results = client.submit(calls, batch_id="quick").results
+            elif state == "interrupted":
+                resumed = client.recover("quick", "resume")
+                assert resumed is not None
+                results = resumed.results
+            else:
+                assert state == "finished"
+                results = client.get_batch("quick").results
+            assert [r.content for r in results] == [r.content for r in outcome.results]
+            assert outcome.results[0].ok and "A" in outcome.results[0].content
     finally:
         daemon.stop()
 

@@ -40,6 +40,7 @@ class PreparedCall:
     policy_rule: int | None = None
     denial: ToolResult | None = None  # the result of a call a person denied (journaled when reached)
     changes: list[Any] = field(default_factory=list)  # what it did to each path (undo), journaled with its result
+    started_recorded: bool = False  # its started mark went into the journal with the batch
 
     @property
     def disposition(self) -> Disposition:
@@ -80,6 +81,14 @@ class Batch:
     dry_run: bool = False  # plan, judge and preview every call; change nothing
     undo_bytes: int = 0  # pre-image bytes kept so far ([journal] undo_max_bytes_per_batch)
 
+    @property
+    def read_only(self) -> bool:
+        """Nothing this batch can run changes anything: a dry run, or only read-only tools
+        (no supplied results either). Its journal writes need not be awaited."""
+        if self.dry_run:
+            return True
+        return all(call.result is not None or _reads_only(call) for call in self.calls)
+
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:
             self.cancel_reason = reason
@@ -88,3 +97,7 @@ class Batch:
 
     def finished_results(self) -> list[ToolResult]:
         return [r for r in self.results if r is not None]
+
+
+def _reads_only(call: PreparedCall) -> bool:
+    return call.tool is not None and not call.tool.side_effecting and not call.awaiting_result

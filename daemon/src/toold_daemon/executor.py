@@ -29,6 +29,7 @@ from . import results
 from .batches import Batch, PreparedCall
 from .config import Config
 from .errors import ToolError
+from .journal_writer import Commit
 from .output import NOTHING_UNSEEN, Unseen
 from .reads import ReadTracker
 from .runner import ToolRunner
@@ -41,10 +42,12 @@ Emit = Callable[[msgspec.Struct], None]
 
 
 class Recorder(Protocol):
-    """Where the executor journals a batch's progress: each method returns once
-    the fact is durable, and the executor acts (runs, emits) only after it returns."""
+    """Where the executor journals a batch's progress. Each method queues the write and
+    returns its ``Commit``; the executor awaits ``durable()`` where it must act only on a
+    durable fact (a side-effecting batch: the started mark before the tool runs, each
+    result before it is sent or the next call starts)."""
 
-    def started(self, batch_id: str, index: int) -> None: ...
+    def started(self, batch_id: str, index: int) -> Commit: ...
 
     def result(
         self,
@@ -54,16 +57,17 @@ class Recorder(Protocol):
         *,
         final_state: BatchState | None = None,
         changes: Sequence[Any] = (),
-    ) -> None: ...
+        awaited: bool = False,
+    ) -> Commit: ...
 
-    def batch_done(self, batch_id: str, state: BatchState) -> None: ...
+    def batch_done(self, batch_id: str, state: BatchState) -> Commit: ...
 
 
 class NoRecorder:
     """For a daemon without a journal."""
 
-    def started(self, batch_id: str, index: int) -> None:
-        pass
+    def started(self, batch_id: str, index: int) -> Commit:
+        return Commit.done()
 
     def result(
         self,
@@ -73,11 +77,12 @@ class NoRecorder:
         *,
         final_state: BatchState | None = None,
         changes: Sequence[Any] = (),
-    ) -> None:
-        pass
+        awaited: bool = False,
+    ) -> Commit:
+        return Commit.done()
 
-    def batch_done(self, batch_id: str, state: BatchState) -> None:
-        pass
+    def batch_done(self, batch_id: str, state: BatchState) -> Commit:
+        return Commit.done()
 
 
 class Executor:
@@ -99,6 +104,7 @@ class Executor:
     async def run(self, batch: Batch, emit: Emit) -> None:
         batch.state = "running"
         state_recorded = False
+        durable = not batch.read_only  # a read-only batch's writes are not waited for
         try:
             for call in batch.calls:
                 if batch.results[call.index] is not None:
@@ -108,12 +114,17 @@ class Executor:
                 final: BatchState | None = None
                 if call.index == len(batch.calls) - 1:
                     final = "cancelled" if batch.cancel_reason else "finished"
+                commit = None
                 if call.result is None:  # pre-resolved results were journaled with the batch
-                    self.recorder.result(batch.batch_id, call.index, result, final_state=final, changes=call.changes)
+                    commit = self.recorder.result(
+                        batch.batch_id, call.index, result, final_state=final, changes=call.changes, awaited=durable
+                    )
                 elif final is not None:
                     self.recorder.batch_done(batch.batch_id, final)
                 state_recorded = final is not None
                 batch.results[call.index] = result
+                if commit is not None and durable:
+                    await commit.durable()
                 emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
         finally:
             # Whatever stopped the loop (even the daemon's own cancellation), every call gets a result.
@@ -144,10 +155,10 @@ class Executor:
                 call.call_id, ToolError(ToolErrorType.DENIED, "NOT_CONFIRMED", "Denied: the call was not confirmed")
             )
         assert call.tool is not None
-        if call.tool.side_effecting:
+        if call.tool.side_effecting and not call.started_recorded:
             # Only a call that may have side effects needs the mark that forbids running it again
             # after a crash; a read-only call without a result is simply run again on resume.
-            self.recorder.started(batch.batch_id, call.index)
+            await self.recorder.started(batch.batch_id, call.index).durable()
         emit(CallStarted(batch_id=batch.batch_id, call_id=call.call_id, index=call.index, name=call.name))
         return await self._run_call(batch, call, call.tool, emit)
 

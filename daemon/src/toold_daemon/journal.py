@@ -1,5 +1,8 @@
 """The journal: batches, their calls in order, and results, in SQLite (WAL mode).
 
+Once the daemon serves, writes run on the writer thread (``journal_writer``); the
+service and executor wait for those that must be durable before they act.
+
 Write discipline, kept by the service and executor:
 
 1. the batch, its calls and any pre-resolved results, in one transaction, before
@@ -8,6 +11,11 @@ Write discipline, kept by the service and executor:
    none: after a crash it has no result, stays pending, and resume runs it again);
 3. a call's result before the next call starts and before the result is sent;
 4. the batch's final state (with the last result, in the same transaction).
+
+A batch of read-only calls is the exception: its writes are queued and it is answered
+without waiting for their commit. After a crash it may therefore be missing, or wait
+for resume with calls that have no result; resuming runs those reads again, which has
+no effect beyond reading.
 
 A call with a ``started`` mark and no result was running when the daemon died: on
 the next start it gets an "interrupted" error result and is never run again
@@ -32,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import msgspec
+import trio
 
 from toold_protocol import (
     BatchState,
@@ -44,9 +53,10 @@ from toold_protocol import (
     ToolResult,
 )
 
+from .journal_writer import Commit, JournalWriter, Write
 from .undo.images import Change
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 JOURNAL_NAME = "journal.sqlite3"
 INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
 DISCARDED = "discarded after restart"
@@ -111,6 +121,8 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (batch_id, seq)
     )
     """,
+    # Most results show what they say: their display is not stored a second time.
+    4: "ALTER TABLE results ADD COLUMN display_is_content INTEGER NOT NULL DEFAULT 0",
 }
 
 _encoder = msgspec.msgpack.Encoder()
@@ -187,6 +199,7 @@ class Journal:
     def __init__(self, path: Path, *, synchronous: Literal["normal", "full"] = "normal") -> None:
         self.path = path
         self._lock_fd: int | None = None
+        self._writer: JournalWriter | None = None
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -195,6 +208,10 @@ class Journal:
             self._migrate()
             if self._db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise JournalError(f"{path}: the journal is damaged (quick_check failed); move it aside to start fresh")
+            # The writer thread's, opened now: after a privilege drop it could not be.
+            self._writer_db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._writer_db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            self._writer_db.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"{path}: cannot use the journal: {exc}; move it aside to start fresh") from None
         os.chmod(path, 0o600)
@@ -220,6 +237,11 @@ class Journal:
         return journal
 
     def close(self) -> None:
+        """Commit what is queued, then close."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._writer_db.close()
         self._db.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -245,6 +267,38 @@ class Journal:
                 self._db.execute("ROLLBACK")
             raise
 
+    # ------------------------------------------------------------------ how writes happen
+
+    def start_writer(self) -> None:
+        """From now on writes go to a thread of their own (``JournalWriter``) on the
+        connection opened with the journal; the first one serves the loop's reads. Call
+        from inside trio, after the process has settled its privileges (a thread keeps
+        the ones it was born with)."""
+        if self._writer is None:
+            self._writer = JournalWriter(self._writer_db, trio.lowlevel.current_trio_token())
+
+    def _write(self, write: Write, *, awaited: bool = False) -> Commit:
+        """Run ``write`` in a transaction: queued on the writer thread when there is one,
+        else now (a failure then raises, as it happens)."""
+        if self._writer is not None:
+            return self._writer.submit(write, awaited=awaited)
+        with self._transaction() as db:
+            db.execute("BEGIN IMMEDIATE")
+            value = write(db)
+            db.execute("COMMIT")
+        return Commit.done(value)
+
+    def _write_now(self, write: Write) -> Any:
+        """Run ``write`` and wait for its commit (blocking): for rare requests."""
+        if self._writer is not None:
+            return self._writer.run_now(write)
+        return self._write(write).value
+
+    def flush(self) -> None:
+        """Wait until every queued write is committed: reads see them all after this."""
+        if self._writer is not None:
+            self._writer.flush()
+
     # ------------------------------------------------------------------ writes (in discipline order)
 
     def record_batch(
@@ -258,43 +312,47 @@ class Journal:
         calls: Sequence[ToolCall],
         planned: Sequence[PlannedCall],
         workspace: str = "",
-    ) -> None:
-        """Step 1: the batch, its calls and pre-resolved results, atomically."""
+        started: int | None = None,
+        awaited: bool = False,
+    ) -> Commit:
+        """Step 1: the batch, its calls and pre-resolved results, atomically; with
+        ``started``, that call's started mark too (a batch that runs at once)."""
         now = time.time()
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
-            db.execute(
-                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 'planned', ?, ?)",
-                (batch_id, identity.uid, identity.gid, identity.pid, client_name, turn_id, now, digest, workspace),
+        rows = [
+            (
+                batch_id,
+                plan.index,
+                call.call_id,
+                call.name,
+                bytes(call.arguments),
+                plan.disposition,
+                plan.summary,
+                plan.risk,
+                now if plan.index == started else None,
             )
-            db.executemany(
-                "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-                [
-                    (
-                        batch_id,
-                        plan.index,
-                        call.call_id,
-                        call.name,
-                        bytes(call.arguments),
-                        plan.disposition,
-                        plan.summary,
-                        plan.risk,
-                    )
-                    for call, plan in zip(calls, planned, strict=True)
-                ],
-            )
-            for plan in planned:
-                if plan.result is not None:
-                    self._insert_result(batch_id, plan.index, plan.result, now)
-            db.execute("COMMIT")
+            for call, plan in zip(calls, planned, strict=True)
+        ]
+        resolved = [(plan.index, plan.result) for plan in planned if plan.result is not None]
+        state = "planned" if started is None else "running"
+        batch_row = (batch_id, identity.uid, identity.gid, identity.pid, client_name, turn_id, now, state, digest)
 
-    def started(self, batch_id: str, index: int) -> None:
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)", (*batch_row, workspace))
+            db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            for index, result in resolved:
+                _insert_result(db, batch_id, index, result, now)
+
+        return self._write(write, awaited=awaited)
+
+    def started(self, batch_id: str, index: int) -> Commit:
         """Step 2: from here on, a crash means "may have happened"."""
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
-            db.execute("UPDATE calls SET started = ? WHERE batch_id = ? AND idx = ?", (time.time(), batch_id, index))
+        now = time.time()
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("UPDATE calls SET started = ? WHERE batch_id = ? AND idx = ?", (now, batch_id, index))
             db.execute("UPDATE batches SET state = 'running' WHERE batch_id = ? AND state != 'running'", (batch_id,))
-            db.execute("COMMIT")
+
+        return self._write(write, awaited=True)
 
     def result(
         self,
@@ -304,71 +362,62 @@ class Journal:
         *,
         final_state: BatchState | None = None,
         changes: Sequence[Change] = (),
-    ) -> None:
-        """Step 3: before the next call starts and before the result is sent. With
-        ``final_state`` (the batch's last call), the batch's end is in the same transaction;
-        ``changes`` (what the call did to each path, for undo) too."""
+        awaited: bool = False,
+    ) -> Commit:
+        """Step 3: before the next call starts and before the result is sent (for a batch
+        with side effects, which therefore waits: ``awaited``). With ``final_state`` (the
+        batch's last call), the batch's end is in the same transaction; ``changes`` (what
+        the call did to each path, for undo) too."""
         now = time.time()
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
-            self._insert_result(batch_id, index, result, now)
-            if changes:
+        change_rows = [
+            (
+                index,
+                c.before.path,
+                c.before.kind,
+                c.before.mode,
+                c.before.hash,
+                c.before.note,
+                c.after_kind,
+                c.after_hash,
+            )
+            for c in changes
+        ]
+
+        def write(db: sqlite3.Connection) -> None:
+            _insert_result(db, batch_id, index, result, now)
+            if change_rows:
                 first = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM changes WHERE batch_id = ?", (batch_id,))
                 start = int(first.fetchone()[0])
                 db.executemany(
                     "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            batch_id,
-                            start + n,
-                            index,
-                            c.before.path,
-                            c.before.kind,
-                            c.before.mode,
-                            c.before.hash,
-                            c.before.note,
-                            c.after_kind,
-                            c.after_hash,
-                        )
-                        for n, c in enumerate(changes)
-                    ],
+                    [(batch_id, start + n, *row) for n, row in enumerate(change_rows)],
                 )
             if final_state is not None:
                 db.execute(
                     "UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (final_state, now, batch_id)
                 )
-            db.execute("COMMIT")
 
-    def batch_done(self, batch_id: str, state: BatchState) -> None:
-        self._db.execute(
-            "UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (state, time.time(), batch_id)
-        )
+        return self._write(write, awaited=awaited)
+
+    def batch_done(self, batch_id: str, state: BatchState) -> Commit:
+        now = time.time()
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (state, now, batch_id))
+
+        return self._write(write)
 
     def set_state(self, batch_id: str, state: BatchState) -> None:
-        self._db.execute("UPDATE batches SET state = ? WHERE batch_id = ?", (state, batch_id))
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("UPDATE batches SET state = ? WHERE batch_id = ?", (state, batch_id))
 
-    def _insert_result(self, batch_id: str, index: int, result: ToolResult, now: float) -> None:
-        self._db.execute(
-            "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                batch_id,
-                index,
-                result.call_id,
-                int(result.ok),
-                result.content,
-                result.display,
-                None if result.data is None else _encoder.encode(result.data),
-                None if result.error is None else _encoder.encode(result.error),
-                int(result.truncated),
-                result.duration_ms,
-                now,
-            ),
-        )
+        self._write_now(write)
 
     # ------------------------------------------------------------------ reads
 
     def changes(self, batch_id: str) -> list[StoredChange]:
         """What the batch's calls did to each path, in the order they did it."""
+        self.flush()
         return [
             StoredChange(*row)
             for row in self._db.execute(
@@ -380,12 +429,15 @@ class Journal:
 
     def kept_hashes(self) -> set[str]:
         """Every pre-image the journal still names (the undo store keeps these)."""
+        self.flush()
         return {row[0] for row in self._db.execute("SELECT DISTINCT hash FROM changes WHERE hash != ''")}
 
     def exists(self, batch_id: str) -> bool:
+        self.flush()
         return self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?", (batch_id,)).fetchone() is not None
 
     def load(self, batch_id: str) -> StoredBatch | None:
+        self.flush()
         row = self._db.execute(
             "SELECT batch_id, uid, gid, pid, client_name, turn_id, submitted, finished, state, fingerprint, "
             "workspace FROM batches WHERE batch_id = ?",
@@ -403,7 +455,8 @@ class Journal:
         ]
         results: list[ToolResult | None] = [None] * len(calls)
         for r in self._db.execute(
-            "SELECT idx, call_id, ok, content, display, data, error, truncated, duration_ms FROM results "
+            "SELECT idx, call_id, ok, content, display, data, error, truncated, duration_ms, display_is_content "
+            "FROM results "
             "WHERE batch_id = ? ORDER BY idx",
             (batch_id,),
         ):
@@ -411,7 +464,7 @@ class Journal:
                 call_id=r[1],
                 ok=bool(r[2]),
                 content=r[3],
-                display=r[4],
+                display=r[3] if r[9] else r[4],
                 data=None if r[5] is None else _data_decoder.decode(r[5]),
                 error=None if r[6] is None else _error_decoder.decode(r[6]),
                 truncated=bool(r[7]),
@@ -433,6 +486,7 @@ class Journal:
 
     def summaries(self, *, uid: int | None, limit: int = 1000) -> list[tuple[str, str, float, int, int]]:
         """(batch_id, state, submitted, calls, uid), newest first; ``uid=None`` for everyone's."""
+        self.flush()
         query = (
             "SELECT b.batch_id, b.state, b.submitted, (SELECT COUNT(*) FROM calls c WHERE c.batch_id = "
             "b.batch_id), b.uid FROM batches b"
@@ -449,7 +503,9 @@ class Journal:
     def recover(self) -> list[str]:
         """After a crash: give started-but-unfinished calls their "interrupted" result, mark
         every unfinished batch ``interrupted`` (or ``finished`` when nothing is pending).
-        Returns the ids of every batch waiting for resume/discard, this restart's or older."""
+        Returns the ids of every batch waiting for resume/discard, this restart's or older.
+        Runs at start-up, before the writer thread."""
+        assert self._writer is None
         now = time.time()
         unfinished = [
             r[0]
@@ -461,7 +517,7 @@ class Journal:
             with self._transaction() as db:
                 db.execute("BEGIN IMMEDIATE")
                 for index, call_id in _without_result(db, batch_id, started_only=True):
-                    self._insert_result(batch_id, index, _error_result(call_id, "INTERRUPTED", INTERRUPTED), now)
+                    _insert_result(db, batch_id, index, _error_result(call_id, "INTERRUPTED", INTERRUPTED), now)
                 state = "interrupted" if _without_result(db, batch_id) else "finished"
                 db.execute(
                     "UPDATE batches SET state = ?, finished = CASE WHEN ? = 'finished' THEN ? END WHERE batch_id = ?",
@@ -473,12 +529,13 @@ class Journal:
     def discard(self, batch_id: str) -> None:
         """Resolve every call without a result as failed "discarded after restart"."""
         now = time.time()
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
+
+        def write(db: sqlite3.Connection) -> None:
             for index, call_id in _without_result(db, batch_id):
-                self._insert_result(batch_id, index, _error_result(call_id, "DISCARDED", DISCARDED), now)
+                _insert_result(db, batch_id, index, _error_result(call_id, "DISCARDED", DISCARDED), now)
             db.execute("UPDATE batches SET state = 'cancelled', finished = ? WHERE batch_id = ?", (now, batch_id))
-            db.execute("COMMIT")
+
+        self._write_now(write)
 
     def prune(self, *, older_than_seconds: float, uid: int | None = None) -> list[str]:
         """Delete finished or cancelled batches that ended before the cutoff. Returns their ids."""
@@ -488,12 +545,37 @@ class Journal:
         if uid is not None:
             where += " AND uid = ?"
             params = (cutoff, uid)
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
+
+        def write(db: sqlite3.Connection) -> list[str]:
             ids = [r[0] for r in db.execute(f"SELECT batch_id FROM batches WHERE {where}", params)]  # noqa: S608
             db.execute(f"DELETE FROM batches WHERE {where}", params)  # noqa: S608
-            db.execute("COMMIT")
-        return ids
+            return ids
+
+        removed: list[str] = self._write_now(write)
+        return removed
+
+
+def _insert_result(db: sqlite3.Connection, batch_id: str, index: int, result: ToolResult, now: float) -> None:
+    """A result row; ``display`` is stored only when it differs from ``content`` (most
+    results: a read's 4 KB is written once, not twice)."""
+    same = result.display == result.content
+    db.execute(
+        "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            batch_id,
+            index,
+            result.call_id,
+            int(result.ok),
+            result.content,
+            "" if same else result.display,
+            None if result.data is None else _encoder.encode(result.data),
+            None if result.error is None else _encoder.encode(result.error),
+            int(result.truncated),
+            result.duration_ms,
+            now,
+            int(same),
+        ),
+    )
 
 
 def _without_result(db: sqlite3.Connection, batch_id: str, *, started_only: bool = False) -> list[tuple[int, str]]:

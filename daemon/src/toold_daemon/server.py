@@ -218,6 +218,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         ipc.bind()
         if config.daemon.user:
             _drop_privileges(config, runner, journal, ipc, user_state, undo=undo)
+        if journal is not None:
+            journal.start_writer()  # after the drop: a thread keeps the credentials it starts with
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 service.bind_nursery(nursery)

@@ -74,8 +74,10 @@ from .config import Config, ConfigError, load_file
 from .confirmations import Confirmations, Pending
 from .errors import ToolError
 from .executor import Executor
+from .held_accepts import HeldAccepts
 from .ipc import Inbound
 from .journal import Journal, fingerprint
+from .journal_writer import Commit, JournalWriteFailed
 from .mcp import Gateway
 from .policy.engine import describe_command
 from .registry import Registry
@@ -137,9 +139,11 @@ class Service:
         self.confirmations = Confirmations()
         self._nursery: trio.Nursery | None = None
         self.workspaces = Workspaces(config, sandbox)
+        self.held = HeldAccepts()
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
+        nursery.start_soon(self.held.send_when_due)
 
     def sandbox_of(self, session: Session) -> Sandbox:
         return session.sandbox or self.sandbox
@@ -433,8 +437,11 @@ class Service:
             dry_run=message.dry_run,
         )
         planned = [c.planned() for c in calls]
-        if self.journal is not None:  # journaled before it is acknowledged
-            self.journal.record_batch(
+        accepted = BatchAccepted(id=message.id, batch_id=batch_id, calls=planned)
+        commit = None
+        if self.journal is not None:  # journaled before it is acknowledged (a read-only batch: queued)
+            first = _runs_at_once(batch)
+            commit = self.journal.record_batch(
                 batch_id=batch_id,
                 identity=session.identity,
                 client_name=session.client_name,
@@ -443,10 +450,19 @@ class Service:
                 calls=message.calls,
                 planned=planned,
                 workspace=session.workspace,
+                started=first.index if first is not None else None,
+                awaited=not batch.read_only,
             )
+            if first is not None:
+                first.started_recorded = True
         self._remember(batch)
-        self._reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=planned))
-        self._start(session, batch, message.events == "all")
+        if batch.read_only or commit is None:
+            if _answers_quickly(batch, message):
+                self.held.hold(batch_id, lambda: self._reply(session, accepted))
+            else:
+                self._reply(session, accepted)
+            commit = None
+        self._start(session, batch, message.events == "all", accepted=accepted, commit=commit)
 
     def _resubmitted(self, session: Session, message: SubmitBatch, batch_id: str) -> bool:
         """A batch id this uid used before: answer from the record and never run anything twice.
@@ -506,16 +522,33 @@ class Service:
         )
         return True
 
-    def _start(self, session: Session, batch: Batch, all_events: bool) -> None:
+    def _start(
+        self,
+        session: Session,
+        batch: Batch,
+        all_events: bool,
+        *,
+        accepted: BatchAccepted | None = None,
+        commit: Commit | None = None,
+    ) -> None:
+        """Run ``batch`` in a task of its own. With ``commit``, the batch's record must be
+        durable first: only then is ``accepted`` sent and anything run."""
         assert self._nursery is not None
         batch.listeners.append((session.peer, all_events))
         session.running += 1
-        self._nursery.start_soon(self._run_batch, session, batch)
+        self._nursery.start_soon(self._run_batch, session, batch, accepted, commit)
 
-    async def _run_batch(self, session: Session, batch: Batch) -> None:
+    async def _run_batch(
+        self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit | None
+    ) -> None:
+        if commit is not None and not await self._recorded(session, batch, accepted, commit):
+            session.running -= 1
+            return
         approver_gids = self.config.tools.approval.approver_gids
 
         def emit(event: msgspec.Struct) -> None:
+            if isinstance(event, BatchFinished):
+                self.held.release(batch.batch_id)  # the acceptance goes first, in the same flush
             frame = encode(event)
             listening = set()
             for peer, all_events in batch.listeners:
@@ -550,6 +583,23 @@ class Service:
             emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
         finally:
             session.running -= 1
+
+    async def _recorded(self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit) -> bool:
+        """Wait for the batch's record, then acknowledge it; if the journal cannot take it,
+        the batch is refused (nothing ran) and forgotten."""
+        try:
+            await commit.durable()
+        except JournalWriteFailed as exc:
+            self.batches.pop(batch.batch_id, None)
+            batch.done.set()
+            request_id = accepted.id if accepted is not None else None
+            self._error(
+                session.peer, request_id, ProtocolErrorCode.INTERNAL, f"the journal could not record the batch: {exc}"
+            )
+            return False
+        if accepted is not None:
+            self._reply(session, accepted)
+        return True
 
     def _planner(self, session: Session) -> planner.Planner:
         """Plans as this session: its identity, its client name, its grants, today's policy."""
@@ -1038,6 +1088,27 @@ def _digest(message: SubmitBatch) -> str:
     """What makes a resubmission the same batch: its calls, and whether it is a dry run."""
     digest = fingerprint(message.calls)
     return f"dry:{digest}" if message.dry_run else digest
+
+
+def _answers_quickly(batch: Batch, message: SubmitBatch) -> bool:
+    """One read-only call for a client that wants only the outcome: its acceptance is
+    held until it finishes (``HeldAccepts``)."""
+    if len(batch.calls) != 1 or message.events != "results" or not batch.read_only:
+        return False
+    call = batch.calls[0]
+    return not call.needs_confirmation and not call.awaiting_result
+
+
+def _runs_at_once(batch: Batch) -> PreparedCall | None:
+    """The batch's first call when it is side-effecting and runs as soon as the batch is
+    accepted (nothing to confirm or supply first): its started mark can share the batch's
+    journal transaction instead of costing a commit of its own."""
+    if batch.dry_run or any(c.needs_confirmation or c.awaiting_result for c in batch.calls):
+        return None
+    first = next((c for c in batch.calls if c.result is None), None)
+    if first is None or first.denial is not None or first.tool is None or not first.tool.side_effecting:
+        return None
+    return first
 
 
 def _marked_dry(call: PreparedCall) -> PreparedCall:

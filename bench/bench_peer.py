@@ -1,0 +1,101 @@
+"""The same 4 KB read through toold and through the tool a user would otherwise pick: the
+reference MCP filesystem server (npm ``@modelcontextprotocol/server-filesystem``,
+``read_text_file``), driven over stdio by the smallest client that speaks its protocol
+(newline-delimited JSON-RPC, blocking reads), so the peer pays nothing for our harness.
+toold is driven by its own client (``Client.call``). Several rounds in the same run;
+the ratio toold / peer of p50 per round, then its median and range. Goal: <= 0.5.
+
+Run: ``.venv/bin/python bench/bench_peer.py [calls-per-round]`` (installs the npm
+package on first use).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _common import report, running_daemon, sample
+from toold_client import Client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.mcp_peers import npm_bin
+
+ROUNDS = 5
+
+
+class StdioPeer:
+    """An MCP server as a child process, spoken to one request at a time."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._next_id = 0
+        self.request(
+            "initialize",
+            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}},
+        )
+        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self._proc.stdin.flush()
+
+    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self._next_id += 1
+        self._send({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
+        assert self._proc.stdout is not None
+        while True:
+            message = json.loads(self._proc.stdout.readline())
+            if message.get("id") == self._next_id:
+                if "error" in message:
+                    raise RuntimeError(message["error"])
+                result: dict[str, Any] = message["result"]
+                return result
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+
+
+def main(n: int = 1000) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp, "root")
+        root.mkdir()
+        (root / "file.txt").write_text(("x" * 63 + "\n") * 64)  # 4 KiB
+        target = str(root / "file.txt")
+        peer = StdioPeer([str(npm_bin("mcp-server-filesystem")), str(root)])
+        ratios = []
+        try:
+            with running_daemon(root) as endpoint, Client(endpoint) as client:
+
+                def toold_read() -> None:
+                    result = client.call("read_file", {"path": "file.txt"})
+                    assert result.ok and len(result.content) == 4096
+
+                def peer_read() -> None:
+                    result = peer.request("tools/call", {"name": "read_text_file", "arguments": {"path": target}})
+                    assert not result.get("isError") and len(result["content"][0]["text"]) == 4096
+
+                print(f"# 4 KB read, toold vs MCP server-filesystem, n={n} per round, {ROUNDS} rounds")
+                for round_ in range(1, ROUNDS + 1):
+                    theirs = sample(peer_read, n)
+                    ours = sample(toold_read, n)
+                    print(f"round {round_}")
+                    report("MCP server-filesystem read_text_file [baseline]", theirs)
+                    report("toold read_file via Client.call", ours, theirs)
+                    ratios.append(statistics.median(ours) / statistics.median(theirs))
+        finally:
+            peer.close()
+        print(
+            f"toold / peer p50: median {statistics.median(ratios):.2f}x, "
+            f"range {min(ratios):.2f}-{max(ratios):.2f}x over {ROUNDS} rounds (goal <= 0.50x)"
+        )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1000)

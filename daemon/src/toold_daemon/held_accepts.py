@@ -1,0 +1,46 @@
+"""``batch_accepted`` held back for a moment, so that a quick batch answers in one go.
+
+A client that asked only for results (``events="results"``) waits for ``batch_finished``;
+``batch_accepted`` alone wakes it for nothing. For a batch of one read-only call, which
+usually finishes in well under a millisecond, the daemon holds the acceptance until the
+batch finishes and sends both frames together (one wake-up of the client instead of
+two), or sends it alone once ``HOLD_SECONDS`` have passed, so that a long call's client
+still learns the batch id in time to cancel it.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import trio
+
+HOLD_SECONDS = 0.02
+
+
+class HeldAccepts:
+    def __init__(self) -> None:
+        self._held: collections.OrderedDict[str, tuple[float, Callable[[], None]]] = collections.OrderedDict()
+        self._changed = trio.Event()
+
+    def hold(self, batch_id: str, send: Callable[[], None]) -> None:
+        self._held[batch_id] = (trio.current_time() + HOLD_SECONDS, send)
+        if len(self._held) == 1:
+            self._changed.set()
+
+    def release(self, batch_id: str) -> None:
+        """Send the batch's acceptance now, if it is still held."""
+        held = self._held.pop(batch_id, None)
+        if held is not None:
+            held[1]()
+
+    async def send_when_due(self) -> None:
+        """Send each acceptance that has been held for ``HOLD_SECONDS`` (runs until cancelled)."""
+        while True:
+            if not self._held:
+                self._changed = trio.Event()
+                await self._changed.wait()
+                continue
+            batch_id, (due, _) = next(iter(self._held.items()))  # held in order, so due in order
+            await trio.sleep_until(due)
+            self.release(batch_id)

@@ -1,0 +1,179 @@
+"""The journal's writes, on a thread of their own, several per transaction (group commit).
+
+A commit costs tens of microseconds of SQLite work, and now and then a WAL checkpoint
+with its fsyncs (milliseconds): done on the event loop, that is time every client waits.
+Here the loop only queues each write (``submit``) and goes on; one thread takes whatever
+is queued, runs it in one transaction (each write in its own savepoint, so one failing
+write fails alone) and commits. SQLite's automatic checkpoints then run on this thread
+too. Under load, many calls' writes share one commit.
+
+A write that must be durable before the daemon acts on it (a side-effecting call's
+``started`` mark, its result) is awaited with ``Commit.durable()``: it wakes the thread
+at once, and the thread wakes the loop once per transaction that holds such a write.
+Nobody waits for the others (a read-only batch's): they wake nobody and are committed
+with the next awaited write or within ``LINGER_SECONDS``, so a stream of reads costs a
+commit every few milliseconds rather than two per read. Reads on the loop call
+``flush()`` first, so they always see every write queued before them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+log = logging.getLogger(__name__)
+
+Write = Callable[[sqlite3.Connection], Any]
+
+#: The longest a write nobody waits for stays queued (what a crash may lose of them).
+LINGER_SECONDS = 0.02
+
+
+class Commit:
+    """One queued write. ``settled`` and the event are touched only on the loop thread."""
+
+    __slots__ = ("_event", "awaited", "error", "settled", "value")
+
+    def __init__(self, *, awaited: bool = False) -> None:
+        self.awaited = awaited  # the loop will wait for it: wake the loop when it is committed
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.settled = False
+        self._event: trio.Event | None = None
+
+    @classmethod
+    def done(cls, value: Any = None) -> Commit:
+        commit = cls()
+        commit.value, commit.settled = value, True
+        return commit
+
+    async def durable(self) -> None:
+        """Return once the write is committed; raise ``JournalWriteFailed`` if it was not.
+        Only for a commit queued with ``awaited=True`` (the others never wake the loop)."""
+        assert self.awaited or self.settled, "durable() of a write nobody said it would wait for"
+        if not self.settled:
+            self._event = trio.Event()
+            await self._event.wait()
+        if self.error is not None:
+            raise JournalWriteFailed(str(self.error)) from self.error
+
+    def settle(self) -> None:
+        self.settled = True
+        if self._event is not None:
+            self._event.set()
+
+
+class JournalWriteFailed(Exception):
+    """A journal write could not be committed (disk full, I/O error, a damaged file)."""
+
+
+class JournalWriter:
+    def __init__(self, db: sqlite3.Connection, token: trio.lowlevel.TrioToken) -> None:
+        self._db = db
+        self._token = token
+        self._queue: list[tuple[Write, Commit]] = []
+        self._busy = False
+        self._urgent = False  # something queued is waited for: commit now
+        self._closing = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._work, name="toold-journal", daemon=True)
+        self._thread.start()
+
+    def submit(self, write: Write, *, awaited: bool = False) -> Commit:
+        commit = Commit(awaited=awaited)
+        with self._changed:
+            if self._closing:
+                raise JournalWriteFailed("the journal is closed")
+            first = not self._queue
+            self._queue.append((write, commit))
+            if awaited:
+                self._urgent = True
+            if awaited or first:  # the first of a group starts the thread's linger
+                self._changed.notify_all()
+        return commit
+
+    def run_now(self, write: Write) -> Any:
+        """Queue ``write``, wait (blocking) until it is committed, return its value. For
+        rare requests (prune, discard, resume), which may block the loop for one commit."""
+        commit = self.submit(write)
+        self.flush()
+        if commit.error is not None:
+            raise JournalWriteFailed(str(commit.error)) from commit.error
+        return commit.value
+
+    def flush(self) -> None:
+        """Block until every write queued so far is committed (or failed)."""
+        with self._changed:
+            if self._queue:
+                self._urgent = True
+                self._changed.notify_all()
+            while self._queue or self._busy:
+                self._changed.wait()
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the thread."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._thread.join()
+
+    def _work(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue and not self._closing:
+                    self._changed.wait()
+                if not self._urgent and not self._closing:  # let writes nobody waits for gather
+                    self._changed.wait_for(lambda: self._urgent or self._closing, LINGER_SECONDS)
+                if not self._queue:
+                    return
+                group, self._queue = self._queue, []
+                self._busy, self._urgent = True, False
+            try:
+                self._commit(group)
+            finally:
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()
+            awaited = [commit for _, commit in group if commit.awaited]
+            if awaited:  # nobody waits on the others: the loop is not woken for them
+                self._wake(awaited)
+
+    def _commit(self, group: list[tuple[Write, Commit]]) -> None:
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for write, commit in group:
+                db.execute("SAVEPOINT one")
+                try:
+                    commit.value = write(db)
+                except sqlite3.Error as exc:
+                    db.execute("ROLLBACK TO one")
+                    commit.error = exc
+                    log.error("journal write failed: %s", exc)
+                db.execute("RELEASE one")
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:  # the whole transaction is lost
+            log.error("journal commit failed: %s", exc)
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            for _, commit in group:
+                commit.error = commit.error or exc
+
+    def _wake(self, commits: list[Commit]) -> None:
+        def settle() -> None:
+            for commit in commits:
+                commit.settle()
+
+        try:
+            self._token.run_sync_soon(settle)
+        except trio.RunFinishedError:
+            for commit in commits:
+                commit.settled = True
