@@ -216,8 +216,9 @@ class IpcServer:
 
     # ------------------------------------------------------------------ sending
 
-    def send(self, peer: bytes, frame: bytes) -> None:
-        """Queue a frame for ``peer``. Never blocks; the pump sends it.
+    def send(self, peer: bytes, frame: bytes, flush: bool = False) -> None:
+        """Queue a frame for ``peer``. Never blocks; the pump sends it, or this call with
+        ``flush`` (a batch's last frame: its client waits for nothing else).
 
         A peer that stops reading while frames keep coming would grow its queue without
         end, so past ``max_backlog_bytes`` the queue is dropped and the handler told (as
@@ -234,6 +235,10 @@ class IpcServer:
             return
         self._outbox.setdefault(peer, collections.deque()).append(frame)
         self._backlog[peer] = backlog
+        if flush and peer not in self._blocked:
+            self._flush_peer(peer, in_pump=False)
+        # Even after a send here the pump must look again: a send may consume the edge of
+        # libzmq's descriptor that announced incoming frames.
         if self._wake is not None:
             self._wake.cancel()
 
@@ -255,26 +260,32 @@ class IpcServer:
         return sum(len(q) for q in self._outbox.values())
 
     def _flush_outbox(self) -> None:
-        router = self._router
-        if router is None:
-            return
         for peer in list(self._outbox):
-            queue = self._outbox.get(peer)  # a handler told of a gone peer may have dropped others
-            while queue:
-                try:
-                    router.send_multipart([peer, queue[0]], flags=zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    self._blocked.add(peer)  # its pipe is full: try again shortly
-                    break
-                except zmq.ZMQError as exc:
-                    if exc.errno == zmq.EHOSTUNREACH:
+            self._flush_peer(peer)
+
+    def _flush_peer(self, peer: bytes, *, in_pump: bool = True) -> None:
+        """Send what waits for ``peer`` until its pipe is full. A vanished peer is reported
+        to the handler only from the pump (``in_pump``), never from inside a handler."""
+        router = self._router
+        queue = self._outbox.get(peer)  # a handler told of a gone peer may have dropped others
+        if router is None or queue is None:
+            return
+        while queue:
+            try:
+                router.send_multipart([peer, queue[0]], flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self._blocked.add(peer)  # its pipe is full: try again shortly
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    if in_pump:
                         self._peer_gone(peer)
-                        break
-                    raise
-                self._backlog[peer] -= len(queue.popleft())
-                self._blocked.discard(peer)
-            if queue is not None and not queue and self._outbox.get(peer) is queue:
-                self._drop_queue(peer)
+                    return
+                raise
+            self._backlog[peer] -= len(queue.popleft())
+            self._blocked.discard(peer)
+        if self._outbox.get(peer) is queue:
+            self._drop_queue(peer)
 
     def _peer_gone(self, peer: bytes) -> None:
         """Drop what is queued for a vanished peer and tell the handler, once."""
@@ -302,15 +313,13 @@ class IpcServer:
         assert router is not None
         fd = int(router.getsockopt(zmq.FD))
         while True:
-            # Two scheduler steps first (trio shuffles tasks runnable in the same step): tasks
-            # that handlers just started, such as a batch whose call runs inline, queue their
-            # frames now, and everything leaves in one flush, so the client wakes once, not twice.
+            # One scheduler step first, so that a flood of frames never starves the batch
+            # tasks; what they queued meanwhile leaves in this flush.
             await trio.lowlevel.checkpoint()
-            await trio.lowlevel.checkpoint()
-            self._flush_outbox()
             self._drain_inbound(router)
-            if self._outbox and not self._blocked:
-                continue  # handlers queued replies while we were receiving
+            self._flush_outbox()  # replies to what was just drained, at once
+            if int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                continue  # the sends consumed the descriptor's edge: frames wait unannounced
             with trio.CancelScope() as wake:
                 self._wake = wake
                 if self._blocked:

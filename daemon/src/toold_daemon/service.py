@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 import trio
@@ -87,7 +88,13 @@ from .workspaces import WorkspaceRefused, Workspaces
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[bytes, bytes], None]
+
+class Send(Protocol):
+    """Queue ``frame`` for ``peer``; ``flush``: send it now (a batch's last frame)."""
+
+    def __call__(self, peer: bytes, frame: bytes, flush: bool = False) -> None: ...
+
+
 _PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
 _TURNS_KEPT = 10_000
 
@@ -547,30 +554,37 @@ class Service:
         approver_gids = self.config.tools.approval.approver_gids
 
         def emit(event: msgspec.Struct) -> None:
-            if isinstance(event, BatchFinished):
+            final = isinstance(event, BatchFinished)
+            if final:
                 self.held.release(batch.batch_id)  # the acceptance goes first, in the same flush
-            frame = encode(event)
+            frame = None
             listening = set()
             for peer, all_events in batch.listeners:
                 listening.add(peer)
                 if all_events or not isinstance(event, _PER_CALL_EVENTS):
-                    self._send(peer, frame)
-            if not isinstance(event, ConfirmationRequested):  # approvers get those on their own
-                for peer in self.confirmations.watchers(batch.identity, approver_gids):
+                    frame = frame or encode(event)
+                    self._send(peer, frame, flush=final)
+            if self.confirmations.approvers and not isinstance(event, ConfirmationRequested):
+                for peer in self.confirmations.watchers(
+                    batch.identity, approver_gids
+                ):  # approvers get those on their own
                     if peer not in listening:
-                        self._send(peer, frame)
+                        frame = frame or encode(event)
+                        self._send(peer, frame, flush=final)
 
         # Watchers (subscribed approvers of this uid) learn of the batch, then see its events.
-        status = BatchStatus(
-            id=0,
-            batch_id=batch.batch_id,
-            state=batch.state,
-            calls=[c.planned() for c in batch.calls],
-            results=batch.finished_results(),
-        )
-        for peer in self.confirmations.watchers(batch.identity, approver_gids):
-            if peer != session.peer:
-                self._send(peer, encode(status))
+        watchers = self.confirmations.watchers(batch.identity, approver_gids) if self.confirmations.approvers else []
+        if any(peer != session.peer for peer in watchers):
+            status = BatchStatus(
+                id=0,
+                batch_id=batch.batch_id,
+                state=batch.state,
+                calls=[c.planned() for c in batch.calls],
+                results=batch.finished_results(),
+            )
+            for peer in watchers:
+                if peer != session.peer:
+                    self._send(peer, encode(status))
 
         try:
             if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
