@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 Write = Callable[[sqlite3.Connection], Any]
 
 #: The longest a write nobody waits for stays queued (what a crash may lose of them).
-LINGER_SECONDS = 0.02
+LINGER_SECONDS = 0.01
 
 
 class Commit:
