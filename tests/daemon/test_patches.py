@@ -29,7 +29,7 @@ def lp1(body: str, path: str = "f.txt") -> str:
     return f"LP1\nF {path}\n{body}END\n"
 
 
-# ---- LP1: the worked examples of specs/lp1.md ----
+# ---- LP1: the worked examples of docs/patch-formats.md ----
 
 
 @pytest.mark.parametrize(

@@ -80,6 +80,7 @@ class Batch:
     sandbox: Sandbox | None = None  # the session's workspace; None: the daemon's roots
     dry_run: bool = False  # plan, judge and preview every call; change nothing
     undo_bytes: int = 0  # pre-image bytes kept so far ([journal] undo_max_bytes_per_batch)
+    journaled_at_end: bool = False  # read-only: one journal write when it ends, none per call
 
     @property
     def read_only(self) -> bool:

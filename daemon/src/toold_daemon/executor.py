@@ -85,6 +85,9 @@ class NoRecorder:
         return Commit.done()
 
 
+NO_RECORDER = NoRecorder()
+
+
 class Executor:
     def __init__(
         self,
@@ -98,13 +101,16 @@ class Executor:
         self.undo = undo
         self.sandbox = sandbox
         self.config = config
-        self.recorder: Recorder = recorder or NoRecorder()
+        self.recorder: Recorder = recorder or NO_RECORDER
         self.reads = ReadTracker()
 
     async def run(self, batch: Batch, emit: Emit) -> None:
         batch.state = "running"
+        # A batch journaled when it ends records nothing per call; a read-only batch's
+        # writes are not waited for; the others wait for each result's commit.
+        recorder = NO_RECORDER if batch.journaled_at_end else self.recorder
+        durable = not batch.read_only
         state_recorded = False
-        durable = not batch.read_only  # a read-only batch's writes are not waited for
         try:
             for call in batch.calls:
                 if batch.results[call.index] is not None:
@@ -116,11 +122,11 @@ class Executor:
                     final = "cancelled" if batch.cancel_reason else "finished"
                 commit = None
                 if call.result is None:  # pre-resolved results were journaled with the batch
-                    commit = self.recorder.result(
+                    commit = recorder.result(
                         batch.batch_id, call.index, result, final_state=final, changes=call.changes, awaited=durable
                     )
                 elif final is not None:
-                    self.recorder.batch_done(batch.batch_id, final)
+                    recorder.batch_done(batch.batch_id, final)
                 state_recorded = final is not None
                 batch.results[call.index] = result
                 if commit is not None and durable:
@@ -131,11 +137,11 @@ class Executor:
             for call in batch.calls:
                 if batch.results[call.index] is None:
                     result = _cancelled(call.call_id, batch.cancel_reason or "daemon stopped")
-                    self.recorder.result(batch.batch_id, call.index, result)
+                    recorder.result(batch.batch_id, call.index, result)
                     batch.results[call.index] = result
             batch.state = "cancelled" if batch.cancel_reason else "finished"
             if not state_recorded:
-                self.recorder.batch_done(batch.batch_id, batch.state)
+                recorder.batch_done(batch.batch_id, batch.state)
             emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
             batch.done.set()
 

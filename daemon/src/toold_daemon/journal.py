@@ -12,9 +12,9 @@ Write discipline, kept by the service and executor:
 3. a call's result before the next call starts and before the result is sent;
 4. the batch's final state (with the last result, in the same transaction).
 
-A batch of read-only calls is the exception: its writes are queued and it is answered
-without waiting for their commit. After a crash it may therefore be missing, or wait
-for resume with calls that have no result; resuming runs those reads again, which has
+A batch of read-only calls is the exception: it is journaled once, when it has ended
+(``record_ended``), and answered without waiting for that commit. After a crash it may
+therefore be unknown; submitting it again under its id runs the reads again, which has
 no effect beyond reading.
 
 A call with a ``started`` mark and no result was running when the daemon died: on
@@ -53,7 +53,7 @@ from toold_protocol import (
     ToolResult,
 )
 
-from .journal_writer import Commit, JournalWriter, Write
+from .journal_writer import Commit, JournalWriter, Rows, Write
 from .undo.images import Change
 
 SCHEMA_VERSION = 4
@@ -277,14 +277,19 @@ class Journal:
         if self._writer is None:
             self._writer = JournalWriter(self._writer_db, trio.lowlevel.current_trio_token())
 
-    def _write(self, write: Write, *, awaited: bool = False) -> Commit:
+    def _write(self, write: Write | Rows, *, awaited: bool = False) -> Commit:
         """Run ``write`` in a transaction: queued on the writer thread when there is one,
         else now (a failure then raises, as it happens)."""
         if self._writer is not None:
             return self._writer.submit(write, awaited=awaited)
+        value = None
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
-            value = write(db)
+            if isinstance(write, Rows):
+                for sql, rows in write.statements:
+                    db.executemany(sql, rows)
+            else:
+                value = write(db)
             db.execute("COMMIT")
         return Commit.done(value)
 
@@ -343,6 +348,40 @@ class Journal:
                 _insert_result(db, batch_id, index, result, now)
 
         return self._write(write, awaited=awaited)
+
+    def record_ended(
+        self,
+        *,
+        batch_id: str,
+        identity: Identity,
+        client_name: str,
+        turn_id: str | None,
+        digest: str,
+        calls: Sequence[ToolCall],
+        planned: Sequence[PlannedCall],
+        results: Sequence[ToolResult | None],
+        state: BatchState,
+        workspace: str = "",
+    ) -> Commit:
+        """A read-only batch, journaled once when it has ended: the batch with its final
+        state, its calls and their results, in one write that nobody waits for (many such
+        writes share one commit and one insert per table)."""
+        now = time.time()
+        batch_row = (batch_id, identity.uid, identity.gid, identity.pid, client_name, turn_id, now, now, state)
+        call_rows = [
+            (batch_id, p.index, c.call_id, c.name, bytes(c.arguments), p.disposition, p.summary, p.risk, None)
+            for c, p in zip(calls, planned, strict=True)
+        ]
+        result_rows = [_result_row(batch_id, index, r, now) for index, r in enumerate(results) if r is not None]
+        return self._write(
+            Rows(
+                [
+                    ("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [(*batch_row, digest, workspace)]),
+                    ("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", call_rows),
+                    (_INSERT_RESULT, result_rows),
+                ]
+            )
+        )
 
     def started(self, batch_id: str, index: int) -> Commit:
         """Step 2: from here on, a crash means "may have happened"."""
@@ -555,26 +594,30 @@ class Journal:
         return removed
 
 
+_INSERT_RESULT = "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
 def _insert_result(db: sqlite3.Connection, batch_id: str, index: int, result: ToolResult, now: float) -> None:
+    db.execute(_INSERT_RESULT, _result_row(batch_id, index, result, now))
+
+
+def _result_row(batch_id: str, index: int, result: ToolResult, now: float) -> tuple[Any, ...]:
     """A result row; ``display`` is stored only when it differs from ``content`` (most
     results: a read's 4 KB is written once, not twice)."""
     same = result.display == result.content
-    db.execute(
-        "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            batch_id,
-            index,
-            result.call_id,
-            int(result.ok),
-            result.content,
-            "" if same else result.display,
-            None if result.data is None else _encoder.encode(result.data),
-            None if result.error is None else _encoder.encode(result.error),
-            int(result.truncated),
-            result.duration_ms,
-            now,
-            int(same),
-        ),
+    return (
+        batch_id,
+        index,
+        result.call_id,
+        int(result.ok),
+        result.content,
+        "" if same else result.display,
+        None if result.data is None else _encoder.encode(result.data),
+        None if result.error is None else _encoder.encode(result.error),
+        int(result.truncated),
+        result.duration_ms,
+        now,
+        int(same),
     )
 
 

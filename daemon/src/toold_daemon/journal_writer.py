@@ -30,6 +30,21 @@ log = logging.getLogger(__name__)
 
 Write = Callable[[sqlite3.Connection], Any]
 
+
+class Rows:
+    """A write made only of inserts (statement, rows), in order. Consecutive ``Rows``
+    writes with the same statements are merged: one ``executemany`` per statement for
+    the lot, which is most of what a stream of read-only batches costs."""
+
+    __slots__ = ("statements",)
+
+    def __init__(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        self.statements = statements
+
+    def shape(self) -> tuple[str, ...]:
+        return tuple(sql for sql, _ in self.statements)
+
+
 #: The longest a write nobody waits for stays queued (what a crash may lose of them).
 LINGER_SECONDS = 0.01
 
@@ -76,7 +91,7 @@ class JournalWriter:
     def __init__(self, db: sqlite3.Connection, token: trio.lowlevel.TrioToken) -> None:
         self._db = db
         self._token = token
-        self._queue: list[tuple[Write, Commit]] = []
+        self._queue: list[tuple[Write | Rows, Commit]] = []
         self._busy = False
         self._urgent = False  # something queued is waited for: commit now
         self._closing = False
@@ -84,7 +99,7 @@ class JournalWriter:
         self._thread = threading.Thread(target=self._work, name="toold-journal", daemon=True)
         self._thread.start()
 
-    def submit(self, write: Write, *, awaited: bool = False) -> Commit:
+    def submit(self, write: Write | Rows, *, awaited: bool = False) -> Commit:
         commit = Commit(awaited=awaited)
         with self._changed:
             if self._closing:
@@ -97,7 +112,7 @@ class JournalWriter:
                 self._changed.notify_all()
         return commit
 
-    def run_now(self, write: Write) -> Any:
+    def run_now(self, write: Write | Rows) -> Any:
         """Queue ``write``, wait (blocking) until it is committed, return its value. For
         rare requests (prune, discard, resume), which may block the loop for one commit."""
         commit = self.submit(write)
@@ -143,19 +158,16 @@ class JournalWriter:
             if awaited:  # nobody waits on the others: the loop is not woken for them
                 self._wake(awaited)
 
-    def _commit(self, group: list[tuple[Write, Commit]]) -> None:
+    def _commit(self, group: list[tuple[Write | Rows, Commit]]) -> None:
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
-            for write, commit in group:
-                db.execute("SAVEPOINT one")
-                try:
-                    commit.value = write(db)
-                except sqlite3.Error as exc:
-                    db.execute("ROLLBACK TO one")
-                    commit.error = exc
-                    log.error("journal write failed: %s", exc)
-                db.execute("RELEASE one")
+            for run in _runs(group):
+                if len(run) > 1 and not _merged(db, run):
+                    for one in run:  # one of them fails: find it, keep the others
+                        _alone(db, *one)
+                elif len(run) == 1:
+                    _alone(db, *run[0])
             db.execute("COMMIT")
         except sqlite3.Error as exc:  # the whole transaction is lost
             log.error("journal commit failed: %s", exc)
@@ -177,3 +189,48 @@ class JournalWriter:
         except trio.RunFinishedError:
             for commit in commits:
                 commit.settled = True
+
+
+def _runs(group: list[tuple[Write | Rows, Commit]]) -> list[list[tuple[Write | Rows, Commit]]]:
+    """The group in order, consecutive ``Rows`` of one shape together."""
+    runs: list[list[tuple[Write | Rows, Commit]]] = []
+    for write, commit in group:
+        last = runs[-1][-1][0] if runs else None
+        if isinstance(write, Rows) and isinstance(last, Rows) and last.shape() == write.shape():
+            runs[-1].append((write, commit))
+        else:
+            runs.append([(write, commit)])
+    return runs
+
+
+def _merged(db: sqlite3.Connection, run: list[tuple[Write | Rows, Commit]]) -> bool:
+    """Insert a run of same-shaped ``Rows`` with one ``executemany`` per statement."""
+    first = run[0][0]
+    assert isinstance(first, Rows)
+    db.execute("SAVEPOINT many")
+    try:
+        for position, (sql, _) in enumerate(first.statements):
+            rows = [row for write, _ in run for row in write.statements[position][1]]  # type: ignore[union-attr]
+            db.executemany(sql, rows)
+    except sqlite3.Error:
+        db.execute("ROLLBACK TO many")
+        db.execute("RELEASE many")
+        return False
+    db.execute("RELEASE many")
+    return True
+
+
+def _alone(db: sqlite3.Connection, write: Write | Rows, commit: Commit) -> None:
+    """One write in its own savepoint: if it fails, it fails alone."""
+    db.execute("SAVEPOINT one")
+    try:
+        if isinstance(write, Rows):
+            for sql, rows in write.statements:
+                db.executemany(sql, rows)
+        else:
+            commit.value = write(db)
+    except sqlite3.Error as exc:
+        db.execute("ROLLBACK TO one")
+        commit.error = exc
+        log.error("journal write failed: %s", exc)
+    db.execute("RELEASE one")

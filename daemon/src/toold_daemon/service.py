@@ -49,6 +49,7 @@ from toold_protocol import (
     ListTools,
     OutputChunk,
     Ping,
+    PlannedCall,
     PolicyExplanation,
     Pong,
     ProtocolErrorCode,
@@ -97,6 +98,17 @@ class Send(Protocol):
 
 _PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
 _TURNS_KEPT = 10_000
+
+
+@dataclass(slots=True, frozen=True)
+class _Submitted:
+    """What the journal keeps of a submission besides the batch itself."""
+
+    client_name: str
+    turn_id: str | None
+    calls: list[ToolCall]
+    planned: list[PlannedCall]
+    workspace: str
 
 
 @dataclass(slots=True)
@@ -446,7 +458,9 @@ class Service:
         planned = [c.planned() for c in calls]
         accepted = BatchAccepted(id=message.id, batch_id=batch_id, calls=planned)
         commit = None
-        if self.journal is not None:  # journaled before it is acknowledged (a read-only batch: queued)
+        if self.journal is not None and batch.read_only:
+            batch.journaled_at_end = True  # one write when it ends (_journal_ended), nobody waits
+        elif self.journal is not None:  # journaled before it is acknowledged
             first = _runs_at_once(batch)
             commit = self.journal.record_batch(
                 batch_id=batch_id,
@@ -458,18 +472,18 @@ class Service:
                 planned=planned,
                 workspace=session.workspace,
                 started=first.index if first is not None else None,
-                awaited=not batch.read_only,
+                awaited=True,
             )
             if first is not None:
                 first.started_recorded = True
         self._remember(batch)
-        if batch.read_only or commit is None:
+        if commit is None:
             if _answers_quickly(batch, message):
                 self.held.hold(batch_id, lambda: self._reply(session, accepted))
             else:
                 self._reply(session, accepted)
-            commit = None
-        self._start(session, batch, message.events == "all", accepted=accepted, commit=commit)
+        ended = _Submitted(session.client_name, message.turn_id, message.calls, planned, session.workspace)
+        self._start(session, batch, message.events == "all", accepted=accepted, commit=commit, ended=ended)
 
     def _resubmitted(self, session: Session, message: SubmitBatch, batch_id: str) -> bool:
         """A batch id this uid used before: answer from the record and never run anything twice.
@@ -537,16 +551,23 @@ class Service:
         *,
         accepted: BatchAccepted | None = None,
         commit: Commit | None = None,
+        ended: _Submitted | None = None,
     ) -> None:
         """Run ``batch`` in a task of its own. With ``commit``, the batch's record must be
-        durable first: only then is ``accepted`` sent and anything run."""
+        durable first: only then is ``accepted`` sent and anything run. ``ended``: what
+        to journal of a batch journaled when it ends."""
         assert self._nursery is not None
         batch.listeners.append((session.peer, all_events))
         session.running += 1
-        self._nursery.start_soon(self._run_batch, session, batch, accepted, commit)
+        self._nursery.start_soon(self._run_batch, session, batch, accepted, commit, ended)
 
     async def _run_batch(
-        self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit | None
+        self,
+        session: Session,
+        batch: Batch,
+        accepted: BatchAccepted | None,
+        commit: Commit | None,
+        ended: _Submitted | None,
     ) -> None:
         if commit is not None and not await self._recorded(session, batch, accepted, commit):
             session.running -= 1
@@ -590,6 +611,8 @@ class Service:
             if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
                 await self._confirm_batch(session, batch, emit)
             await self.executor.run(batch, emit)
+            if batch.journaled_at_end and ended is not None:
+                self._journal_ended(batch, ended)  # no await since it ended: nothing forgot it yet
         except Exception:
             # A failed journal write must not take the daemon down with it; the batch's
             # clients still get every result the executor produced.
@@ -597,6 +620,21 @@ class Service:
             emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
         finally:
             session.running -= 1
+
+    def _journal_ended(self, batch: Batch, submitted: _Submitted) -> None:
+        assert self.journal is not None
+        self.journal.record_ended(
+            batch_id=batch.batch_id,
+            identity=batch.identity,
+            client_name=submitted.client_name,
+            turn_id=submitted.turn_id,
+            digest=batch.digest,
+            calls=submitted.calls,
+            planned=submitted.planned,
+            results=batch.results,
+            state=batch.state,
+            workspace=submitted.workspace,
+        )
 
     async def _recorded(self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit) -> bool:
         """Wait for the batch's record, then acknowledge it; if the journal cannot take it,

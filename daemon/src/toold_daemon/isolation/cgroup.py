@@ -20,9 +20,11 @@ and token sweep is the only sweep; the layer report says which.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 LIMITED = ("pids", "memory")
@@ -278,21 +280,26 @@ def _remove_stale(parent: str) -> None:
             for call in os.listdir(base):
                 if call.startswith(("call-", "zygote-", "worker-")):
                     path = os.path.join(base, call)
-                    if not _write(os.path.join(path, "cgroup.kill"), "1"):
-                        kill_listed(path)
-                    _rmdir_when_empty(path)
-            _rmdir_when_empty(base)
+                    if _write(os.path.join(path, "cgroup.kill"), "1"):
+                        _rmdir_when_empty(path)
+                    else:  # v1: a process may fork between listing and killing, so again
+                        _rmdir_when_empty(path, kill=functools.partial(kill_listed, path))
+            _rmdir_when_empty(base, kill=functools.partial(kill_listed, base))
 
 
-def _rmdir_when_empty(path: str, seconds: float = 2.0) -> bool:
+def _rmdir_when_empty(path: str, seconds: float = 2.0, kill: Callable[[], object] | None = None) -> bool:
     """Remove a cgroup whose processes were just killed: they leave it as they exit, a
-    moment later, and until then rmdir fails with EBUSY."""
+    moment later, and until then rmdir fails with EBUSY. ``kill``: kill what is still
+    listed, before each try (where the kernel cannot kill the whole cgroup at once)."""
     deadline = time.monotonic() + seconds
-    while not _rmdir(path):
+    while True:
+        if kill is not None:
+            kill()
+        if _rmdir(path):
+            return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.005)
-    return True
 
 
 def _enable_controllers(parent: str, base: str) -> frozenset[str]:
