@@ -303,7 +303,7 @@ def settle_garbage_collector() -> None:
 
 def _status(service: Service) -> str:
     """The one line systemd shows for the service (``systemctl status``)."""
-    running = sum(session.running for session in service.sessions.values())
+    running = sum(session.running for session in service.sessions)
     return f"serving {len(service.sessions)} sessions, {running} running batches"
 
 

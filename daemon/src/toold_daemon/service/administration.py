@@ -1,0 +1,282 @@
+"""Journal and policy administration: batch status and listings, recovery after a
+crash, undo, pruning, and the policy (explain, reload).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import msgspec
+
+from toold_protocol import (
+    Ack,
+    BatchAccepted,
+    BatchList,
+    BatchStatus,
+    BatchSummary,
+    ExplainPolicy,
+    GetBatch,
+    ListBatches,
+    PolicyExplanation,
+    ProtocolErrorCode,
+    Pruned,
+    PruneJournal,
+    Recover,
+    ReloadPolicy,
+    SubmitBatch,
+    ToolCall,
+    UndoBatch,
+)
+
+from .. import planner
+from ..batches import Batch
+from ..config import ConfigError, load_file
+from ..tools import Tool
+from ..workspaces import WorkspaceRefused
+from .running import BatchRuns
+from .sessions import Session
+from .shared import Shared
+
+log = logging.getLogger(__name__)
+
+
+class Administration:
+    def __init__(self, shared: Shared, runs: BatchRuns) -> None:
+        self.shared = shared
+        self.runs = runs
+
+    def get_batch(self, session: Session, message: GetBatch) -> None:
+        """From memory while the daemon knows the batch, else from the journal (after a restart)."""
+        key = self.shared.batch_key(session, message.batch_id)
+        batch = self.shared.batches.get(key)
+        if batch is not None and self.shared.may_see(session, batch.identity.uid):
+            self.shared.reply(
+                session,
+                BatchStatus(
+                    id=message.id,
+                    batch_id=batch.batch_id,
+                    state=batch.state,
+                    calls=[c.planned() for c in batch.calls],
+                    results=batch.finished_results(),
+                ),
+            )
+            return
+        stored = self.shared.journal.load(key) if self.shared.journal is not None and batch is None else None
+        if stored is None or not self.shared.may_see(session, stored.identity.uid):
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}"
+            )
+            return
+        self.shared.reply(
+            session,
+            BatchStatus(
+                id=message.id,
+                batch_id=stored.batch_id,
+                state=stored.state,
+                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
+                results=[r for r in stored.results if r is not None],
+            ),
+        )
+
+    def list_batches(self, session: Session, message: ListBatches) -> None:
+        if self.shared.journal is None:
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal"
+            )
+            return
+        uid = None if session.identity.uid == 0 else session.identity.uid
+        rows = self.shared.journal.summaries(uid=uid, limit=message.limit)
+        self.shared.reply(
+            session,
+            BatchList(
+                id=message.id,
+                batches=[
+                    BatchSummary(
+                        batch_id=b,
+                        state=self.runs.live_state(b, state),  # type: ignore[arg-type]
+                        submitted=submitted,
+                        calls=calls,
+                        uid=owner,
+                    )
+                    for b, state, submitted, calls, owner in rows
+                ],
+            ),
+        )
+
+    def recover(self, session: Session, message: Recover) -> None:
+        """Resume (run the never-started calls, under today's policy) or discard an interrupted batch."""
+        if self.shared.journal is None:
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal"
+            )
+            return
+        key = self.shared.batch_key(session, message.batch_id)
+        live = self.shared.batches.get(key)
+        stored = self.shared.journal.load(key)
+        if stored is None or not self.shared.may_see(session, stored.identity.uid):
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}"
+            )
+            return
+        if stored.state != "interrupted" or (live is not None and not live.done.is_set()):
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.NOT_INTERRUPTED,
+                f"batch {message.batch_id!r} is {stored.state}, not interrupted",
+            )
+            return
+        if message.action == "discard":
+            self.shared.journal.discard(stored.batch_id)
+            self.shared.batches.pop(stored.batch_id, None)
+            self.shared.reply(session, Ack(id=message.id))
+            return
+        # Planned as the batch's original owner and client, in its workspace, under today's policy.
+        try:
+            sandbox = self.shared.workspaces.choose(stored.identity.uid, stored.workspace) if stored.workspace else None
+        except WorkspaceRefused as exc:
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, f"workspace refused: {exc}"
+            )
+            return
+        owner = planner.Planner(
+            self.shared.registry,
+            sandbox or self.shared.sandbox,
+            self.shared.config,
+            stored.identity,
+            stored.client_name,
+        )
+        calls = owner.plan([c.tool_call() for c in stored.calls])
+        for call in calls:
+            recorded = stored.results[call.index]
+            if recorded is None and call.result is not None:
+                self.shared.journal.result(stored.batch_id, call.index, call.result)  # refused by today's checks
+        batch = Batch(
+            batch_id=stored.batch_id,
+            identity=stored.identity,
+            session_id=session.session_id,
+            calls=calls,
+            results=list(stored.results),
+            digest=stored.fingerprint,
+            sandbox=sandbox,
+        )
+        self.shared.journal.set_state(stored.batch_id, "running")
+        self.runs.remember(batch)
+        self.shared.reply(
+            session,
+            BatchAccepted(
+                id=message.id,
+                batch_id=batch.batch_id,
+                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
+            ),
+        )
+        self.runs.start(session, batch, all_events=True)
+
+    def undo(self, session: Session, message: UndoBatch) -> None:
+        """Undo a finished batch: one ``restore_files`` call, submitted as a batch of this
+        session (journaled, judged by the policy, itself undoable)."""
+        if self.shared.journal is None or self.shared.executor.undo is None:
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal"
+            )
+            return
+        key = self.shared.batch_key(session, message.batch_id)
+        stored = self.shared.journal.load(key)
+        if stored is None or not self.shared.may_see(session, stored.identity.uid):
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}"
+            )
+            return
+        if session.identity.uid not in (stored.identity.uid, 0):
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.NOT_AUTHORIZED, "only the batch's user or root may undo it"
+            )
+            return
+        live = self.shared.batches.get(key)
+        if stored.state not in ("finished", "cancelled") or (live is not None and not live.done.is_set()):
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.BATCH_NOT_ENDED,
+                f"batch {message.batch_id!r} is {stored.state}: only a batch that has ended can be undone",
+            )
+            return
+        arguments = self.shared.executor.undo.plan(stored, force=message.force, cannot_reverse=self._cannot_reverse)
+        base = str(self.shared.sandbox_of(session).working_dir)
+        for entry in arguments["entries"]:  # as a model would name them: relative to the workspace
+            if entry["path"].startswith(base.rstrip("/") + "/"):
+                entry["path"] = os.path.relpath(entry["path"], base)
+        call = ToolCall(call_id="undo", name="restore_files", arguments=msgspec.Raw(msgspec.msgpack.encode(arguments)))
+        submit = SubmitBatch(
+            id=message.id,
+            calls=[call],
+            events=message.events,
+            approval_timeout_seconds=message.approval_timeout_seconds,
+        )
+        self.runs.submit(session, submit, discovered=True, trusted=True)
+
+    def _cannot_reverse(self, name: str) -> bool:
+        """A side-effecting tool that declares no paths it changes: a command, an MCP
+        server's tool, daemon state. Its effects are beyond what undo keeps."""
+        tool = self.shared.registry.get(name)
+        if tool is None:
+            return name.startswith("mcp__")
+        return tool.side_effecting and type(tool).changes is Tool.changes
+
+    def prune(self, session: Session, message: PruneJournal) -> None:
+        if self.shared.journal is None:
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal"
+            )
+            return
+        everyone = session.identity.uid in (0, self.shared.daemon_uid)
+        removed = self.shared.journal.prune(
+            older_than_seconds=message.older_than_seconds, uid=None if everyone else session.identity.uid
+        )
+        for batch_id in removed:
+            self.shared.batches.pop(batch_id, None)
+        self.shared.reply(session, Pruned(id=message.id, removed=len(removed)))
+
+    def explain(self, session: Session, message: ExplainPolicy) -> None:
+        call = ToolCall(call_id="explain", name=message.name, arguments=message.arguments)
+        decision, reason, risk, rule = self.shared.planner_for(session).explain(call)
+        self.shared.reply(
+            session,
+            PolicyExplanation(
+                id=message.id,
+                tool=message.name,
+                decision=decision,  # type: ignore[arg-type]
+                reason=reason,
+                risk=risk,  # type: ignore[arg-type]
+                rule=rule,
+            ),
+        )
+
+    def reload(self, session: Session, message: ReloadPolicy) -> None:
+        if session.identity.uid not in (0, self.shared.daemon_uid):
+            self.shared.error(
+                session.peer, message.id, ProtocolErrorCode.NOT_AUTHORIZED, "only an administrator may reload"
+            )
+            return
+        problem = self.reload_policy()
+        if problem is not None:
+            self.shared.error(session.peer, message.id, ProtocolErrorCode.INVALID_MESSAGE, problem)
+            return
+        self.shared.reply(session, Ack(id=message.id))
+
+    def reload_policy(self) -> str | None:
+        """Swap in ``[tools.approval]`` from the config file, atomically; None on success,
+        else why the new policy was refused (the old one stays). Batches already planned
+        keep the decisions they were planned with."""
+        if self.shared.config_path is None:
+            return "the daemon was started without --config; there is no policy file to reload"
+        try:
+            fresh = load_file(self.shared.config_path)
+        except ConfigError as exc:
+            log.error("policy reload refused, keeping the old policy: %s", exc)
+            return f"policy reload refused, keeping the old policy: {exc}"
+        tools = msgspec.structs.replace(self.shared.config.tools, approval=fresh.tools.approval)
+        self.shared.config = msgspec.structs.replace(self.shared.config, tools=tools)
+        log.info("policy reloaded from %s (%d rules)", self.shared.config_path, len(fresh.tools.approval.rules))
+        return None

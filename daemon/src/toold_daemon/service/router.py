@@ -1,0 +1,307 @@
+"""The service: what the daemon does with each decoded message.
+
+This package does not know ZeroMQ. It receives ``Inbound`` frames (peer, kernel
+identity, bytes), answers through ``send(peer, bytes)``, and starts tasks in the
+nursery it is given. Every malformed or unauthorized request gets an ``error`` message
+with a ProtocolErrorCode; nothing a client sends can stop it from serving the others.
+
+Where a message is handled: ``router`` (frames, sessions, hello, tool listings,
+shutdown), ``running`` (submit, cancel, the batch task), ``confirming`` (confirm,
+subscribe, supplied results), ``administration`` (batch status and listings, recover,
+undo, prune, policy explain and reload).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from toold_protocol import (
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    Cancel,
+    ClientMessage,
+    Confirm,
+    DecodeFailure,
+    ExplainPolicy,
+    GetBatch,
+    Hello,
+    IsolationLayer,
+    ListBatches,
+    ListTools,
+    Ping,
+    Pong,
+    ProtocolErrorCode,
+    PruneJournal,
+    Recover,
+    ReloadPolicy,
+    SubmitBatch,
+    Subscribe,
+    SupplyResult,
+    ToolList,
+    UndoBatch,
+    Welcome,
+    decode_client_message,
+)
+
+from .. import __version__
+from ..config import Config
+from ..errors import ToolError
+from ..executor import Executor
+from ..ipc import Inbound
+from ..journal import Journal
+from ..mcp import Gateway
+from ..registry import Registry
+from ..sandbox import Sandbox
+from ..workspaces import WorkspaceRefused
+from .administration import Administration
+from .confirming import ConfirmationFlow
+from .running import BatchRuns
+from .sessions import Session, Sessions, SessionsFull
+from .shared import Send, Shared
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        registry: Registry,
+        sandbox: Sandbox,
+        executor: Executor,
+        send: Send,
+        forget: Callable[[bytes], None] | None = None,
+        isolation: list[IsolationLayer] | None = None,
+        journal: Journal | None = None,
+        config_path: Path | None = None,
+        gateway: Gateway | None = None,
+    ) -> None:
+        self.isolation = isolation or []
+        self._forget = forget or (lambda peer: None)
+        sessions = Sessions(config.daemon.max_sessions, config.daemon.max_sessions_per_uid, self._evicted)
+        self.shared = Shared(
+            config=config,
+            registry=registry,
+            sandbox=sandbox,
+            executor=executor,
+            send=send,
+            sessions=sessions,
+            journal=journal,
+            gateway=gateway,
+            config_path=config_path,
+        )
+        self.confirming = ConfirmationFlow(self.shared)
+        self.runs = BatchRuns(self.shared, self.confirming)
+        self.admin = Administration(self.shared, self.runs)
+
+    @property
+    def sessions(self) -> Sessions:
+        return self.shared.sessions
+
+    def bind_nursery(self, nursery: trio.Nursery) -> None:
+        self.shared.nursery = nursery
+        nursery.start_soon(self.runs.held.send_when_due)
+
+    def reload_policy(self) -> str | None:
+        """Reread ``[tools.approval]`` (SIGHUP); None, or why the old policy stays."""
+        return self.admin.reload_policy()
+
+    def _evicted(self, session: Session) -> None:
+        """An idle session made room for a new one: forget everything about its peer."""
+        self.shared.confirmations.approvers.pop(session.peer, None)
+        self._forget(session.peer)
+        self.shared.executor.reads.forget(session.session_id)
+
+    # ------------------------------------------------------------------ entry point
+
+    def handle(self, inbound: Inbound) -> None:
+        if inbound.frame is None:
+            self._disconnected(inbound.peer, overflowed=inbound.overflowed)
+            return
+        daemon = self.shared.config.daemon
+        if inbound.parts != 1:
+            self.shared.error(
+                inbound.peer,
+                None,
+                ProtocolErrorCode.MULTIPART_NOT_ALLOWED,
+                f"expected one frame per message, got {inbound.parts}",
+            )
+            return
+        if len(inbound.frame) > daemon.max_frame_bytes:
+            self.shared.error(
+                inbound.peer,
+                None,
+                ProtocolErrorCode.FRAME_TOO_LARGE,
+                f"frame of {len(inbound.frame)} bytes is over the {daemon.max_frame_bytes}-byte limit",
+                limit=daemon.max_frame_bytes,
+            )
+            return
+        try:
+            message = decode_client_message(inbound.frame)
+        except DecodeFailure as exc:
+            self.shared.error(inbound.peer, exc.request_id, exc.code, exc.message)
+            return
+        try:
+            session = self.shared.sessions.seen(inbound.peer, inbound.identity)
+        except SessionsFull as exc:
+            self.shared.error(inbound.peer, None, ProtocolErrorCode.TOO_MANY_SESSIONS, str(exc))
+            return
+        try:
+            self._dispatch(session, message)
+        except Exception:
+            log.exception("request %s from %s failed", type(message).__name__, session.session_id)
+            self.shared.error(
+                session.peer,
+                getattr(message, "id", None),
+                ProtocolErrorCode.INTERNAL,
+                "internal error while handling the request; the daemon keeps running",
+            )
+
+    def _disconnected(self, peer: bytes, *, overflowed: bool = False) -> None:
+        """The peer closed its socket, or stopped reading (``overflowed``): end its session.
+
+        ``on_client_disconnect = "cancel"`` cancels the batches it submitted that have not
+        finished (their commands are killed, pending confirmations denied); ``"finish"``
+        lets them run. Either way the results are journaled and ``get_batch`` serves them.
+        """
+        session = self.shared.sessions.end(peer)
+        self.shared.confirmations.approvers.pop(peer, None)
+        if session is None:
+            return
+        self.shared.executor.reads.forget(session.session_id)
+        why = "stopped reading its events" if overflowed else "disconnected"
+        if self.shared.config.daemon.on_client_disconnect == "cancel":
+            for batch in self.shared.batches.values():
+                if batch.session_id == session.session_id and not batch.done.is_set():
+                    batch.cancel(f"the client {why}")
+        if overflowed:
+            self.shared.error(
+                peer,
+                None,
+                ProtocolErrorCode.BACKLOG_OVERFLOW,
+                f"more than {self.shared.config.daemon.max_peer_backlog_bytes} bytes waited for this client; "
+                "its queued events were dropped and its session ended (results stay available by get_batch)",
+            )
+
+    def _dispatch(self, session: Session, message: ClientMessage) -> None:
+        """Where each request is handled: the session's own requests here, batches in
+        ``running``, confirmations in ``confirming``, the rest in ``administration``."""
+        runs, confirming, admin = self.runs, self.confirming, self.admin
+        match message:
+            case Ping():
+                self.shared.reply(session, Pong(id=message.id))
+            case Hello():
+                self._hello(session, message)
+            case ListTools():
+                self._list_tools(session, message)
+            case SubmitBatch():
+                runs.submit(session, message)
+            case Cancel():
+                runs.cancel(session, message)
+            case Confirm():
+                confirming.answer(session, message)
+            case Subscribe():
+                confirming.subscribe(session, message)
+            case SupplyResult():
+                confirming.supply(session, message)
+            case GetBatch():
+                admin.get_batch(session, message)
+            case ListBatches():
+                admin.list_batches(session, message)
+            case Recover():
+                admin.recover(session, message)
+            case UndoBatch():
+                admin.undo(session, message)
+            case PruneJournal():
+                admin.prune(session, message)
+            case ExplainPolicy():
+                admin.explain(session, message)
+            case ReloadPolicy():
+                admin.reload(session, message)
+
+    def _hello(self, session: Session, message: Hello) -> None:
+        if message.protocol_version < MIN_PROTOCOL_VERSION:
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.PROTOCOL_VERSION_UNSUPPORTED,
+                f"protocol version {message.protocol_version} is older than {MIN_PROTOCOL_VERSION}",
+                supported=[MIN_PROTOCOL_VERSION, PROTOCOL_VERSION],
+            )
+            return
+        session.protocol_version = min(message.protocol_version, PROTOCOL_VERSION)
+        session.client_name = message.client_name
+        if message.workspace:
+            session.workspace_problem = "the session's workspace is still being opened; wait for welcome"
+            self.shared.tasks.start_soon(self._open_workspace, session, message)
+            return
+        self._welcome(session, message)
+
+    async def _open_workspace(self, session: Session, message: Hello) -> None:
+        """Accept ``message.workspace`` for this session or refuse it (WORKSPACE_REFUSED; the
+        session then runs nothing): allowed place first, then the client's own worker must
+        open it, as the client."""
+        try:
+            sandbox = self.shared.workspaces.choose(session.identity.uid, message.workspace)
+            open_workspace = getattr(self.shared.executor.runner, "open_workspace", None)
+            if open_workspace is not None:
+                canonical = await open_workspace(session.identity, sandbox)
+                sandbox = self.shared.workspaces.settle(session.identity.uid, sandbox, canonical or [])
+        except (WorkspaceRefused, ToolError) as exc:
+            reason = exc.message if isinstance(exc, ToolError) else str(exc)
+            session.workspace_problem = f"workspace refused: {reason}"
+            self.shared.error(session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, session.workspace_problem)
+            return
+        session.sandbox, session.workspace, session.workspace_problem = sandbox, str(sandbox.roots[0]), ""
+        self._welcome(session, message)
+
+    def _welcome(self, session: Session, message: Hello) -> None:
+        tools = self.shared.config.tools
+        self.shared.reply(
+            session,
+            Welcome(
+                id=message.id,
+                protocol_version=session.protocol_version,
+                daemon_version=__version__,
+                session_id=session.session_id,
+                identity=session.identity,
+                tools_mode=tools.mode,
+                roots=[str(r) for r in self.shared.sandbox_of(session).roots],
+                isolation=self.isolation,
+                limits={
+                    "max_tool_calls_per_batch": tools.max_tool_calls_per_batch,
+                    "max_tool_args_bytes": tools.max_tool_args_bytes,
+                    "max_output_bytes": tools.output.max_bytes,
+                    "max_frame_bytes": self.shared.config.daemon.max_frame_bytes,
+                    "max_batches_per_session": self.shared.config.daemon.max_batches_per_session,
+                },
+            ),
+        )
+
+    def _list_tools(self, session: Session, message: ListTools, *, discovered: bool = False) -> None:
+        if not discovered and self.shared.discovery_due(session, None):
+            self.shared.discover_then(session, lambda: self._list_tools(session, message, discovered=True))
+            return
+        advertised = self.shared.config.tools.mode != "disabled"
+        definitions = self.shared.registry.definitions() if advertised else []
+        formatted = self.shared.registry.export(message.format) if advertised and message.format != "toold" else []
+        self.shared.reply(
+            session, ToolList(id=message.id, format=message.format, tools=definitions, formatted=formatted)
+        )
+
+    async def shutdown(self, grace_seconds: float) -> None:
+        """Stop accepting; let running batches finish for ``grace_seconds``, then cancel them."""
+        self.shared.accepting = False
+        running = [b for b in self.shared.batches.values() if not b.done.is_set()]
+        with trio.move_on_after(grace_seconds):
+            for batch in running:
+                await batch.done.wait()
+        for batch in running:
+            batch.cancel("the daemon is shutting down")
+        for batch in running:
+            await batch.done.wait()

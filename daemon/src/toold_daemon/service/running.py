@@ -1,0 +1,406 @@
+"""Running batches: submission, resubmission under a used id, the batch task, cancel.
+
+A submitted batch is planned at once (every call judged by the policy), journaled
+(a batch that can change something before it is acknowledged; a read-only one once it
+has ended), remembered for ``get_batch``, and run in a task of its own: confirmation
+first when the policy asks, then the executor, call after call. Its events go to every
+session listening to it and to the approvers watching its user.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from dataclasses import dataclass
+
+import msgspec
+
+from toold_protocol import (
+    Ack,
+    BatchAccepted,
+    BatchFinished,
+    BatchStatus,
+    CallFinished,
+    CallStarted,
+    Cancel,
+    ConfirmationRequested,
+    OutputChunk,
+    PlannedCall,
+    ProtocolErrorCode,
+    SubmitBatch,
+    ToolCall,
+    encode,
+)
+
+from ..batches import Batch, PreparedCall
+from ..held_accepts import HeldAccepts
+from ..journal import fingerprint
+from ..journal_writer import Commit, JournalWriteFailed
+from .confirming import ConfirmationFlow
+from .sessions import Session
+from .shared import Shared, own_batch_id
+
+log = logging.getLogger(__name__)
+
+_PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
+_TURNS_KEPT = 10_000
+
+
+class BatchRuns:
+    def __init__(self, shared: Shared, confirming: ConfirmationFlow) -> None:
+        self.shared = shared
+        self.confirming = confirming
+        self.held = HeldAccepts()
+        self._turns: dict[tuple[int, str], int] = {}
+
+    def submit(
+        self, session: Session, message: SubmitBatch, *, discovered: bool = False, trusted: bool = False
+    ) -> None:
+        """``trusted``: built by the daemon itself (an undo), so internal tools may appear."""
+        if not discovered and self.shared.discovery_due(session, [call.name for call in message.calls]):
+            self.shared.discover_then(session, lambda: self.submit(session, message, discovered=True))
+            return
+        if not self.shared.accepting:
+            self.shared.error(session.peer, message.id, ProtocolErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
+            return
+        if session.workspace_problem:
+            self.shared.error(session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, session.workspace_problem)
+            return
+        chosen = own_batch_id(session.identity.uid, message.batch_id) if message.batch_id is not None else None
+        if chosen is not None and self._resubmitted(session, message, chosen):
+            return
+        if session.running >= self.shared.config.daemon.max_batches_per_session:
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.TOO_MANY_BATCHES,
+                f"this session already runs {session.running} batches",
+            )
+            return
+        uid = session.identity.uid
+        running = sum(s.running for s in self.shared.sessions if s.identity.uid == uid)
+        if running >= self.shared.config.daemon.max_running_batches_per_uid:
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.TOO_MANY_BATCHES,
+                f"uid {uid} already runs {running} batches (max_running_batches_per_uid)",
+            )
+            return
+        internal = [c.name for c in message.calls if (t := self.shared.registry.get(c.name)) is not None and t.internal]
+        if internal and not trusted:
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.INVALID_MESSAGE,
+                f"{internal[0]} is run by the daemon itself (toolctl undo), not submitted",
+            )
+            return
+        batch_id = chosen or secrets.token_hex(12)
+        calls = self.shared.planner_for(session).plan(
+            message.calls, turn_iteration=self._count_turn(session, message.turn_id)
+        )
+        if message.dry_run:
+            calls = [_marked_dry(call) for call in calls]
+        batch = Batch(
+            batch_id=batch_id,
+            identity=session.identity,
+            session_id=session.session_id,
+            calls=calls,
+            results=[None] * len(calls),
+            digest=_digest(message),
+            approval_timeout=message.approval_timeout_seconds,
+            sandbox=session.sandbox,
+            dry_run=message.dry_run,
+        )
+        planned = [c.planned() for c in calls]
+        accepted = BatchAccepted(id=message.id, batch_id=batch_id, calls=planned)
+        commit = None
+        if self.shared.journal is not None and batch.read_only:
+            batch.journaled_at_end = True  # one write when it ends (_journal_ended), nobody waits
+        elif self.shared.journal is not None:  # journaled before it is acknowledged
+            first = _runs_at_once(batch)
+            commit = self.shared.journal.record_batch(
+                batch_id=batch_id,
+                identity=session.identity,
+                client_name=session.client_name,
+                turn_id=message.turn_id,
+                digest=batch.digest,
+                calls=message.calls,
+                planned=planned,
+                workspace=session.workspace,
+                started=first.index if first is not None else None,
+                awaited=True,
+            )
+            if first is not None:
+                first.started_recorded = True
+        self.remember(batch)
+        if commit is None:
+            if _answers_quickly(batch, message):
+                self.held.hold(batch_id, lambda: self.shared.reply(session, accepted))
+            else:
+                self.shared.reply(session, accepted)
+        ended = _Submitted(session.client_name, message.turn_id, message.calls, planned, session.workspace)
+        self.start(session, batch, message.events == "all", accepted=accepted, commit=commit, ended=ended)
+
+    def _resubmitted(self, session: Session, message: SubmitBatch, batch_id: str) -> bool:
+        """A batch id this uid used before: answer from the record and never run anything twice.
+
+        The same calls → the recorded plan, then the recorded results (or the live events of
+        a batch still running). Different calls → DUPLICATE_BATCH_ID. (Chosen ids live in
+        their uid's namespace, so another user's id never lands here.)
+        """
+        live = self.shared.batches.get(batch_id)
+        stored = self.shared.journal.load(batch_id) if live is None and self.shared.journal is not None else None
+        if live is None and stored is None:
+            return False
+        owner = live.identity.uid if live is not None else stored.identity.uid  # type: ignore[union-attr]
+        digest = live.digest if live is not None else stored.fingerprint  # type: ignore[union-attr]
+        if owner != session.identity.uid or digest != _digest(message):
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.DUPLICATE_BATCH_ID,
+                f"batch id {batch_id!r} was already used for different calls",
+                batch_id=batch_id,
+            )
+            return True
+        if live is not None:
+            self.shared.reply(
+                session, BatchAccepted(id=message.id, batch_id=batch_id, calls=[c.planned() for c in live.calls])
+            )
+            if live.done.is_set():
+                self.shared.reply(
+                    session, BatchFinished(batch_id=batch_id, state=live.state, results=live.finished_results())
+                )
+            else:
+                live.listeners.append((session.peer, message.events == "all"))
+            return True
+        assert stored is not None
+        if stored.state == "interrupted":
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.BATCH_INTERRUPTED,
+                f"batch {batch_id!r} was interrupted by a daemon restart; resume or discard it "
+                f"(toolctl recover {batch_id} --resume|--discard)",
+                batch_id=batch_id,
+            )
+            return True
+        self.shared.reply(
+            session,
+            BatchAccepted(
+                id=message.id,
+                batch_id=batch_id,
+                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
+            ),
+        )
+        self.shared.reply(
+            session,
+            BatchFinished(batch_id=batch_id, state=stored.state, results=[r for r in stored.results if r is not None]),
+        )
+        return True
+
+    def start(
+        self,
+        session: Session,
+        batch: Batch,
+        all_events: bool,
+        *,
+        accepted: BatchAccepted | None = None,
+        commit: Commit | None = None,
+        ended: _Submitted | None = None,
+    ) -> None:
+        """Run ``batch`` in a task of its own. With ``commit``, the batch's record must be
+        durable first: only then is ``accepted`` sent and anything run. ``ended``: what
+        to journal of a batch journaled when it ends."""
+        batch.listeners.append((session.peer, all_events))
+        session.running += 1
+        self.shared.tasks.start_soon(self._run_batch, session, batch, accepted, commit, ended)
+
+    async def _run_batch(
+        self,
+        session: Session,
+        batch: Batch,
+        accepted: BatchAccepted | None,
+        commit: Commit | None,
+        ended: _Submitted | None,
+    ) -> None:
+        if commit is not None and not await self._recorded(session, batch, accepted, commit):
+            session.running -= 1
+            return
+        approver_gids = self.shared.config.tools.approval.approver_gids
+
+        def emit(event: msgspec.Struct) -> None:
+            final = isinstance(event, BatchFinished)
+            if final:
+                self.held.release(batch.batch_id)  # the acceptance goes first, in the same flush
+            frame = None
+            listening = set()
+            for peer, all_events in batch.listeners:
+                listening.add(peer)
+                if all_events or not isinstance(event, _PER_CALL_EVENTS):
+                    frame = frame or encode(event)
+                    self.shared.send(peer, frame, flush=final)
+            # Watchers see every event but confirmation requests (approvers get those on their own).
+            confirmations = self.shared.confirmations
+            if confirmations.approvers and not isinstance(event, ConfirmationRequested):
+                for peer in confirmations.watchers(batch.identity, approver_gids):
+                    if peer not in listening:
+                        frame = frame or encode(event)
+                        self.shared.send(peer, frame, flush=final)
+
+        # Watchers (subscribed approvers of this uid) learn of the batch, then see its events.
+        watchers = (
+            self.shared.confirmations.watchers(batch.identity, approver_gids)
+            if self.shared.confirmations.approvers
+            else []
+        )
+        if any(peer != session.peer for peer in watchers):
+            status = BatchStatus(
+                id=0,
+                batch_id=batch.batch_id,
+                state=batch.state,
+                calls=[c.planned() for c in batch.calls],
+                results=batch.finished_results(),
+            )
+            for peer in watchers:
+                if peer != session.peer:
+                    self.shared.send(peer, encode(status))
+
+        try:
+            if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
+                await self.confirming.confirm_batch(session, batch, emit)
+            await self.shared.executor.run(batch, emit)
+            if batch.journaled_at_end and ended is not None:
+                self._journal_ended(batch, ended)  # no await since it ended: nothing forgot it yet
+        except Exception:
+            # A failed journal write must not take the daemon down with it; the batch's
+            # clients still get every result the executor produced.
+            log.exception("batch %s failed outside its tools", batch.batch_id)
+            emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
+        finally:
+            session.running -= 1
+
+    def _journal_ended(self, batch: Batch, submitted: _Submitted) -> None:
+        assert self.shared.journal is not None
+        self.shared.journal.record_ended(
+            batch_id=batch.batch_id,
+            identity=batch.identity,
+            client_name=submitted.client_name,
+            turn_id=submitted.turn_id,
+            digest=batch.digest,
+            calls=submitted.calls,
+            planned=submitted.planned,
+            results=batch.results,
+            state=batch.state,
+            workspace=submitted.workspace,
+        )
+
+    async def _recorded(self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit) -> bool:
+        """Wait for the batch's record, then acknowledge it; if the journal cannot take it,
+        the batch is refused (nothing ran) and forgotten."""
+        try:
+            await commit.durable()
+        except JournalWriteFailed as exc:
+            self.shared.batches.pop(batch.batch_id, None)
+            batch.done.set()
+            request_id = accepted.id if accepted is not None else None
+            self.shared.error(
+                session.peer, request_id, ProtocolErrorCode.INTERNAL, f"the journal could not record the batch: {exc}"
+            )
+            return False
+        if accepted is not None:
+            self.shared.reply(session, accepted)
+        return True
+
+    def _count_turn(self, session: Session, turn_id: str | None) -> int:
+        """How many batches this uid has submitted for ``turn_id`` (1 for this one). Bounded memory:
+        the oldest turns are forgotten first."""
+        if turn_id is None:
+            return 1
+        key = (session.identity.uid, turn_id)
+        count = self._turns.pop(key, 0) + 1
+        self._turns[key] = count
+        if len(self._turns) > _TURNS_KEPT:
+            del self._turns[next(iter(self._turns))]
+        return count
+
+    def cancel(self, session: Session, message: Cancel) -> None:
+        batch = self._owned_batch(session, message.id, message.batch_id)
+        if batch is None:
+            return
+        batch.cancel("cancelled by the client")
+        self.shared.reply(session, Ack(id=message.id))
+
+    def remember(self, batch: Batch) -> None:
+        """Keep finished batches for get_batch; beyond the configured count, drop the oldest
+        finished ones. Scans only as far as it needs to (this runs on every submit)."""
+        self.shared.batches[batch.batch_id] = batch
+        excess = len(self.shared.batches) - self.shared.config.daemon.finished_batches_kept
+        if excess > 0:
+            oldest_done = (b for b, kept in self.shared.batches.items() if kept.done.is_set())
+            for batch_id in list(itertools.islice(oldest_done, excess)):
+                del self.shared.batches[batch_id]
+
+    def _owned_batch(self, session: Session, request_id: int, batch_id: str) -> Batch | None:
+        """The batch, if this session's uid owns it (root may see all). Another uid's batch looks unknown."""
+        batch = self.shared.batches.get(self.shared.batch_key(session, batch_id))
+        if batch is None or (session.identity.uid not in (batch.identity.uid, 0)):
+            self.shared.error(session.peer, request_id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {batch_id!r}")
+            return None
+        return batch
+
+    def live_state(self, batch_id: str, recorded: str) -> str:
+        """The state of a batch this daemon is running (the journal records only its
+        start and end, to keep commits off each call's path)."""
+        live = self.shared.batches.get(batch_id)
+        return live.state if live is not None and not live.done.is_set() else recorded
+
+
+@dataclass(slots=True, frozen=True)
+class _Submitted:
+    """What the journal keeps of a submission besides the batch itself."""
+
+    client_name: str
+    turn_id: str | None
+    calls: list[ToolCall]
+    planned: list[PlannedCall]
+    workspace: str
+
+
+def _digest(message: SubmitBatch) -> str:
+    """What makes a resubmission the same batch: its calls, and whether it is a dry run."""
+    digest = fingerprint(message.calls)
+    return f"dry:{digest}" if message.dry_run else digest
+
+
+def _answers_quickly(batch: Batch, message: SubmitBatch) -> bool:
+    """One read-only call for a client that wants only the outcome: its acceptance is
+    held until it finishes (``HeldAccepts``)."""
+    if len(batch.calls) != 1 or message.events != "results" or not batch.read_only:
+        return False
+    call = batch.calls[0]
+    return not call.needs_confirmation and not call.awaiting_result
+
+
+def _runs_at_once(batch: Batch) -> PreparedCall | None:
+    """The batch's first call when it is side-effecting and runs as soon as the batch is
+    accepted (nothing to confirm or supply first): its started mark can share the batch's
+    journal transaction instead of costing a commit of its own."""
+    if batch.dry_run or any(c.needs_confirmation or c.awaiting_result for c in batch.calls):
+        return None
+    first = next((c for c in batch.calls if c.result is None), None)
+    if first is None or first.denial is not None or first.tool is None or not first.tool.side_effecting:
+        return None
+    return first
+
+
+def _marked_dry(call: PreparedCall) -> PreparedCall:
+    """A dry run's call refused at planning: its result says so in ``data`` too."""
+    if call.result is not None:
+        policy = "deny" if call.result.error is not None and call.result.error.code == "DENIED_BY_POLICY" else "error"
+        data = {**(call.result.data or {}), "dry_run": True, "policy": policy}
+        call.result = msgspec.structs.replace(call.result, data=data)
+    return call

@@ -1,0 +1,76 @@
+"""Sessions: one per client socket, created on its first message.
+
+The table is kept in least-recently-seen order. When it is full (overall, or for one
+uid) the idle session seen longest ago makes room; a session with running batches is
+never evicted, so a full table of busy sessions refuses the newcomer instead.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from toold_protocol import PROTOCOL_VERSION, Identity
+
+from ..sandbox import Sandbox
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    peer: bytes
+    identity: Identity
+    client_name: str = ""
+    protocol_version: int = PROTOCOL_VERSION
+    running: int = 0
+    grants: set[str] = field(default_factory=set)  # "allow for this session" answers
+    sandbox: Sandbox | None = None  # its workspace's; None: the daemon's roots
+    workspace: str = ""  # as accepted (canonical), "" for the daemon's roots
+    workspace_problem: str = ""  # why this session may run nothing ("" when it may)
+
+
+class SessionsFull(Exception):
+    """No room for a new session (the message says which limit)."""
+
+
+class Sessions:
+    def __init__(self, max_sessions: int, max_per_uid: int, on_evict: Callable[[Session], None]) -> None:
+        self._by_peer: dict[bytes, Session] = {}  # least recently seen first
+        self._max_sessions = max_sessions
+        self._max_per_uid = max_per_uid
+        self._on_evict = on_evict
+
+    def __len__(self) -> int:
+        return len(self._by_peer)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._by_peer.values()))
+
+    def seen(self, peer: bytes, identity: Identity) -> Session:
+        """The peer's session, now the most recently seen; a new one on its first message.
+        Raises ``SessionsFull``."""
+        session = self._by_peer.pop(peer, None)
+        if session is None:
+            uid = identity.uid
+            mine = sum(1 for s in self._by_peer.values() if s.identity.uid == uid)
+            if mine >= self._max_per_uid and not self._evict_idle(uid):
+                raise SessionsFull(f"uid {uid} has {mine} sessions with running batches (max_sessions_per_uid)")
+            if len(self._by_peer) >= self._max_sessions and not self._evict_idle():
+                raise SessionsFull("too many sessions with running batches")
+            session = Session(session_id=secrets.token_hex(8), peer=peer, identity=identity)
+        self._by_peer[peer] = session
+        return session
+
+    def end(self, peer: bytes) -> Session | None:
+        """Forget the peer's session (it went away); the session, if it had one."""
+        return self._by_peer.pop(peer, None)
+
+    def _evict_idle(self, uid: int | None = None) -> bool:
+        """Drop the idle session seen longest ago (of ``uid`` only, when given)."""
+        for peer, session in self._by_peer.items():
+            if session.running == 0 and (uid is None or session.identity.uid == uid):
+                del self._by_peer[peer]
+                self._on_evict(session)
+                return True
+        return False

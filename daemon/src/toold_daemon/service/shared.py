@@ -1,0 +1,124 @@
+"""What every request handler of the service shares: the daemon's parts, its tables,
+and the two ways to answer a peer."""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+import trio
+
+from toold_protocol import Error, ProtocolErrorCode, encode
+
+from .. import planner
+from ..batches import Batch
+from ..config import Config
+from ..confirmations import Confirmations
+from ..executor import Executor
+from ..journal import Journal
+from ..mcp import Gateway
+from ..registry import Registry
+from ..sandbox import Sandbox
+from ..workspaces import Workspaces
+from .sessions import Session, Sessions
+
+
+class Send(Protocol):
+    """Queue ``frame`` for ``peer``; ``flush``: send it now (a batch's last frame)."""
+
+    def __call__(self, peer: bytes, frame: bytes, flush: bool = False) -> None: ...
+
+
+@dataclass(eq=False)
+class Shared:
+    config: Config  # replaced as a whole when the policy is reloaded
+    registry: Registry
+    sandbox: Sandbox  # the daemon's roots, for sessions without a workspace
+    executor: Executor
+    send: Send
+    sessions: Sessions
+    journal: Journal | None = None
+    gateway: Gateway | None = None
+    config_path: Path | None = None
+    batches: collections.OrderedDict[str, Batch] = field(default_factory=collections.OrderedDict)
+    confirmations: Confirmations = field(default_factory=Confirmations)
+    nursery: trio.Nursery | None = None
+    accepting: bool = True
+    daemon_uid: int = field(default_factory=os.geteuid)
+    workspaces: Workspaces = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.workspaces = Workspaces(self.config, self.sandbox)
+
+    def sandbox_of(self, session: Session) -> Sandbox:
+        return session.sandbox or self.sandbox
+
+    def planner_for(self, session: Session) -> planner.Planner:
+        """Plans as this session: its identity, its client name, its grants, today's policy."""
+        return planner.Planner(
+            self.registry,
+            self.sandbox_of(session),
+            self.config,
+            session.identity,
+            session.client_name,
+            frozenset(session.grants),
+        )
+
+    @property
+    def tasks(self) -> trio.Nursery:
+        """Where requests start their tasks (bound when the daemon starts serving)."""
+        assert self.nursery is not None, "the service's nursery is not bound yet"
+        return self.nursery
+
+    def reply(self, session: Session, message: msgspec.Struct) -> None:
+        self.send(session.peer, encode(message))
+
+    def error(
+        self, peer: bytes, request_id: int | None, code: ProtocolErrorCode, message: str, **details: object
+    ) -> None:
+        self.send(peer, encode(Error(id=request_id, code=str(code), message=message, details=details)))
+
+    def may_see(self, session: Session, owner_uid: int) -> bool:
+        """A batch is seen by its own uid and by root; another uid's batch looks unknown."""
+        return session.identity.uid in (owner_uid, 0)
+
+    def batch_key(self, session: Session, reference: str) -> str:
+        """The batch a reference names: the id this uid chose (``abc`` is ``1000:abc`` for
+        uid 1000), else the reference as it is (an id the daemon made, or a full one)."""
+        own = own_batch_id(session.identity.uid, reference)
+        if own in self.batches or (self.journal is not None and own != reference and self.journal.exists(own)):
+            return own
+        return reference
+
+    def discovery_due(self, session: Session, names: list[str] | None) -> bool:
+        """Whether a configured MCP server's tools must be learnt first (with this
+        session's identity and workspace): for a listing, or for calls to ``names``."""
+        return (
+            self.gateway is not None
+            and not session.workspace_problem
+            and self.config.tools.mode != "disabled"
+            and self.gateway.needs_discovery(names)
+        )
+
+    def discover_then(self, session: Session, then: Callable[[], None]) -> None:
+        """Learn the due servers' tools in the background, then handle the request."""
+        assert self.gateway is not None
+        gateway = self.gateway
+
+        async def discover() -> None:
+            await gateway.discover(session.identity, self.sandbox_of(session))
+            then()
+
+        self.tasks.start_soon(discover)
+
+
+def own_batch_id(uid: int, chosen: str) -> str:
+    """A client-chosen batch id in its uid's namespace: ``abc`` → ``1000:abc`` (already
+    namespaced ids stay as they are), so one user's id never blocks or reveals another's."""
+    prefix = f"{uid}:"
+    return chosen if chosen.startswith(prefix) else prefix + chosen
