@@ -1,9 +1,11 @@
 """Where tool code runs. The executor only sees the ``ToolRunner`` seam.
 
-``ThreadRunner`` runs tools on worker threads of the daemon process. That is
-acceptable only for read-only tools and only for a client whose privileges are not
-lower than the daemon's (same uid, or root), so it refuses anything else with
-IsolationUnavailable. The isolated spawner replaces it for side-effecting tools.
+``SpawnRunner`` (``isolation.runner``) is what ``toold serve`` uses: every tool in a
+confined worker or child. ``ThreadRunner`` is for a daemon built without the spawner
+(embedding the service in-process, unit tests): it runs tools on threads of the
+daemon process, which is acceptable only for read-only tools and only for a client
+whose privileges are not lower than the daemon's (same uid, or root), so it refuses
+anything else with IsolationUnavailable.
 
 A call the tool declares small and bounded (``runs_inline``: a whole read of a regular
 file up to 64 KiB) runs on the event loop instead: a thread hop costs more here

@@ -1,8 +1,8 @@
 """What a tool is: one small module with an argument struct, a risk, a summary and ``run``.
 
-``run`` is synchronous and is called by a runner (a worker thread today, an isolated
-child once the spawner lands): it must not touch trio. It checks
-``ctx.cancelled`` in long loops so that cancellation and timeouts end it promptly.
+``run`` is synchronous and is called by a runner, in the client's confined tool worker
+(or a one-call child): it must not touch trio. It checks ``ctx.cancelled`` in long
+loops so that cancellation and timeouts end it promptly.
 """
 
 from __future__ import annotations
