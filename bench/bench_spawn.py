@@ -113,11 +113,14 @@ def main(n: int = 300) -> None:
                 runner.close()
 
         rounds = trio.run(measure)
-        cfg = Path(tmp) / "c.toml"
-        cfg.write_text('[tools.approval]\nallowlist = ["shell"]\n[journal]\nenabled = false\n')
-        sub_beside = sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), n // 2, warmup=20)
-        with running_daemon(root, "--config", str(cfg)) as endpoint, Client(endpoint) as client:
-            through_daemon = sample(lambda: client.call("shell", {"command": "true"}), n, warmup=20)
+        through_daemon: dict[bool, list[float]] = {}
+        sub_beside: list[float] = []
+        for journaled in (False, True):
+            cfg = Path(tmp) / "c.toml"
+            cfg.write_text(f'[tools.approval]\nallowlist = ["shell"]\n[journal]\nenabled = {str(journaled).lower()}\n')
+            sub_beside += sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), n // 2, warmup=20)
+            with running_daemon(root, "--config", str(cfg)) as endpoint, Client(endpoint) as client:
+                through_daemon[journaled] = sample(lambda: client.call("shell", {"command": "true"}), n, warmup=20)
     fork, python_child, sub, shell_true = (rounds.samples[k] for k in ("fork", "py", "sub", "sh"))
     print(f"# isolated child cost, n={n} in {ROUNDS} rounds (baselines, then isolated calls)")
     report("bare fork + exit + wait [baseline A]", fork)
@@ -126,7 +129,8 @@ def main(n: int = 300) -> None:
     report("subprocess.run sh -c true [baseline B]", sub)
     report("isolated shell true vs B", shell_true, sub)
     print(f"{'':44} {spread(rounds.ratios['sh'])}")
-    report("shell true via daemon+client vs B'", through_daemon, sub_beside)
+    report("shell true via daemon+client, no journal vs B'", through_daemon[False], sub_beside)
+    report("shell true via daemon+client, journaled vs B'", through_daemon[True], sub_beside)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,13 @@ write fails alone) and commits. SQLite's automatic checkpoints then run on this 
 too. Under load, many calls' writes share one commit.
 
 A write that must be durable before the daemon acts on it (a side-effecting call's
-``started`` mark, its result) is awaited with ``Commit.durable()``: it wakes the thread
-at once, and the thread wakes the loop once per transaction that holds such a write.
+``started`` mark, its result) is awaited with ``Commit.durable()``. When the thread is
+idle and nothing is queued, such a write is committed at once on the caller's thread
+(about 25 µs; handing it to the thread and back costs about 110 µs in Python), which
+keeps the order of writes. Otherwise it is queued, wakes the thread at once, and the
+thread wakes the loop once per transaction that holds such a write. Checkpoints are
+never automatic: the thread runs them every ``CHECKPOINT_EVERY`` commits, so their
+fsyncs never land on the loop.
 Nobody waits for the others (a read-only batch's): they wake nobody and are committed
 with the next awaited write or within ``LINGER_SECONDS``, so a stream of reads costs a
 commit every few milliseconds rather than two per read. Reads on the loop call
@@ -18,6 +23,7 @@ commit every few milliseconds rather than two per read. Reads on the loop call
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -47,6 +53,9 @@ class Rows:
 
 #: The longest a write nobody waits for stays queued (what a crash may lose of them).
 LINGER_SECONDS = 0.01
+
+#: Commits between two WAL checkpoints (run by the thread; SQLite's own are turned off).
+CHECKPOINT_EVERY = 200
 
 
 class Commit:
@@ -90,6 +99,8 @@ class JournalWriteFailed(Exception):
 class JournalWriter:
     def __init__(self, db: sqlite3.Connection, token: trio.lowlevel.TrioToken) -> None:
         self._db = db
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        self._commits = 0  # since the last checkpoint
         self._token = token
         self._queue: list[tuple[Write | Rows, Commit]] = []
         self._busy = False
@@ -100,6 +111,10 @@ class JournalWriter:
         self._thread.start()
 
     def submit(self, write: Write | Rows, *, awaited: bool = False) -> Commit:
+        if awaited:
+            done = self._now_if_idle(write)
+            if done is not None:
+                return done
         commit = Commit(awaited=awaited)
         with self._changed:
             if self._closing:
@@ -111,6 +126,41 @@ class JournalWriter:
             if awaited or first:  # the first of a group starts the thread's linger
                 self._changed.notify_all()
         return commit
+
+    def _now_if_idle(self, write: Write | Rows) -> Commit | None:
+        """Commit ``write`` here and now if the thread is idle and nothing is queued (the
+        write then keeps its place in order); None when it must be queued."""
+        with self._changed:
+            if self._busy or self._queue or self._closing:
+                return None
+            self._busy = True
+        commit = Commit.done()
+        try:
+            self._commit_one(write, commit)
+        finally:
+            with self._changed:
+                self._busy = False
+                self._commits += 1
+                if self._checkpoint_due():  # else the thread sleeps on: waking it costs the GIL
+                    self._changed.notify_all()
+        return commit
+
+    def _commit_one(self, write: Write | Rows, commit: Commit) -> None:
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            if isinstance(write, Rows):
+                for sql, rows in write.statements:
+                    db.executemany(sql, rows)
+            else:
+                commit.value = write(db)
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            log.error("journal write failed: %s", exc)
+            commit.error = exc
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
 
     def run_now(self, write: Write | Rows) -> Any:
         """Queue ``write``, wait (blocking) until it is committed, return its value. For
@@ -140,23 +190,41 @@ class JournalWriter:
     def _work(self) -> None:
         while True:
             with self._changed:
-                while not self._queue and not self._closing:
+                while not self._queue and not self._closing and not self._checkpoint_due():
                     self._changed.wait()
-                if not self._urgent and not self._closing:  # let writes nobody waits for gather
+                if self._queue and not self._urgent and not self._closing:  # let writes nobody waits for gather
                     self._changed.wait_for(lambda: self._urgent or self._closing, LINGER_SECONDS)
-                if not self._queue:
-                    return
+                if self._busy:  # the loop is committing one write itself
+                    self._changed.wait_for(lambda: not self._busy)
+                if not self._queue and not self._checkpoint_due():
+                    if self._closing:
+                        return
+                    continue
                 group, self._queue = self._queue, []
                 self._busy, self._urgent = True, False
+                checkpoint = self._checkpoint_due() or self._closing
             try:
-                self._commit(group)
+                if group:
+                    self._commit(group)
+                if checkpoint:
+                    self._checkpoint()
             finally:
                 with self._changed:
                     self._busy = False
+                    self._commits = 0 if checkpoint else self._commits + 1
                     self._changed.notify_all()
             awaited = [commit for _, commit in group if commit.awaited]
             if awaited:  # nobody waits on the others: the loop is not woken for them
                 self._wake(awaited)
+
+    def _checkpoint_due(self) -> bool:
+        return self._commits >= CHECKPOINT_EVERY
+
+    def _checkpoint(self) -> None:
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:
+            log.warning("journal checkpoint failed (retried later): %s", exc)
 
     def _commit(self, group: list[tuple[Write | Rows, Commit]]) -> None:
         db = self._db
