@@ -74,6 +74,7 @@ class _Child:
     temp: str
     uid: int
     cgroup: str  # its call cgroup's name ("" without one)
+    zygote_left: trio.Event | None = None  # set once the zygote that started it left its cgroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,8 @@ class SpawnRunner:
     def bind_nursery(self, nursery: trio.Nursery) -> None:
         """Where background jobs are followed; cancelling it (shutdown) kills them all."""
         self._nursery = nursery
+        if self._zygotes is not None:
+            self._zygotes.nursery = nursery
 
     @property
     def isolation(self) -> list[IsolationLayer]:
@@ -335,8 +338,9 @@ class SpawnRunner:
             )
             if preview:
                 request = msgspec.structs.replace(request, preview=True)
+            left = None
             if self._zygotes is not None and via_zygote:
-                pid, group = await self._start_command(self._zygotes, request, write_end)
+                pid, group, left = await self._start_command(self._zygotes, request, write_end)
             else:
                 pid, group = await self._fork_child(request, write_end)
         except BaseException:
@@ -346,7 +350,7 @@ class SpawnRunner:
             raise
         finally:
             os.close(write_end)
-        return _Child(pid, read_end, token, temp, identity.uid, group)
+        return _Child(pid, read_end, token, temp, identity.uid, group, left)
 
     async def start_stdio(
         self, name: str, identity: Identity, sandbox: Sandbox, command: Command, readable: list[str]
@@ -399,7 +403,9 @@ class SpawnRunner:
             raise
         return pid, group
 
-    async def _start_command(self, zygotes: Zygotes, request: SpawnRequest, write_end: int) -> tuple[int, str]:
+    async def _start_command(
+        self, zygotes: Zygotes, request: SpawnRequest, write_end: int
+    ) -> tuple[int, str, trio.Event | None]:
         """Through the zygote of the call's kind (a posix_spawn, in the cgroup the zygote
         prepared); should that fail, through a fresh child as before, after sweeping
         anything a dying zygote may have started: (pid, the call's cgroup)."""
@@ -410,7 +416,8 @@ class SpawnRunner:
         except ZygoteUnavailable as exc:
             log.warning("zygote unavailable (%s); starting a fresh child", exc)
             sweeping.sweep(self.spawner_pid, 0, request.token)
-        return await self._fork_child(request, write_end)
+        pid, group = await self._fork_child(request, write_end)
+        return pid, group, None
 
     def _request(
         self,
@@ -597,6 +604,8 @@ class SpawnRunner:
         sweep (a check behind the cgroup), waiting for the group to exit, removing the
         cgroup and clearing the temp dir finish in the background; without a cgroup they
         are part of the kill (see ``_finish_kill``)."""
+        if child.zygote_left is not None:
+            await child.zygote_left.wait()  # the call's cgroup.kill must not reach the zygote
         grace = self.config.tools.isolation.kill_grace_seconds
         if grace > 0 and _signal_group(child.pid, signal.SIGTERM):
             with trio.move_on_after(grace):

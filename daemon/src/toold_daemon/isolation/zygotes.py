@@ -81,6 +81,8 @@ class Zygote:
     new_group: Callable[[], str]  # a fresh call cgroup, or "" when none can be made
     pids_max: int = 0  # a call's process limit, set on its cgroup once the zygote has left
     parked: str = ""  # the fresh cgroup it waits in: the next command's
+    inside: str = ""  # a call's cgroup it has started a command in and not left yet
+    nursery: trio.Nursery | None = None  # where it leaves a call's cgroup, after the call started
     abandoned: list[str] = field(default_factory=list)  # call cgroups of failed spawns
     born: float = field(default_factory=time.monotonic)
     spawned: int = 0
@@ -91,7 +93,7 @@ class Zygote:
 
     def cgroups_in_use(self) -> list[str]:
         """Every cgroup this zygote may still be in (to remove once it has exited)."""
-        return [group for group in (self.home, self.parked, *self.abandoned) if group]
+        return [group for group in (self.home, self.parked, self.inside, *self.abandoned) if group]
 
     def park(self) -> bool:
         """Wait in a fresh cgroup, so the next command starts in its own without a move on
@@ -99,18 +101,24 @@ class Zygote:
         (it must not stay in a call's cgroup: that call's kill would reach it)."""
         fresh = self.new_group()
         if fresh and self.cgroups.move(self.pid, fresh):
-            self.parked = fresh
+            self.parked, self.inside = fresh, ""
             return True
         if fresh:
             self.cgroups.remove(fresh)
         self.parked = ""
-        return not self.home or self.cgroups.move(self.pid, self.home)
+        left = not self.home or self.cgroups.move(self.pid, self.home)
+        if left:
+            self.inside = ""
+        return left
 
-    async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str]:
+    async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, trio.Event | None]:
         """Start one command in the cgroup the zygote is parked in, which becomes the call's;
-        then park the zygote again: (pid, which leads its own group; the call's cgroup).
-        Shielded: once the zygote has the request, the reply must be read, and the zygote
-        must leave the call's cgroup, whatever cancels the caller."""
+        then park the zygote again: (pid, which leads its own group; the call's cgroup; an
+        event set once the zygote has left that cgroup, which the call's kill waits for).
+        Parking again (a cgroup made, the zygote moved: a few hundred microseconds) happens
+        behind the call, while its command runs. Shielded: once the zygote has the request,
+        the reply must be read, and the zygote must leave the call's cgroup, whatever
+        cancels the caller."""
         async with self.lock:
             with trio.CancelScope(shield=True):
                 if self.home and not self.parked:
@@ -127,16 +135,36 @@ class Zygote:
                         self.abandoned.append(group)
                         self.parked = ""
                     raise
-                if group and not self.park():
-                    log.warning("zygote %d cannot leave a call's cgroup; retiring it", self.pid)
-                    self.spawned = MAX_SPAWNS  # that call's kill will end it
-                elif group:
-                    self.cgroups.limit_pids(group, self.pids_max)
+                left = None
+                if group:
+                    self.parked, self.inside = "", group
+                    started = not reply.error and reply.pid > 0
+                    if started and self.nursery is not None:
+                        left = trio.Event()
+                        self.nursery.start_soon(self._leave_later, group, left)
+                    else:
+                        self._leave(group)
         self.spawned += 1
         if reply.error or reply.pid <= 0:
             self.cgroups.remove(group)
             raise CommandNotStarted(reply.error or "no pid")
-        return reply.pid, group
+        return reply.pid, group, left
+
+    def _leave(self, group: str) -> None:
+        """Leave call cgroup ``group`` for a fresh one (unless an earlier park already
+        did), then give the call its own process limit."""
+        if self.inside == group and not self.park():
+            log.warning("zygote %d cannot leave a call's cgroup; retiring it", self.pid)
+            self.spawned = MAX_SPAWNS  # that call's kill will end it
+            return
+        self.cgroups.limit_pids(group, self.pids_max)
+
+    async def _leave_later(self, group: str, left: trio.Event) -> None:
+        try:
+            async with self.lock:  # the next command waits for a fresh cgroup
+                self._leave(group)
+        finally:
+            left.set()
 
     def close(self) -> None:
         self.sock.close()
@@ -150,10 +178,11 @@ class Zygotes:
         self._pool: OrderedDict[Kind, Zygote] = OrderedDict()
         self._starting = trio.Lock()
         self._homes_to_remove: list[str] = []  # cgroups of retired zygotes, removed once empty
+        self.nursery: trio.Nursery | None = None  # where zygotes leave calls' cgroups
 
-    async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str]:
+    async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, trio.Event | None]:
         """Start the command in ``request`` through the zygote of its kind: (pid, the
-        call's cgroup or "")."""
+        call's cgroup or "", set once the zygote has left it)."""
         zygote = await self._zygote(request)
         try:
             return await zygote.spawn(request, channel_write_end)
@@ -208,6 +237,7 @@ class Zygotes:
             cgroups=self._cgroups,
             new_group=self._new_group,
             pids_max=self._limits[0],
+            nursery=self.nursery,
         )
         try:
             with trio.fail_after(_READY_TIMEOUT_S):
