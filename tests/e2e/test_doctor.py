@@ -7,7 +7,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BIN, DaemonProcess
+from toold_daemon.config import SYSTEM_CONFIG
 
 
 def doctor(*args: str) -> tuple[int, dict[str, object]]:
@@ -23,6 +26,7 @@ def test_reports_the_running_daemons_socket_and_journal(daemon: DaemonProcess, t
     assert service["socket"]["on"] and str(daemon.socket) in service["socket"]["detail"]
     assert service["socket"]["detail"].endswith(mode.zfill(4))
     assert service["journal"]["on"] and "journal.sqlite3" in service["journal"]["detail"]
+    assert "0 call(s) marked interrupted, 0 batch(es) waiting" in service["journal"]["detail"]
     assert not service["socket activation"]["on"] and not service["notify"]["on"]
     assert code == 0 and report["ok"] is True
     assert isinstance(report["layers"], dict) and "landlock" in report["layers"]
@@ -34,6 +38,20 @@ def test_a_missing_service_user_is_required_and_fails(tmp_path: Path) -> None:
     code, report = doctor("--config", str(config), "--state-dir", str(tmp_path / "state"))
     assert code == 1 and report["ok"] is False
     assert report["required_off"] == ["service user"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or SYSTEM_CONFIG.exists(), reason="needs root and no installed config")
+def test_doctor_reads_the_system_config_when_none_is_named(tmp_path: Path) -> None:
+    created = not SYSTEM_CONFIG.parent.exists()
+    SYSTEM_CONFIG.parent.mkdir(exist_ok=True)
+    try:
+        SYSTEM_CONFIG.write_text('[daemon]\nuser = "no-such-user-toold"\n')
+        code, report = doctor("--state-dir", str(tmp_path / "state"))
+        assert code == 1 and report["required_off"] == ["service user"]
+    finally:
+        SYSTEM_CONFIG.unlink(missing_ok=True)
+        if created:
+            SYSTEM_CONFIG.parent.rmdir()
 
 
 def test_notify_and_watchdog_are_reported_from_the_environment(tmp_path: Path) -> None:

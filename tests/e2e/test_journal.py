@@ -82,6 +82,10 @@ def test_kill_mid_batch_then_resume_runs_only_never_started_calls(tmp_path: Path
         with daemon.client() as client:
             status = client.get_batch(batch_id)
             check_after_restart(status, before)
+            noted = json.loads((tmp_path / "state" / "last-recovery.json").read_text())  # for toold doctor
+            interrupted = [r for r in status.results if r.error is not None and r.error.code == "INTERRUPTED"]
+            assert noted["interrupted_calls"] == len(interrupted)
+            assert noted["waiting_batches"] == (1 if status.state == "interrupted" else 0)
             finished_before_resume = {r.call_id: r for r in status.results}
             if status.state == "interrupted":
                 done = client.recover(batch_id, "resume")

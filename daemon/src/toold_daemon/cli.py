@@ -16,7 +16,7 @@ from typing import Any
 
 from . import __version__, logs
 from .activation import ActivationError, take_activated_socket
-from .config import Config, ConfigError, load_file
+from .config import SYSTEM_CONFIG, Config, ConfigError, load_file
 from .hardening import harden_process
 from .isolation.admission import Admission
 from .isolation.probe import Probe
@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path)
     check.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     doctor_cmd = sub.add_parser("doctor", help="show which isolation layers this machine grants, and why not")
-    doctor_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
+    doctor_cmd.add_argument(
+        "--config", type=Path, default=None, help=f"TOML configuration file (default: {SYSTEM_CONFIG} if it exists)"
+    )
     doctor_cmd.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     doctor_cmd.add_argument("--endpoint", default="", help="the socket to report on (default: as serve would)")
     doctor_cmd.add_argument("--state-dir", type=Path, default=None, help="the state directory to report on")
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level)
     if args.command == "check-config":
         return check_config(args.file)
+    if args.command == "doctor" and args.config is None and SYSTEM_CONFIG.is_file():
+        args.config = SYSTEM_CONFIG  # the installed service's: doctor reports on what runs
     try:
         config = load_file(args.config) if args.config else Config()
     except ConfigError as exc:

@@ -62,6 +62,10 @@ DEFAULT_READONLY_FOR_COMMANDS = (".git",)
 T = TypeVar("T")
 
 
+#: Where the installed system service reads its configuration.
+SYSTEM_CONFIG = Path("/etc/toold/config.toml")
+
+
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     pass
 

@@ -58,6 +58,7 @@ from .undo.images import Change
 
 SCHEMA_VERSION = 4
 JOURNAL_NAME = "journal.sqlite3"
+RECOVERY_NAME = "last-recovery.json"  # what the last start found and did (``toold doctor``)
 INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
 DISCARDED = "discarded after restart"
 
@@ -200,6 +201,7 @@ class Journal:
         self.path = path
         self._lock_fd: int | None = None
         self._writer: JournalWriter | None = None
+        self.interrupted_calls = 0  # by the last recover()
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -546,6 +548,7 @@ class Journal:
         Runs at start-up, before the writer thread."""
         assert self._writer is None
         now = time.time()
+        self.interrupted_calls = 0
         unfinished = [
             r[0]
             for r in self._db.execute(
@@ -557,6 +560,7 @@ class Journal:
                 db.execute("BEGIN IMMEDIATE")
                 for index, call_id in _without_result(db, batch_id, started_only=True):
                     _insert_result(db, batch_id, index, _error_result(call_id, "INTERRUPTED", INTERRUPTED), now)
+                    self.interrupted_calls += 1
                 state = "interrupted" if _without_result(db, batch_id) else "finished"
                 db.execute(
                     "UPDATE batches SET state = ?, finished = CASE WHEN ? = 'finished' THEN ? END WHERE batch_id = ?",

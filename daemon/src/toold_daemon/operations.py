@@ -5,6 +5,7 @@ its journal). Each line is a ``Check``; a required one that is off fails the doc
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import stat
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config
-from .journal import JOURNAL_NAME
+from .journal import JOURNAL_NAME, RECOVERY_NAME
 
 SERVICE_GROUP = "toold"
 
@@ -94,7 +95,18 @@ def _journal(state_dir: Path) -> Check:
         return Check("journal", False, f"{path}: {exc.strerror}")
     if not path.exists():
         return Check("journal", False, f"none yet at {path}")
-    return Check("journal", True, f"{path}: {size / 1e6:.1f} MB with its WAL")
+    return Check("journal", True, f"{path}: {size / 1e6:.1f} MB with its WAL; {_last_recovery(state_dir)}")
+
+
+def _last_recovery(state_dir: Path) -> str:
+    try:
+        note = json.loads((state_dir / RECOVERY_NAME).read_text())
+        return (
+            f"last start {note['at']}: {note['interrupted_calls']} call(s) marked interrupted, "
+            f"{note['waiting_batches']} batch(es) waiting for resume or discard, {note['pruned_batches']} pruned"
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no recovery noted yet"
 
 
 def _name(lookup: object, number: int) -> str:

@@ -9,7 +9,9 @@ socket and exit 0.
 
 from __future__ import annotations
 
+import datetime
 import gc
+import json
 import logging
 import os
 import signal
@@ -30,7 +32,7 @@ from .ipc import Admission, IpcServer, check_private_dir, ipc_path
 from .isolation.peers import tool_process
 from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
-from .journal import Journal
+from .journal import RECOVERY_NAME, Journal
 from .mcp import Gateway
 from .notify import Notifier
 from .privileges import CannotDrop, drop_to
@@ -110,14 +112,33 @@ def open_journal(config: Config, options: ServeOptions) -> Journal | None:
     """
     if not config.journal.enabled:
         return None
-    journal = Journal.open_in(state_dir_of(config, options), synchronous=config.journal.synchronous)
+    state_dir = state_dir_of(config, options)
+    journal = Journal.open_in(state_dir, synchronous=config.journal.synchronous)
     waiting = journal.recover()
     if waiting:
         log.warning("%d interrupted batch(es) wait for resume or discard: %s", len(waiting), ", ".join(waiting[:10]))
     pruned = journal.prune(older_than_seconds=config.journal.retention_days * 86400)
     if pruned:
         log.info("pruned %d finished batch(es) older than %g days", len(pruned), config.journal.retention_days)
+    _note_recovery(state_dir, journal.interrupted_calls, len(waiting), len(pruned))
     return journal
+
+
+def _note_recovery(state_dir: Path, interrupted: int, waiting: int, pruned: int) -> None:
+    """What this start's recovery found, for ``toold doctor`` (counts only, no ids)."""
+    note = {
+        "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "interrupted_calls": interrupted,
+        "waiting_batches": waiting,
+        "pruned_batches": pruned,
+    }
+    temporary = state_dir / (RECOVERY_NAME + ".tmp")
+    try:
+        temporary.write_text(json.dumps(note) + "\n")
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, state_dir / RECOVERY_NAME)
+    except OSError as exc:
+        log.warning("cannot note the recovery in %s: %s", state_dir, exc.strerror)
 
 
 def prepare_runtime_dir(directory: Path) -> None:
