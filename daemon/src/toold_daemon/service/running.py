@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 
 import msgspec
@@ -97,7 +98,7 @@ class BatchRuns:
                 f"{internal[0]} is run by the daemon itself (toolctl undo), not submitted",
             )
             return
-        batch_id = chosen or secrets.token_hex(12)
+        batch_id = chosen or new_batch_id()
         calls = self.shared.planner_for(session).plan(
             message.calls, turn_iteration=self._count_turn(session, message.turn_id)
         )
@@ -404,3 +405,11 @@ def _marked_dry(call: PreparedCall) -> PreparedCall:
         data = {**(call.result.data or {}), "dry_run": True, "policy": policy}
         call.result = msgspec.structs.replace(call.result, data=data)
     return call
+
+
+def new_batch_id() -> str:
+    """24 hex digits: the time in microseconds (it wraps every 8.9 years) first, then 48
+    random bits (an id is not a secret: other users' batches look unknown). Ids made one
+    after another sort one after another, so the journal's indexes grow at their end
+    (a few pages written per commit instead of one random page per batch and index)."""
+    return f"{(time.time_ns() // 1000) % 16**12:012x}{secrets.token_hex(6)}"
