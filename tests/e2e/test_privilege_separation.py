@@ -100,6 +100,24 @@ def test_the_protocol_process_is_the_service_user_for_good(daemon: DaemonProcess
     assert spawner.pid > 0
 
 
+def test_every_thread_of_the_protocol_process_gave_up_root(daemon: DaemonProcess) -> None:
+    """no_new_privs, the bounding set and Landlock belong to a thread, not a process: a
+    thread started before the drop (libzmq's I/O threads, a thread pool) would keep the
+    daemon's root-era state, and a bug in it could exec its way back to privileges."""
+    with daemon.client(timeout=30) as client:
+        client.call("read_file", {"path": "."})  # the journal writer and any lazy threads exist now
+    tasks = sorted(Path(f"/proc/{daemon.proc.pid}/task").iterdir())
+    assert len(tasks) >= 3  # the loop, libzmq's I/O thread, the journal writer
+    for task in tasks:
+        status = (task / "status").read_text()
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        name = fields["Name"].strip()
+        assert fields["NoNewPrivs"].strip() == "1", name
+        assert fields["CapBnd"].strip() == "0000000000000000", name
+        assert fields["CapEff"].strip() == fields["CapPrm"].strip() == "0000000000000000", name
+        assert fields["Uid"].split() == [fields["Uid"].split()[0]] * 4 != ["0"] * 4, name
+
+
 def test_tools_still_run_as_each_client(daemon: DaemonProcess) -> None:
     """A root client reads its own 0600 file (so the read ran in a worker as root, not in
     the daemon, which could not); the throwaway user cannot; commands report the

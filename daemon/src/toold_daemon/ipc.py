@@ -133,11 +133,17 @@ class IpcServer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def bind(self) -> None:
-        """Lock, bind the ZAP handler, then the ROUTER. Raises EndpointInUse."""
+    def claim(self) -> None:
+        """Make the socket's directory and take its lock (with the privileges the process
+        starts with). Raises EndpointInUse."""
         path = ipc_path(self.endpoint) if self.activated_fd is None else None
         if path is not None:
             self._take_lock(path)
+
+    def bind(self) -> None:
+        """Bind the ZAP handler, then the ROUTER (``claim`` first). libzmq starts its
+        threads here, with the privileges the process has now."""
+        path = ipc_path(self.endpoint) if self.activated_fd is None else None
         zap = self._ctx.socket(zmq.REP)
         zap.linger = 0
         zap.bind(ZAP_ENDPOINT)

@@ -240,9 +240,13 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         gateway=gateway,
     )
     try:
-        ipc.bind()
+        ipc.claim()
         if config.daemon.user:
             _drop_privileges(config, runner, journal, ipc, user_state, undo=undo)
+        # Bound only now: libzmq starts its threads with the first socket, and no_new_privs, the
+        # bounding set and Landlock are each thread's own, so threads born before the drop
+        # would keep root's (a libzmq bug could then exec its way back to privileges).
+        ipc.bind()
         if journal is not None:
             journal.start_writer()  # after the drop: a thread keeps the credentials it starts with
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
