@@ -1,0 +1,157 @@
+"""The journal's writer thread on a real SQLite file: group commit, failures that stay
+alone, durability before ``durable()`` returns, reads that see queued writes, and
+checkpoints made by the thread."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+from toold_daemon import journal_writer
+from toold_daemon.journal import Journal
+from toold_daemon.journal_writer import JournalWriteFailed, Rows
+from toold_daemon.service.running import new_batch_id
+from toold_protocol import Identity, PlannedCall, ToolCall, ToolResult
+
+ME = Identity(uid=1000, gid=1000, pid=1)
+CALL = ToolCall(call_id="c", name="read_file", arguments=msgspec.Raw(msgspec.msgpack.encode({"path": "a.txt"})))
+PLAN = PlannedCall(index=0, call_id="c", name="read_file", disposition="run", summary="read a.txt", risk="low")
+
+
+def ended(journal: Journal, batch_id: str, content: str = "A") -> None:
+    journal.record_ended(
+        batch_id=batch_id,
+        identity=ME,
+        client_name="test",
+        turn_id=None,
+        digest="d",
+        calls=[CALL],
+        planned=[PLAN],
+        results=[ToolResult(call_id="c", ok=True, content=content, display=content)],
+        state="finished",
+    )
+
+
+def committed(path: Path, batch_id: str) -> bool:
+    """Seen by a connection of its own: committed, not merely queued."""
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT 1 FROM batches WHERE batch_id = ?", (batch_id,)).fetchone() is not None
+    finally:
+        db.close()
+
+
+async def test_read_only_batches_are_merged_and_seen_by_reads(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        for n in range(50):
+            ended(journal, f"b{n}", content=f"line {n}")
+        stored = journal.load("b49")  # a read waits for what was queued before it
+        assert stored is not None and stored.state == "finished"
+        assert stored.results[0] is not None and stored.results[0].content == "line 49"
+        assert stored.results[0].display == "line 49"  # stored once, given back twice
+        assert all(committed(journal.path, f"b{n}") for n in range(50))
+    finally:
+        journal.close()
+
+
+async def test_a_failing_write_fails_alone_in_a_merged_group(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        ended(journal, "first")
+        journal.flush()
+        ended(journal, "before")
+        ended(journal, "first")  # the same id again: its insert fails
+        ended(journal, "after")
+        journal.flush()
+        assert committed(journal.path, "before") and committed(journal.path, "after")
+        stored = journal.load("first")
+        assert stored is not None and len(stored.calls) == 1  # nothing of the failed write
+    finally:
+        journal.close()
+
+
+async def test_an_awaited_write_is_committed_when_durable_returns(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        ended(journal, "queued")  # something queued: the awaited write waits its turn
+        commit = journal.record_batch(
+            batch_id="side",
+            identity=ME,
+            client_name="test",
+            turn_id=None,
+            digest="d",
+            calls=[CALL],
+            planned=[PLAN],
+            started=0,
+            awaited=True,
+        )
+        await commit.durable()
+        assert committed(journal.path, "side") and committed(journal.path, "queued")  # order kept
+        idle = journal.started("side", 0)  # nothing queued: committed at once, here
+        assert idle.settled
+        await idle.durable()
+    finally:
+        journal.close()
+
+
+async def test_a_failed_awaited_write_raises(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        for _ in range(2):
+            commit = journal.record_batch(
+                batch_id="twice",
+                identity=ME,
+                client_name="test",
+                turn_id=None,
+                digest="d",
+                calls=[CALL],
+                planned=[PLAN],
+                awaited=True,
+            )
+        with pytest.raises(JournalWriteFailed):
+            await commit.durable()
+    finally:
+        journal.close()
+
+
+async def test_checkpoints_are_made_by_the_writer_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(journal_writer, "CHECKPOINT_EVERY", 20)
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        assert journal._writer_db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        before = journal.path.stat().st_size
+        for n in range(30):
+            journal.started("nothing", n)  # awaited writes, each a commit of its own
+            await trio.sleep(0)
+        deadline = time.monotonic() + 5
+        while journal.path.stat().st_size == before and time.monotonic() < deadline:
+            ended(journal, f"x{time.monotonic_ns()}")
+            journal.flush()
+            await trio.sleep(0.01)
+        assert journal.path.stat().st_size > before  # pages copied from the WAL by a checkpoint
+    finally:
+        journal.close()
+
+
+def test_daemon_made_batch_ids_sort_in_the_order_they_are_made() -> None:
+    ids = [new_batch_id() for _ in range(200)]
+    assert ids == sorted(ids) and len(set(ids)) == 200
+    assert all(len(i) == 24 and int(i, 16) >= 0 for i in ids)
+
+
+def test_rows_of_one_shape_merge_and_others_do_not() -> None:
+    a = Rows([("INSERT INTO t VALUES (?)", [(1,)])])
+    b = Rows([("INSERT INTO t VALUES (?)", [(2,)])])
+    c = Rows([("INSERT INTO u VALUES (?)", [(3,)])])
+    assert a.shape() == b.shape() != c.shape()
