@@ -5,6 +5,7 @@ checkpoints made by the thread."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import trio
 
 from toold_daemon import journal_writer
 from toold_daemon.journal import Journal
-from toold_daemon.journal_writer import JournalWriteFailed, Rows
+from toold_daemon.journal_writer import Commit, JournalWriteFailed, JournalWriter, Rows
 from toold_daemon.service.running import new_batch_id
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolResult
 
@@ -23,8 +24,8 @@ CALL = ToolCall(call_id="c", name="read_file", arguments=msgspec.Raw(msgspec.msg
 PLAN = PlannedCall(index=0, call_id="c", name="read_file", disposition="run", summary="read a.txt", risk="low")
 
 
-def ended(journal: Journal, batch_id: str, content: str = "A") -> None:
-    journal.record_ended(
+def ended(journal: Journal, batch_id: str, content: str = "A", *, awaited: bool = False) -> Commit:
+    return journal.record_ended(
         batch_id=batch_id,
         identity=ME,
         client_name="test",
@@ -34,6 +35,7 @@ def ended(journal: Journal, batch_id: str, content: str = "A") -> None:
         planned=[PLAN],
         results=[ToolResult(call_id="c", ok=True, content=content, display=content)],
         state="finished",
+        awaited=awaited,
     )
 
 
@@ -141,6 +143,41 @@ async def test_checkpoints_are_made_by_the_writer_thread(tmp_path: Path, monkeyp
             await trio.sleep(0.01)
         assert journal.path.stat().st_size > before  # pages copied from the WAL by a checkpoint
     finally:
+        journal.close()
+
+
+async def test_a_stalled_writer_shows_its_backlog_and_awaited_writes_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that stops answering: the queue is visible (the service then makes
+    read-only batches wait for their own write), and an awaited write waits."""
+    gate = threading.Event()
+    commit_group = JournalWriter._commit
+
+    def stalled(self: JournalWriter, group: list[tuple[object, Commit]]) -> None:
+        gate.wait(10)
+        commit_group(self, group)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(JournalWriter, "_commit", stalled)
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        ended(journal, "first")
+        deadline = time.monotonic() + 5
+        while journal.backlog() and time.monotonic() < deadline:  # the thread has taken it, and waits
+            await trio.sleep(0.005)
+        for n in range(20):
+            ended(journal, f"q{n}")
+        assert journal.backlog() == 20
+        waited = ended(journal, "waited", awaited=True)
+        with trio.move_on_after(0.2) as still_waiting:
+            await waited.durable()
+        assert still_waiting.cancelled_caught
+        gate.set()
+        await waited.durable()
+        assert committed(journal.path, "waited") and journal.backlog() == 0
+    finally:
+        gate.set()
         journal.close()
 
 

@@ -301,6 +301,10 @@ class Journal:
             return self._writer.run_now(write)
         return self._write(write).value
 
+    def backlog(self) -> int:
+        """Writes queued for the writer thread and not yet taken."""
+        return self._writer.backlog() if self._writer is not None else 0
+
     def flush(self) -> None:
         """Wait until every queued write is committed: reads see them all after this."""
         if self._writer is not None:
@@ -364,6 +368,7 @@ class Journal:
         results: Sequence[ToolResult | None],
         state: BatchState,
         workspace: str = "",
+        awaited: bool = False,
     ) -> Commit:
         """A read-only batch, journaled once when it has ended: the batch with its final
         state, its calls and their results, in one write that nobody waits for (many such
@@ -382,7 +387,8 @@ class Journal:
                     ("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", call_rows),
                     (_INSERT_RESULT, result_rows),
                 ]
-            )
+            ),
+            awaited=awaited,
         )
 
     def started(self, batch_id: str, index: int) -> Commit:

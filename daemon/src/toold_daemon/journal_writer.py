@@ -171,6 +171,9 @@ class JournalWriter:
             raise JournalWriteFailed(str(commit.error)) from commit.error
         return commit.value
 
+    def backlog(self) -> int:
+        return len(self._queue)  # read without the lock: a hint, not a count to act on exactly
+
     def flush(self) -> None:
         """Block until every write queued so far is committed (or failed)."""
         with self._changed:

@@ -9,6 +9,7 @@ session listening to it and to the approvers watching its user.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import secrets
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 _PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
 _TURNS_KEPT = 10_000
+#: Writes waiting for the journal's thread past which a read-only batch waits for its own.
+JOURNAL_BACKLOG = 5_000
 
 
 class BatchRuns:
@@ -275,7 +278,13 @@ class BatchRuns:
                 await self.confirming.confirm_batch(session, batch, emit)
             await self.shared.executor.run(batch, emit)
             if batch.journaled_at_end and ended is not None:
-                self._journal_ended(batch, ended)  # no await since it ended: nothing forgot it yet
+                # Queued before any await (nothing can have forgotten the batch yet); waited
+                # for only when the journal falls behind, which holds this session's batch
+                # slot until the disk catches up (and so slows that client, not the others).
+                commit = self._journal_ended(batch, ended)
+                if commit.awaited:
+                    with contextlib.suppress(JournalWriteFailed):  # logged by the writer
+                        await commit.durable()
         except Exception:
             # A failed journal write must not take the daemon down with it; the batch's
             # clients still get every result the executor produced.
@@ -284,9 +293,10 @@ class BatchRuns:
         finally:
             session.running -= 1
 
-    def _journal_ended(self, batch: Batch, submitted: _Submitted) -> None:
-        assert self.shared.journal is not None
-        self.shared.journal.record_ended(
+    def _journal_ended(self, batch: Batch, submitted: _Submitted) -> Commit:
+        journal = self.shared.journal
+        assert journal is not None
+        return journal.record_ended(
             batch_id=batch.batch_id,
             identity=batch.identity,
             client_name=submitted.client_name,
@@ -297,6 +307,7 @@ class BatchRuns:
             results=batch.results,
             state=batch.state,
             workspace=submitted.workspace,
+            awaited=journal.backlog() > JOURNAL_BACKLOG,
         )
 
     async def _recorded(self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit) -> bool:
