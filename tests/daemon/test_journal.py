@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from toold_daemon.journal import DISCARDED, INTERRUPTED, Journal, JournalError, fingerprint
+from toold_daemon.journal import DISCARDED, INTERRUPTED, Journal, JournalError, Submission, fingerprint
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolErrorInfo, ToolResult, encode_value
 
 ME = Identity(uid=1000, gid=1000, pid=42)
@@ -34,15 +34,7 @@ def record(journal: Journal, batch_id: str, n: int, resolved: dict[int, ToolResu
         )
         for i, c in enumerate(cs)
     ]
-    journal.record_batch(
-        batch_id=batch_id,
-        identity=ME,
-        client_name="t",
-        turn_id="turn",
-        digest=fingerprint(cs),
-        calls=cs,
-        planned=planned,
-    )
+    journal.record_batch(Submission(batch_id, ME, "t", "turn", fingerprint(cs), cs, planned))
 
 
 def ok(call_id: str) -> ToolResult:

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from toold_daemon import journal_writer
-from toold_daemon.journal import Journal
+from toold_daemon.journal import Journal, Submission
 from toold_daemon.journal_writer import Commit, JournalWriteFailed, JournalWriter, Rows
 from toold_daemon.service.running import new_batch_id
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolResult
@@ -24,19 +24,13 @@ CALL = ToolCall(call_id="c", name="read_file", arguments=msgspec.Raw(msgspec.msg
 PLAN = PlannedCall(index=0, call_id="c", name="read_file", disposition="run", summary="read a.txt", risk="low")
 
 
+def submission(batch_id: str) -> Submission:
+    return Submission(batch_id, ME, "test", None, "d", [CALL], [PLAN])
+
+
 def ended(journal: Journal, batch_id: str, content: str = "A", *, awaited: bool = False) -> Commit:
-    return journal.record_ended(
-        batch_id=batch_id,
-        identity=ME,
-        client_name="test",
-        turn_id=None,
-        digest="d",
-        calls=[CALL],
-        planned=[PLAN],
-        results=[ToolResult(call_id="c", ok=True, content=content, display=content)],
-        state="finished",
-        awaited=awaited,
-    )
+    result = ToolResult(call_id="c", ok=True, content=content, display=content)
+    return journal.record_ended(submission(batch_id), [result], "finished", awaited=awaited)
 
 
 def committed(path: Path, batch_id: str) -> bool:
@@ -85,17 +79,7 @@ async def test_an_awaited_write_is_committed_when_durable_returns(tmp_path: Path
     journal.start_writer()
     try:
         ended(journal, "queued")  # something queued: the awaited write waits its turn
-        commit = journal.record_batch(
-            batch_id="side",
-            identity=ME,
-            client_name="test",
-            turn_id=None,
-            digest="d",
-            calls=[CALL],
-            planned=[PLAN],
-            started=0,
-            awaited=True,
-        )
+        commit = journal.record_batch(submission("side"), started=0, awaited=True)
         await commit.durable()
         assert committed(journal.path, "side") and committed(journal.path, "queued")  # order kept
         idle = journal.started("side", 0)  # nothing queued: committed at once, here
@@ -110,16 +94,7 @@ async def test_a_failed_awaited_write_raises(tmp_path: Path) -> None:
     journal.start_writer()
     try:
         for _ in range(2):
-            commit = journal.record_batch(
-                batch_id="twice",
-                identity=ME,
-                client_name="test",
-                turn_id=None,
-                digest="d",
-                calls=[CALL],
-                planned=[PLAN],
-                awaited=True,
-            )
+            commit = journal.record_batch(submission("twice"), awaited=True)
         with pytest.raises(JournalWriteFailed):
             await commit.durable()
     finally:

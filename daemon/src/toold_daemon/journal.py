@@ -188,6 +188,20 @@ class StoredBatch:
     workspace: str = ""  # the session's workspace, "" for the daemon's roots
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What the journal records of a submitted batch, whenever it records it."""
+
+    batch_id: str
+    identity: Identity
+    client_name: str
+    turn_id: str | None
+    digest: str
+    calls: Sequence[ToolCall]
+    planned: Sequence[PlannedCall]
+    workspace: str = ""  # "" for the daemon's roots
+
+
 def fingerprint(calls: Sequence[ToolCall]) -> str:
     """What makes two submissions "the same batch": call ids, tool names and argument bytes, in order."""
     digest = hashlib.sha256()
@@ -312,80 +326,52 @@ class Journal:
 
     # ------------------------------------------------------------------ writes (in discipline order)
 
-    def record_batch(
-        self,
-        *,
-        batch_id: str,
-        identity: Identity,
-        client_name: str,
-        turn_id: str | None,
-        digest: str,
-        calls: Sequence[ToolCall],
-        planned: Sequence[PlannedCall],
-        workspace: str = "",
-        started: int | None = None,
-        awaited: bool = False,
-    ) -> Commit:
+    def record_batch(self, submission: Submission, *, started: int | None = None, awaited: bool = False) -> Commit:
         """Step 1: the batch, its calls and pre-resolved results, atomically; with
         ``started``, that call's started mark too (a batch that runs at once)."""
-        now = time.time()
-        rows = [
-            (
-                batch_id,
-                plan.index,
-                call.call_id,
-                call.name,
-                bytes(call.arguments),
-                plan.disposition,
-                plan.summary,
-                plan.risk,
-                now if plan.index == started else None,
-            )
-            for call, plan in zip(calls, planned, strict=True)
-        ]
-        resolved = [(plan.index, plan.result) for plan in planned if plan.result is not None]
-        state = "planned" if started is None else "running"
-        batch_row = (batch_id, identity.uid, identity.gid, identity.pid, client_name, turn_id, now, state, digest)
-
-        def write(db: sqlite3.Connection) -> None:
-            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)", (*batch_row, workspace))
-            db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            for index, result in resolved:
-                _insert_result(db, batch_id, index, result, now)
-
-        return self._write(write, awaited=awaited)
+        resolved = [(plan.index, plan.result) for plan in submission.planned if plan.result is not None]
+        state: BatchState = "planned" if started is None else "running"
+        return self._record(submission, state, ended=False, started=started, results=resolved, awaited=awaited)
 
     def record_ended(
         self,
-        *,
-        batch_id: str,
-        identity: Identity,
-        client_name: str,
-        turn_id: str | None,
-        digest: str,
-        calls: Sequence[ToolCall],
-        planned: Sequence[PlannedCall],
+        submission: Submission,
         results: Sequence[ToolResult | None],
         state: BatchState,
-        workspace: str = "",
+        *,
         awaited: bool = False,
     ) -> Commit:
         """A read-only batch, journaled once when it has ended: the batch with its final
         state, its calls and their results, in one write that nobody waits for (many such
         writes share one commit and one insert per table)."""
-        now = time.time()
-        batch_row = (batch_id, identity.uid, identity.gid, identity.pid, client_name, turn_id, now, now, state)
+        numbered = [(index, r) for index, r in enumerate(results) if r is not None]
+        return self._record(submission, state, ended=True, started=None, results=numbered, awaited=awaited)
+
+    def _record(
+        self,
+        submission: Submission,
+        state: BatchState,
+        *,
+        ended: bool,
+        started: int | None,
+        results: Sequence[tuple[int, ToolResult]],
+        awaited: bool,
+    ) -> Commit:
+        """The batch's row, its calls' and the given results' rows, as one ``Rows`` write
+        (so that records made one after another share an insert per table)."""
+        s, now = submission, time.time()
+        identity = s.identity
+        batch_row = (s.batch_id, identity.uid, identity.gid, identity.pid, s.client_name, s.turn_id, now)
         call_rows = [
-            (batch_id, p.index, c.call_id, c.name, bytes(c.arguments), p.disposition, p.summary, p.risk, None)
-            for c, p in zip(calls, planned, strict=True)
+            (*_call_columns(s.batch_id, c, p), now if p.index == started else None)
+            for c, p in zip(s.calls, s.planned, strict=True)
         ]
-        result_rows = [_result_row(batch_id, index, r, now) for index, r in enumerate(results) if r is not None]
         return self._write(
             Rows(
                 [
-                    ("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [(*batch_row, digest, workspace)]),
-                    ("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", call_rows),
-                    (_INSERT_RESULT, result_rows),
+                    (_INSERT_BATCH, [(*batch_row, now if ended else None, state, s.digest, s.workspace)]),
+                    (_INSERT_CALL, call_rows),
+                    (_INSERT_RESULT, [_result_row(s.batch_id, index, r, now) for index, r in results]),
                 ]
             ),
             awaited=awaited,
@@ -604,7 +590,23 @@ class Journal:
         return removed
 
 
+_INSERT_BATCH = "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_CALL = "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _INSERT_RESULT = "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def _call_columns(batch_id: str, call: ToolCall, plan: PlannedCall) -> tuple[Any, ...]:
+    """A call's row but its started time."""
+    return (
+        batch_id,
+        plan.index,
+        call.call_id,
+        call.name,
+        bytes(call.arguments),
+        plan.disposition,
+        plan.summary,
+        plan.risk,
+    )
 
 
 def _insert_result(db: sqlite3.Connection, batch_id: str, index: int, result: ToolResult, now: float) -> None:

@@ -32,6 +32,7 @@ from toold_protocol import (
 from .. import planner
 from ..batches import Batch
 from ..config import ConfigError, load_file
+from ..journal import Journal, StoredBatch
 from ..tools import Tool
 from ..workspaces import WorkspaceRefused
 from .running import BatchRuns
@@ -45,6 +46,25 @@ class Administration:
     def __init__(self, shared: Shared, runs: BatchRuns) -> None:
         self.shared = shared
         self.runs = runs
+
+    def _journal(self, session: Session, request_id: int) -> Journal | None:
+        """The journal, or None after telling the client this daemon keeps none."""
+        if self.shared.journal is None:
+            self._journal_disabled(session, request_id)
+        return self.shared.journal
+
+    def _journal_disabled(self, session: Session, request_id: int) -> None:
+        self.shared.error(session.peer, request_id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal")
+
+    def _stored(self, session: Session, request_id: int, reference: str) -> StoredBatch | None:
+        """The journal's record of the batch ``reference`` names, if this session may see
+        it; else None after an UNKNOWN_BATCH (another user's batch looks unknown)."""
+        assert self.shared.journal is not None
+        stored = self.shared.journal.load(self.shared.batch_key(session, reference))
+        if stored is None or not self.shared.may_see(session, stored.identity.uid):
+            self.shared.error(session.peer, request_id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {reference!r}")
+            return None
+        return stored
 
     def get_batch(self, session: Session, message: GetBatch) -> None:
         """From memory while the daemon knows the batch, else from the journal (after a restart)."""
@@ -80,13 +100,11 @@ class Administration:
         )
 
     def list_batches(self, session: Session, message: ListBatches) -> None:
-        if self.shared.journal is None:
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal"
-            )
+        journal = self._journal(session, message.id)
+        if journal is None:
             return
         uid = None if session.identity.uid == 0 else session.identity.uid
-        rows = self.shared.journal.summaries(uid=uid, limit=message.limit)
+        rows = journal.summaries(uid=uid, limit=message.limit)
         self.shared.reply(
             session,
             BatchList(
@@ -106,19 +124,11 @@ class Administration:
 
     def recover(self, session: Session, message: Recover) -> None:
         """Resume (run the never-started calls, under today's policy) or discard an interrupted batch."""
-        if self.shared.journal is None:
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal"
-            )
+        journal = self._journal(session, message.id)
+        stored = self._stored(session, message.id, message.batch_id) if journal is not None else None
+        if journal is None or stored is None:
             return
-        key = self.shared.batch_key(session, message.batch_id)
-        live = self.shared.batches.get(key)
-        stored = self.shared.journal.load(key)
-        if stored is None or not self.shared.may_see(session, stored.identity.uid):
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}"
-            )
-            return
+        live = self.shared.batches.get(stored.batch_id)
         if stored.state != "interrupted" or (live is not None and not live.done.is_set()):
             self.shared.error(
                 session.peer,
@@ -128,7 +138,7 @@ class Administration:
             )
             return
         if message.action == "discard":
-            self.shared.journal.discard(stored.batch_id)
+            journal.discard(stored.batch_id)
             self.shared.batches.pop(stored.batch_id, None)
             self.shared.reply(session, Ack(id=message.id))
             return
@@ -151,7 +161,7 @@ class Administration:
         for call in calls:
             recorded = stored.results[call.index]
             if recorded is None and call.result is not None:
-                self.shared.journal.result(stored.batch_id, call.index, call.result)  # refused by today's checks
+                journal.result(stored.batch_id, call.index, call.result)  # refused by today's checks
         batch = Batch(
             batch_id=stored.batch_id,
             identity=stored.identity,
@@ -161,7 +171,7 @@ class Administration:
             digest=stored.fingerprint,
             sandbox=sandbox,
         )
-        self.shared.journal.set_state(stored.batch_id, "running")
+        journal.set_state(stored.batch_id, "running")
         self.runs.remember(batch)
         self.shared.reply(
             session,
@@ -176,24 +186,14 @@ class Administration:
     def undo(self, session: Session, message: UndoBatch) -> None:
         """Undo a finished batch: one ``restore_files`` call, submitted as a batch of this
         session (journaled, judged by the policy, itself undoable)."""
-        if self.shared.journal is None or self.shared.executor.undo is None:
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal"
-            )
+        undo = self.shared.executor.undo
+        if undo is None:  # the undo store lives beside the journal
+            self._journal_disabled(session, message.id)
             return
-        key = self.shared.batch_key(session, message.batch_id)
-        stored = self.shared.journal.load(key)
-        if stored is None or not self.shared.may_see(session, stored.identity.uid):
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}"
-            )
+        stored = self._stored(session, message.id, message.batch_id)  # only its user (or root) finds it
+        if stored is None:
             return
-        if session.identity.uid not in (stored.identity.uid, 0):
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.NOT_AUTHORIZED, "only the batch's user or root may undo it"
-            )
-            return
-        live = self.shared.batches.get(key)
+        live = self.shared.batches.get(stored.batch_id)
         if stored.state not in ("finished", "cancelled") or (live is not None and not live.done.is_set()):
             self.shared.error(
                 session.peer,
@@ -202,7 +202,7 @@ class Administration:
                 f"batch {message.batch_id!r} is {stored.state}: only a batch that has ended can be undone",
             )
             return
-        arguments = self.shared.executor.undo.plan(stored, force=message.force, cannot_reverse=self._cannot_reverse)
+        arguments = undo.plan(stored, force=message.force, cannot_reverse=self._cannot_reverse)
         base = str(self.shared.sandbox_of(session).working_dir)
         for entry in arguments["entries"]:  # as a model would name them: relative to the workspace
             if entry["path"].startswith(base.rstrip("/") + "/"):
@@ -225,13 +225,11 @@ class Administration:
         return tool.side_effecting and type(tool).changes is Tool.changes
 
     def prune(self, session: Session, message: PruneJournal) -> None:
-        if self.shared.journal is None:
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.JOURNAL_DISABLED, "this daemon keeps no journal"
-            )
+        journal = self._journal(session, message.id)
+        if journal is None:
             return
         everyone = session.identity.uid in (0, self.shared.daemon_uid)
-        removed = self.shared.journal.prune(
+        removed = journal.prune(
             older_than_seconds=message.older_than_seconds, uid=None if everyone else session.identity.uid
         )
         for batch_id in removed:

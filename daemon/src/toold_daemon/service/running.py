@@ -14,7 +14,6 @@ import itertools
 import logging
 import secrets
 import time
-from dataclasses import dataclass
 
 import msgspec
 
@@ -28,16 +27,14 @@ from toold_protocol import (
     Cancel,
     ConfirmationRequested,
     OutputChunk,
-    PlannedCall,
     ProtocolErrorCode,
     SubmitBatch,
-    ToolCall,
     encode,
 )
 
 from ..batches import Batch, PreparedCall
 from ..held_accepts import HeldAccepts
-from ..journal import fingerprint
+from ..journal import Submission, fingerprint
 from ..journal_writer import Commit, JournalWriteFailed
 from .confirming import ConfirmationFlow
 from .sessions import Session
@@ -121,22 +118,22 @@ class BatchRuns:
         planned = [c.planned() for c in calls]
         accepted = BatchAccepted(id=message.id, batch_id=batch_id, calls=planned)
         commit = None
+        submission = Submission(
+            batch_id,
+            session.identity,
+            session.client_name,
+            message.turn_id,
+            batch.digest,
+            message.calls,
+            planned,
+            session.workspace,
+        )
         if self.shared.journal is not None and batch.read_only:
             batch.journaled_at_end = True  # one write when it ends (_journal_ended), nobody waits
         elif self.shared.journal is not None:  # journaled before it is acknowledged
             first = _runs_at_once(batch)
-            commit = self.shared.journal.record_batch(
-                batch_id=batch_id,
-                identity=session.identity,
-                client_name=session.client_name,
-                turn_id=message.turn_id,
-                digest=batch.digest,
-                calls=message.calls,
-                planned=planned,
-                workspace=session.workspace,
-                started=first.index if first is not None else None,
-                awaited=True,
-            )
+            started = first.index if first is not None else None
+            commit = self.shared.journal.record_batch(submission, started=started, awaited=True)
             if first is not None:
                 first.started_recorded = True
         self.remember(batch)
@@ -145,8 +142,7 @@ class BatchRuns:
                 self.held.hold(batch_id, lambda: self.shared.reply(session, accepted))
             else:
                 self.shared.reply(session, accepted)
-        ended = _Submitted(session.client_name, message.turn_id, message.calls, planned, session.workspace)
-        self.start(session, batch, message.events == "all", accepted=accepted, commit=commit, ended=ended)
+        self.start(session, batch, message.events == "all", accepted=accepted, commit=commit, ended=submission)
 
     def _resubmitted(self, session: Session, message: SubmitBatch, batch_id: str) -> bool:
         """A batch id this uid used before: answer from the record and never run anything twice.
@@ -214,7 +210,7 @@ class BatchRuns:
         *,
         accepted: BatchAccepted | None = None,
         commit: Commit | None = None,
-        ended: _Submitted | None = None,
+        ended: Submission | None = None,
     ) -> None:
         """Run ``batch`` in a task of its own. With ``commit``, the batch's record must be
         durable first: only then is ``accepted`` sent and anything run. ``ended``: what
@@ -229,7 +225,7 @@ class BatchRuns:
         batch: Batch,
         accepted: BatchAccepted | None,
         commit: Commit | None,
-        ended: _Submitted | None,
+        ended: Submission | None,
     ) -> None:
         if commit is not None and not await self._recorded(session, batch, accepted, commit):
             session.running -= 1
@@ -293,22 +289,11 @@ class BatchRuns:
         finally:
             session.running -= 1
 
-    def _journal_ended(self, batch: Batch, submitted: _Submitted) -> Commit:
+    def _journal_ended(self, batch: Batch, submission: Submission) -> Commit:
         journal = self.shared.journal
         assert journal is not None
-        return journal.record_ended(
-            batch_id=batch.batch_id,
-            identity=batch.identity,
-            client_name=submitted.client_name,
-            turn_id=submitted.turn_id,
-            digest=batch.digest,
-            calls=submitted.calls,
-            planned=submitted.planned,
-            results=batch.results,
-            state=batch.state,
-            workspace=submitted.workspace,
-            awaited=journal.backlog() > JOURNAL_BACKLOG,
-        )
+        awaited = journal.backlog() > JOURNAL_BACKLOG
+        return journal.record_ended(submission, batch.results, batch.state, awaited=awaited)
 
     async def _recorded(self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit) -> bool:
         """Wait for the batch's record, then acknowledge it; if the journal cannot take it,
@@ -369,17 +354,6 @@ class BatchRuns:
         start and end, to keep commits off each call's path)."""
         live = self.shared.batches.get(batch_id)
         return live.state if live is not None and not live.done.is_set() else recorded
-
-
-@dataclass(slots=True, frozen=True)
-class _Submitted:
-    """What the journal keeps of a submission besides the batch itself."""
-
-    client_name: str
-    turn_id: str | None
-    calls: list[ToolCall]
-    planned: list[PlannedCall]
-    workspace: str
 
 
 def _digest(message: SubmitBatch) -> str:
