@@ -125,6 +125,7 @@ def run_serve(
     from .privileges import CannotDrop
     from .sandbox.paths import UNCHECKED_FOR_TESTS
     from .server import ServeOptions, serve
+    from .state_files import StateFileRefused
 
     if UNCHECKED_FOR_TESTS:
         print(
@@ -149,7 +150,7 @@ def run_serve(
     except UnsafeRuntimePath as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
-    except (JournalError, CannotDrop) as exc:
+    except (JournalError, CannotDrop, StateFileRefused) as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:

@@ -54,6 +54,7 @@ from toold_protocol import (
 )
 
 from .journal_writer import Commit, JournalWriter, Rows, Write
+from .state_files import StateFileRefused, refuse_links
 from .undo.images import Change
 
 SCHEMA_VERSION = 4
@@ -238,7 +239,12 @@ class Journal:
         second daemon's recovery would otherwise mark the first one's running batches interrupted."""
         if not state_dir.is_dir():
             raise JournalError(f"state directory {state_dir} does not exist")
-        lock = os.open(state_dir / "journal.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        path = state_dir / JOURNAL_NAME
+        try:
+            refuse_links(state_dir / "journal.lock", path, *(path.with_name(path.name + x) for x in ("-wal", "-shm")))
+            lock = os.open(state_dir / "journal.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except (StateFileRefused, OSError) as exc:
+            raise JournalError(f"cannot lock the journal in {state_dir}: {exc}") from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

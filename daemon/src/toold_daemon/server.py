@@ -40,6 +40,7 @@ from .registry import Registry
 from .runner import ThreadRunner
 from .sandbox import build_sandbox
 from .service import Service
+from .state_files import replace_file
 from .tools import Tool, builtin_tools
 from .tools.custom import configured_tools
 from .undo.ledger import UndoLedger
@@ -132,11 +133,8 @@ def _note_recovery(state_dir: Path, interrupted: int, waiting: int, pruned: int)
         "waiting_batches": waiting,
         "pruned_batches": pruned,
     }
-    temporary = state_dir / (RECOVERY_NAME + ".tmp")
     try:
-        temporary.write_text(json.dumps(note) + "\n")
-        os.chmod(temporary, 0o600)
-        os.replace(temporary, state_dir / RECOVERY_NAME)
+        replace_file(state_dir / RECOVERY_NAME, (json.dumps(note) + "\n").encode())
     except OSError as exc:
         log.warning("cannot note the recovery in %s: %s", state_dir, exc.strerror)
 

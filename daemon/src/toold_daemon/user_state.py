@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .state_files import refuse_links
+
 FILE_NAME = "memory.sqlite3"
 
 _SCHEMA = """
@@ -63,7 +65,9 @@ class UserState:
 
     @classmethod
     def open_in(cls, state_dir: Path) -> UserState:
-        return cls(state_dir / FILE_NAME)
+        path = state_dir / FILE_NAME
+        refuse_links(path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")))
+        return cls(path)
 
     def companions(self) -> list[Path]:
         """The files SQLite keeps beside the database (owned with it)."""

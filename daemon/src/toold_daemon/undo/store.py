@@ -12,6 +12,7 @@ import os
 import secrets
 from pathlib import Path
 
+from ..state_files import refuse_links
 from .images import digest
 
 UNDO_DIR = "undo"
@@ -20,6 +21,7 @@ UNDO_DIR = "undo"
 class UndoStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        refuse_links(directory)  # chmod and the removal of old blobs would follow it
         directory.mkdir(mode=0o700, exist_ok=True)
         os.chmod(directory, 0o700)
 
