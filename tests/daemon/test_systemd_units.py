@@ -1,5 +1,6 @@
-"""The units in systemd/: systemd-analyze verify passes on each, and the system service's
-exposure score stays within what we claim."""
+"""The units in systemd/: systemd-analyze verify passes on each, and their exposure
+scores stay within what we claim: the protocol process's unit (it parses every client's
+input) at most 2.5, the spawner's (root, starts the clients' workers) at most 5.0."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def installed_copy(source: Path, target: Path) -> Path:
     """The unit as installed, with /usr/bin/toold pointing at this checkout's toold
     (verify insists that ExecStart's program exists)."""
     target.mkdir(parents=True, exist_ok=True)
-    for unit in source.glob("toold.*"):
+    for unit in source.glob("toold*.s*"):
         (target / unit.name).write_text(unit.read_text().replace("/usr/bin/toold", str(BIN / "toold")))
     return target
 
@@ -32,7 +33,8 @@ def analyze(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 def test_system_units_verify(tmp_path: Path) -> None:
     units = installed_copy(UNITS, tmp_path / "system")
-    done = analyze("verify", str(units / "toold.socket"), str(units / "toold.service"))
+    names = ("toold.socket", "toold.service", "toold-spawner.service")
+    done = analyze("verify", *(str(units / name) for name in names))
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == ""
 
@@ -46,12 +48,31 @@ def test_user_units_verify(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_system_service_exposure_is_at_most_5(tmp_path: Path) -> None:
-    units = installed_copy(UNITS, tmp_path / "system")
-    done = analyze("security", "--offline=true", str(units / "toold.service"))
-    found = re.search(r"Overall exposure level for toold.service: ([0-9.]+)", done.stdout)
+def exposure(units: Path, name: str) -> float:
+    done = analyze("security", "--offline=true", str(units / name))
+    found = re.search(rf"Overall exposure level for {re.escape(name)}: ([0-9.]+)", done.stdout)
     assert found is not None, done.stdout + done.stderr
-    assert float(found.group(1)) <= 5.0
+    return float(found.group(1))
+
+
+def test_the_unit_that_parses_client_input_scores_at_most_2_5(tmp_path: Path) -> None:
+    assert exposure(installed_copy(UNITS, tmp_path / "system"), "toold.service") <= 2.5
+
+
+def test_the_spawners_unit_scores_at_most_5(tmp_path: Path) -> None:
+    assert exposure(installed_copy(UNITS, tmp_path / "system"), "toold-spawner.service") <= 5.0
+
+
+def test_the_protocol_process_never_holds_root() -> None:
+    """toold.service starts as user toold with no capability at all, and reaches the
+    spawner at the path toold-spawner.service listens on."""
+    service = (UNITS / "toold.service").read_text()
+    spawner = (UNITS / "toold-spawner.service").read_text()
+    assert re.search(r"^User=toold$", service, re.M) and re.search(r"^CapabilityBoundingSet=$", service, re.M)
+    assert re.search(r"^NoNewPrivileges=yes$", service, re.M)
+    path = re.search(r"--spawner-socket (\S+)", spawner)
+    assert path is not None and f"--spawner-socket {path.group(1)}" in service
+    assert "Requires=toold.socket toold-spawner.service" in service
 
 
 def test_the_socket_lets_only_group_toold_in() -> None:
@@ -63,9 +84,10 @@ def test_the_socket_lets_only_group_toold_in() -> None:
         assert setting in service
 
 
-def test_every_relaxed_setting_says_why() -> None:
+@pytest.mark.parametrize("name", ["toold.service", "toold-spawner.service"])
+def test_every_relaxed_setting_says_why(name: str) -> None:
     """A setting left open carries a comment (on the lines just above) saying what needs it."""
-    lines = (UNITS / "toold.service").read_text().splitlines()
+    lines = (UNITS / name).read_text().splitlines()
     relaxed = re.compile(r"^(\w+)=(no|$)|^(User=root|CapabilityBoundingSet=|Delegate=yes|ReadWritePaths=)")
     for index, line in enumerate(lines):
         if relaxed.match(line) and not line.startswith("AmbientCapabilities"):

@@ -8,8 +8,11 @@ These tests are the protocol process: they start a real spawner and talk to it."
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 
 from toold_daemon.config import Config
 from toold_daemon.isolation.admission import Admission
+from toold_daemon.isolation.cgroup import call_bases_of
 from toold_daemon.isolation.spawner import start
 from toold_daemon.isolation.wire import (
     Outcome,
@@ -199,3 +203,85 @@ def test_temp_dirs_only_for_admitted_uids_and_only_its_own_taken_back(tmp_path: 
         assert "not a temp dir this spawner lent" in again.error  # once only
     finally:
         control.close()
+
+
+def test_children_join_only_the_daemons_own_call_cgroups(places: tuple[Path, Path]) -> None:
+    """A child joins its cgroups as root, before it drops to the client: a compromised
+    protocol process must not be able to put a client's process into a cgroup of its
+    choosing (another service's, to escape its limits, or to be killed with it). Only
+    ``call-``/``zygote-``/``worker-`` cgroups right below the daemon's own base pass."""
+    daemon_root, _ = places
+    control = spawner(Admission(daemon_roots=(str(daemon_root),), allowed_uids=(4242,)))
+    bases = sorted(call_bases_of(os.getpid()))  # we are the daemon this spawner serves
+    assert bases, "no cgroup hierarchy is mounted here"
+    base = bases[0]
+    try:
+        for bad in (
+            os.path.dirname(base),  # the daemon's own cgroup
+            base,
+            f"{base}/../elsewhere",
+            f"{base}/call-00/../../call-00",
+            f"{base}/call-00/nested",
+            f"{base}/shell-00",
+            f"{base}-evil/call-00",
+            "/sys/fs/cgroup/system.slice/ssh.service",
+        ):
+            refused = ask(control, msgspec.structs.replace(listing(daemon_root, 4242), cgroups=[bad]))
+            assert refused.pid == 0 and "not one of the daemon's call cgroups" in refused.error, (bad, refused)
+        fine = ask(control, msgspec.structs.replace(listing(daemon_root, 4242), cgroups=[f"{base}/call-00"]))
+        assert fine.pid > 0, fine.error
+    finally:
+        control.close()
+
+
+def test_a_spawner_of_its_own_serves_the_service_user_alone(tmp_path: Path) -> None:
+    """``toold spawner`` (the system package's root unit) answers only the uid the
+    protocol process runs as: root itself, connecting to its socket, gets the connection
+    closed before a request is read; the service user's connection is served."""
+    from tests.conftest import BIN
+    from tests.e2e.test_privilege_separation import CONFIG, service_user
+
+    uid, gid = service_user()
+    shared = Path(tempfile.mkdtemp(prefix="toold-spawner-"))
+    os.chmod(shared, 0o711)
+    (shared / "toold.toml").write_text(CONFIG)
+    path = shared / "spawner" / "spawner.sock"
+    workspace = shared / "workspace"
+    workspace.mkdir(mode=0o755)
+    log = (tmp_path / "spawner.log").open("wb")
+    args = ["--config", str(shared / "toold.toml"), "--spawner-socket", str(path), "--root", str(workspace)]
+    proc = subprocess.Popen([str(BIN / "toold"), "spawner", *args], stderr=log)
+    try:
+        while not path.exists():
+            assert proc.poll() is None, (tmp_path / "spawner.log").read_text()
+            time.sleep(0.02)
+        assert (path.stat().st_uid, path.stat().st_mode & 0o777) == (uid, 0o600)
+        assert (path.parent.stat().st_gid, path.parent.stat().st_mode & 0o777) == (gid, 0o750)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stranger:
+            stranger.connect(str(path))  # root may connect whatever the mode; it is not served
+            stranger.settimeout(10)
+            try:
+                assert stranger.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        child = os.fork()
+        if child == 0:  # the protocol process, as the service user
+            code = 1
+            try:
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+                    control.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                    control.connect(str(path))
+                    reply = ask(control, listing(workspace, 0))
+                    code = 0 if reply.pid > 0 else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "spawner.log").read_text()
+        assert "refused a connection from pid" in (tmp_path / "spawner.log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(shared, ignore_errors=True)

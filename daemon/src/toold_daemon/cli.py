@@ -1,4 +1,4 @@
-"""``toold``: the daemon's command line: ``serve``, ``doctor``.
+"""``toold``: the daemon's command line: ``serve``, ``spawner``, ``check-config``, ``doctor``.
 
 Imports are ordered on purpose: the fork server is started after only the tool modules
 are loaded, before trio, pyzmq and sqlite3, so it stays small and each fork stays cheap.
@@ -21,6 +21,9 @@ from .hardening import harden_process
 from .isolation.admission import Admission
 from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
+from .isolation.spawner_socket import SpawnerUnreachable
+from .isolation.spawner_socket import connect as connect_spawner
+from .isolation.spawner_socket import listen as listen_for_daemons
 from .operations import Check
 from .plugin_loader import PluginReport, load_plugins
 from .tools import Tool, builtin_tools, web_search
@@ -44,6 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--state-dir", type=Path, default=None, help="where the daemon keeps its state")
     serve_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     serve_cmd.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve_cmd.add_argument(
+        "--spawner-socket",
+        default="",
+        metavar="PATH",
+        help="use the spawner listening here (toold spawner) instead of forking one ([daemon] spawner_socket)",
+    )
+    spawner_cmd = sub.add_parser(
+        "spawner", help="run the privileged spawner on its own, for a protocol process run as [daemon] user"
+    )
+    spawner_cmd.add_argument("--spawner-socket", default="", metavar="PATH", help="where to listen")
+    spawner_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
+    spawner_cmd.add_argument("--root", action="append", default=[], type=Path, metavar="DIR", help="as for serve")
+    spawner_cmd.add_argument("--endpoint", default="", help="the clients' socket, whose mode says who may connect")
+    spawner_cmd.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     check = sub.add_parser("check-config", help="validate a configuration file (and its policy) without starting")
     check.add_argument("file", type=Path)
     check.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -82,11 +99,54 @@ def main(argv: list[str] | None = None) -> int:
     if activated is not None:
         args.endpoint = activated.endpoint  # the socket's own path: the spawner admits by its mode
     plugins, reports = load_plugins(config.daemon, taken=taken_names(config.tools))
+    tools = [*builtin_tools(), *plugins, Probe()]
+    spawner_socket = getattr(args, "spawner_socket", "") or config.daemon.spawner_socket
+    if args.command == "spawner":
+        return run_spawner(spawner_socket, config, tools, admission_for(args, config))
+    if args.command == "serve" and spawner_socket:
+        try:
+            spawner = connect_spawner(spawner_socket)
+        except SpawnerUnreachable as exc:
+            print(f"toold: {exc}", file=sys.stderr)
+            return 2
+        return run_serve(args, config, spawner, plugins, activated.fd if activated else None)
     # The fork server starts now, while this process is single-threaded and trio not running.
-    spawner = start_spawner([*builtin_tools(), *plugins, Probe()], admission_for(args, config))
+    spawner = start_spawner(tools, admission_for(args, config))
     if args.command == "doctor":
         return doctor(config, spawner, reports, args)
     return run_serve(args, config, spawner, plugins, activated.fd if activated else None)
+
+
+def run_spawner(path: str, config: Config, tools: list[Tool[Any]], admission: Admission) -> int:
+    """``toold spawner``: listen on ``path`` and serve protocol processes of ``[daemon]
+    user`` (or of our own uid, without one) until stopped."""
+    import pwd
+
+    from .isolation.spawner import serve_forever
+    from .notify import Notifier
+
+    if not path.startswith("/"):
+        print("toold: spawner: --spawner-socket or [daemon] spawner_socket must be absolute", file=sys.stderr)
+        return 2
+    try:
+        entry = pwd.getpwnam(config.daemon.user) if config.daemon.user else pwd.getpwuid(os.geteuid())
+    except KeyError:
+        print(f"toold: spawner: [daemon] user {config.daemon.user!r} does not exist", file=sys.stderr)
+        return 2
+    try:
+        listener = listen_for_daemons(path, entry.pw_uid, entry.pw_gid)
+    except OSError as exc:
+        print(f"toold: spawner: cannot listen on {path}: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger("toold").info("spawner listening on %s for uid %d", path, entry.pw_uid)
+    notifier = Notifier.from_environment()
+    notifier.ready("waiting for the protocol process")
+    notifier.close()  # a single-threaded spawner has no loop to ping a watchdog from
+    try:
+        serve_forever(listener, tools, admission, entry.pw_uid)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def admission_for(args: argparse.Namespace, config: Config) -> Admission:

@@ -345,9 +345,17 @@ class DaemonConfig(_Section, frozen=True):
     # The unprivileged user the protocol process becomes once the spawner runs, the socket
     # is bound and the journal open (the system service's "toold"). "": stay as started.
     user: str = ""
+    # The spawner as a process of its own (``toold spawner``, the system package's
+    # toold-spawner.service) listening on this Unix socket; ``serve`` then connects to
+    # it instead of forking one, and needs no root at all. "": ``serve`` forks its own.
+    spawner_socket: str = ""
     # Plugin tools (entry points "toold.tools") to load by entry-point name; unset: all installed.
     plugins: list[str] | None = None
     disabled_plugins: list[str] = []
+
+    def __post_init__(self) -> None:
+        if self.spawner_socket and not self.spawner_socket.startswith("/"):
+            raise ValueError(f"spawner_socket: {self.spawner_socket!r} is not an absolute path")
 
     def root_clients_allowed(self) -> bool:
         return self.allow_root_clients if self.allow_root_clients is not None else not self.user

@@ -34,27 +34,31 @@ class CannotDrop(Exception):
     """The drop cannot be made safely (the message says why); the daemon stops."""
 
 
-def drop_to(user: str, *, own: Sequence[Path], cgroups: Cgroups) -> dict[str, str]:
+def drop_to(user: str, *, own: Sequence[Path], cgroups: Cgroups, others: bool = True) -> dict[str, str]:
     """Become ``user`` for good; returns what was done, layer by layer (for the log).
     ``own``: files (the socket, its lock, the journal and its companions) and private
     directories (the state and runtime directories) the user must keep writing; a
-    directory others may write to (``/tmp``) is never given away, only the files named."""
+    directory others may write to (``/tmp``) is never given away, only the files named.
+    ``others``: tools may run for other uids (a root spawner), so their commands can be
+    stopped only through cgroup.kill."""
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
         raise CannotDrop(f"[daemon] user {user!r} does not exist") from None
     uid, gid = entry.pw_uid, entry.pw_gid
-    if os.geteuid() != 0:
-        if os.geteuid() == uid:
-            return {"privilege": f"already {user}"}
+    if os.geteuid() != 0 and os.geteuid() != uid:
         raise CannotDrop(f"only root can become {user!r} (running as uid {os.geteuid()})")
     if uid == 0:
         raise CannotDrop("[daemon] user must not be root")
+    if os.geteuid() == uid and not others:
+        return _confine_as_started(user, own, cgroups)
     if not any(h.version == 2 for h in cgroups.hierarchies):
         raise CannotDrop(
             "an unprivileged daemon kills other users' commands through cgroup.kill, which needs "
             f"cgroup v2 here: {cgroups.describe()}"
         )
+    if os.geteuid() == uid:
+        return _confine_as_started(user, own, cgroups)
     for path in own:
         _give(path, uid, gid)
     cgroups.keep_unified_only()
@@ -73,6 +77,18 @@ def drop_to(user: str, *, own: Sequence[Path], cgroups: Cgroups) -> dict[str, st
     report["privilege"] = f"on (uid {uid}, gid {gid}: {user})"
     report["landlock"] = _confine_writes([*map(str, own), *(h.base for h in cgroups.hierarchies)])
     return report
+
+
+def _confine_as_started(user: str, own: Sequence[Path], cgroups: Cgroups) -> dict[str, str]:
+    """Started as ``user`` already (a unit with ``User=``, next to a spawner of its own):
+    nothing to give up but what an exec could regain and what Landlock can fence."""
+    cgroups.keep_unified_only()
+    kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
+    kernel.prctl(kernel.PR_SET_DUMPABLE, 0)
+    return {
+        "privilege": f"on (started as {user}, uid {os.geteuid()})",
+        "landlock": _confine_writes([*map(str, own), *(h.base for h in cgroups.hierarchies)]),
+    }
 
 
 def _give(path: Path, uid: int, gid: int) -> None:

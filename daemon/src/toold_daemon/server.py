@@ -29,7 +29,7 @@ from toold_protocol import default_runtime_dir as protocol_runtime_dir
 from .config import Config
 from .executor import Executor
 from .ipc import Admission, IpcServer, check_private_dir, ipc_path
-from .isolation.peers import tool_process
+from .isolation.peers import parent_of, tool_process
 from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
 from .journal import RECOVERY_NAME, Journal
@@ -174,7 +174,8 @@ def _drop_privileges(
     if socket_path is not None:
         own += [socket_path.parent, socket_path, socket_path.with_name(socket_path.name + ".lock")]
     runner.temps_from_spawner()
-    report = drop_to(config.daemon.user, own=own, cgroups=runner.cgroups)
+    others = os.geteuid() == 0 or parent_of(runner.spawner_pid) != os.getpid()  # a root spawner of its own
+    report = drop_to(config.daemon.user, own=own, cgroups=runner.cgroups, others=others)
     for name, state_ in sorted(report.items()):
         log.info("protocol process %s: %s", name, state_)
 

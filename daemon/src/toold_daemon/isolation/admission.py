@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import array
 import os
+import re
 import socket
 import stat
 import struct
@@ -23,6 +24,7 @@ from ..workspaces import allowed_places_for, inside
 from .wire import MAX_FRAME, SpawnRequest, close_fds
 
 PROBE = "_probe"
+_CALL_CGROUP = re.compile(r"(?:call|zygote|worker)-[0-9a-f]{1,32}")
 _UCRED = struct.Struct("3i")
 _HEADER = struct.Struct(">I")
 
@@ -87,6 +89,17 @@ class Admission:
         if st.st_mode & (stat.S_IRGRP | stat.S_IWGRP) == stat.S_IRGRP | stat.S_IWGRP:
             return gid == st.st_gid or st.st_gid in _groups_of(uid, gid)
         return False
+
+
+def check_cgroups(paths: list[str], bases: frozenset[str]) -> None:
+    """Raise ``Refused`` unless every path is one of the daemon's own call cgroups: a
+    ``call-``/``zygote-``/``worker-`` directory right below one of ``bases`` (what
+    ``cgroup.call_bases_of`` found for the daemon). A child joins them as root, so a
+    compromised daemon could otherwise put a process into any cgroup of the machine."""
+    for path in paths:
+        name = os.path.basename(path)
+        if os.path.normpath(path) != path or os.path.dirname(path) not in bases or not _CALL_CGROUP.fullmatch(name):
+            raise Refused(f"{path!r} is not one of the daemon's call cgroups")
 
 
 def _groups_of(uid: int, gid: int) -> list[int]:

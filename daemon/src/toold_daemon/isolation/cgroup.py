@@ -182,6 +182,21 @@ def kill_listed(path: str) -> bool:
     return True
 
 
+def call_bases_of(pid: int) -> frozenset[str]:
+    """Where the daemon with ``pid`` makes its calls' cgroups (``toold-<pid>`` below its
+    own cgroup, in every hierarchy mounted here): the spawner lets its children join
+    cgroups directly below these and nowhere else."""
+    own = _own_cgroups(pid)
+    bases: set[str] = set()
+    for mount, root, fs, options in _mounts():
+        keys = [""] if fs == "cgroup2" else [o for o in options.split(",") if o in own and o]
+        for key in keys:
+            parent = _inside(mount, root, own.get(key, ""))
+            if parent:
+                bases.add(os.path.join(parent, f"toold-{pid}"))
+    return frozenset(bases)
+
+
 def _mounts() -> list[tuple[str, str, str, str]]:
     """(mount point, root within the hierarchy, fs type, super options) of cgroup mounts."""
     found: list[tuple[str, str, str, str]] = []
@@ -197,11 +212,12 @@ def _mounts() -> list[tuple[str, str, str, str]]:
     return found
 
 
-def _own_cgroups() -> dict[str, str]:
-    """Our cgroup per controller from /proc/self/cgroup ("" keys the unified hierarchy)."""
+def _own_cgroups(pid: int | None = None) -> dict[str, str]:
+    """The cgroup of ``pid`` (default: ours) per controller from /proc/PID/cgroup (""
+    keys the unified hierarchy)."""
     own: dict[str, str] = {}
     try:
-        with open("/proc/self/cgroup") as f:
+        with open(f"/proc/{pid or 'self'}/cgroup") as f:
             for line in f:
                 _id, controllers, path = line.rstrip("\n").split(":", 2)
                 for controller in controllers.split(",") if controllers else [""]:

@@ -38,6 +38,7 @@ from .cgroup import Cgroups
 from .environment import acceptable, inherited_environment, is_injection
 from .jobs import Job, Jobs
 from .sockets import PeerGone, receive_frame, send_with_fd
+from .spawner_socket import peer_credentials
 from .tempdirs import TempDirs
 from .wire import (
     Chunk,
@@ -95,7 +96,7 @@ class SpawnRunner:
         self.spawner_pid = spawner_pid
         self._control = trio.socket.from_stdlib_socket(control)
         self._lock = trio.Lock()
-        self._euid = os.geteuid()
+        self._euid = peer_credentials(control)[1]  # the spawner's: it acts for anyone when root
         self.config = config
         self._config_bytes = _encoder.encode(config)
         # The daemon's environment is read once: filtering it per call cost ~0.1 ms.
@@ -116,7 +117,8 @@ class SpawnRunner:
         self.user_state: Any = None  # memory and todos (``UserState``), set by the server
         self.gateway: Any = None  # third-party MCP servers (``mcp.Gateway``), set by the server
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
-        self._temps: TempDirs | None = TempDirs(self._euid)  # None: the spawner's (see temps_from_spawner)
+        # None: the spawner's (see temps_from_spawner); a spawner of its own always makes them.
+        self._temps: TempDirs | None = TempDirs(self._euid) if self._euid == os.geteuid() else None
         self._zygotes = (
             Zygotes(self._ask_spawner, self.cgroups, isolation.processes, isolation.address_space_mb * 1024 * 1024)
             if isolation.zygotes

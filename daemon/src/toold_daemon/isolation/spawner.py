@@ -1,5 +1,8 @@
 """The fork server: a single-threaded process, started before trio, that forks children.
 
+It is started one of two ways: forked by ``toold serve`` (``start``), or as a process of
+its own that protocol processes connect to (``serve_forever``, see ``spawner_socket``).
+
 ``start()`` forks it from the daemon's main process while that is still single-threaded
 and has imported the tool modules, so each child costs about a fork. The spawner
 reads ``SpawnRequest`` frames from a Unix socket, each with one fd attached (the write
@@ -15,16 +18,19 @@ import os
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from ..tools._base import Tool
 from . import kernel
-from .admission import Admission, Refused, enable_credentials, receive_checked
+from .admission import Admission, Refused, check_cgroups, enable_credentials, receive_checked
+from .cgroup import call_bases_of
 from .child import run_child
 from .confine import guarded_pids
 from .prepare import Preparer
+from .spawner_socket import accept_daemon
 from .tempdirs import TempDirs
 from .wire import Spawned, SpawnerMessage, SpawnRequest, TempDone, TempWanted, close_fds, frame
 
@@ -62,16 +68,50 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]], admission: Admis
     kernel.prctl(kernel.PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    serve_daemon(control, Preparer(tools), admission, daemon_pid)
+
+
+def serve_forever(listener: socket.socket, tools: list[Tool[Any]], admission: Admission, peer_uid: int) -> None:
+    """The spawner of its own (``toold spawner``): serve each protocol process of uid
+    ``peer_uid`` that connects, one at a time, for as long as we run (a protocol process
+    that restarts finds us again)."""
+    kernel.prctl(kernel.PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    preparer = Preparer({tool.name: tool for tool in tools})
+    while True:
+        accepted = accept_daemon(listener, peer_uid)
+        if accepted is None:
+            continue
+        control, daemon_pid = accepted
+        with control:
+            serve_daemon(control, preparer, admission, daemon_pid, listener=listener.fileno())
+
+
+def serve_daemon(
+    control: socket.socket, preparer: Preparer, admission: Admission, daemon_pid: int, *, listener: int = -1
+) -> None:
+    """Serve one daemon (protocol process) until it closes its end of ``control``.
+    ``listener``: a listening socket the children must not keep (the spawner of its own)."""
     my_pid = os.getpid()
     if kernel.seccomp_supported() is None:  # every child's filter, built once before the forks
         for sockets in ("any", "none"):
             kernel.seccomp_program(sockets=sockets, protected_pids=guarded_pids(my_pid, (daemon_pid,), zygote=False))
-    preparer = Preparer(tools)
     temps = _LazyTemps(daemon_pid)  # used once the daemon has given up root
+    peer = _Peer(pid=daemon_pid, cgroup_bases=call_bases_of(daemon_pid), listener=listener)
     try:
-        _loop(control, preparer, admission, temps, pids=(my_pid, daemon_pid))
+        _loop(control, preparer, admission, temps, peer)
     finally:
         temps.close()
+
+
+@dataclass(frozen=True)
+class _Peer:
+    """The daemon a spawner serves: its pid (every request must come from it), where its
+    call cgroups may be, and the spawner's own listening socket (closed in children)."""
+
+    pid: int
+    cgroup_bases: frozenset[str]
+    listener: int = -1
 
 
 class _LazyTemps:
@@ -92,15 +132,13 @@ class _LazyTemps:
             self._dirs.close()
 
 
-def _loop(
-    control: socket.socket, preparer: Preparer, admission: Admission, temps: _LazyTemps, *, pids: tuple[int, int]
-) -> None:
-    """Serve requests until the daemon closes its end. ``pids``: (ours, the daemon's)."""
-    my_pid, daemon_pid = pids
+def _loop(control: socket.socket, preparer: Preparer, admission: Admission, temps: _LazyTemps, peer: _Peer) -> None:
+    """Serve requests until the daemon closes its end."""
+    my_pid = os.getpid()
     lent: dict[str, int] = {}  # temp dirs handed out -> their uid
     while True:
         try:
-            received = receive_checked(control, daemon_pid)
+            received = receive_checked(control, peer.pid)
         except Refused as exc:
             control.sendall(frame(Spawned(error=f"refused: {exc}")))
             continue
@@ -115,6 +153,7 @@ def _loop(
                 continue
             request = message
             admission.check(request)
+            check_cgroups(request.cgroups, peer.cgroup_bases)
         except (msgspec.DecodeError, Refused) as exc:
             close_fds(fds)
             why = f"refused: {exc}" if isinstance(exc, Refused) else f"bad spawn request: {exc}"
@@ -139,7 +178,9 @@ def _loop(
             continue
         if pid == 0:
             control.close()
-            run_child(request, fds, work, my_pid, daemon_pid)
+            if peer.listener >= 0:
+                os.close(peer.listener)
+            run_child(request, fds, work, my_pid, peer.pid)
         close_fds(fds)
         control.sendall(frame(Spawned(pid=pid)))
 
