@@ -231,3 +231,13 @@ def test_a_restarted_protocol_process_finds_the_spawner_and_stops_what_the_last_
             time.sleep(0.05)
     finally:
         second.stop()
+
+
+def test_doctor_reports_where_the_spawner_runs(split: Split) -> None:
+    from tests.e2e.test_doctor import doctor
+
+    _code, report = doctor("--config", str(split.config), "--spawner-socket", str(split.spawner_socket))
+    spawner = report["service"]["spawner"]  # type: ignore[index]
+    assert spawner["on"] and f"of its own at {split.spawner_socket}" in spawner["detail"], spawner
+    code, report = doctor("--config", str(split.config), "--spawner-socket", str(split.shared / "nothing.sock"))
+    assert code == 1 and report["service"]["spawner"]["required"]  # type: ignore[index]

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import __version__, logs
 from .activation import ActivationError, take_activated_socket
-from .config import SYSTEM_CONFIG, Config, ConfigError, load_file
+from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, load_file
 from .hardening import harden_process
 from .isolation.admission import Admission
 from .isolation.probe import Probe
@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cmd.add_argument("--endpoint", default="", help="the socket to report on (default: as serve would)")
     doctor_cmd.add_argument("--state-dir", type=Path, default=None, help="the state directory to report on")
     doctor_cmd.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    doctor_cmd.add_argument(
+        "--spawner-socket",
+        default="",
+        metavar="PATH",
+        help=f"the spawner to report on (default: [daemon] spawner_socket, or {SYSTEM_SPAWNER_SOCKET} if present)",
+    )
     return parser
 
 
@@ -246,7 +252,11 @@ def doctor(
 
     layers = trio.run(probe)
     endpoint = resolve_endpoint_quietly(config, args.endpoint)
-    checks = service_checks(config, endpoint, state_dir_of(config, ServeOptions(state_dir=args.state_dir)))
+    spawner_socket = args.spawner_socket or config.daemon.spawner_socket
+    if not spawner_socket and os.path.exists(SYSTEM_SPAWNER_SOCKET):
+        spawner_socket = SYSTEM_SPAWNER_SOCKET  # the installed service's
+    state_dir = state_dir_of(config, ServeOptions(state_dir=args.state_dir))
+    checks = service_checks(config, endpoint, state_dir, spawner_socket)
     checks += [server_check(name, report) for name, report in servers.items()]
     required_off = [n for n in config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
     required_off += [c.name for c in checks if c.required and not c.on]

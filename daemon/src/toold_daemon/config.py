@@ -64,6 +64,7 @@ T = TypeVar("T")
 
 #: Where the installed system service reads its configuration.
 SYSTEM_CONFIG = Path("/etc/toold/config.toml")
+SYSTEM_SPAWNER_SOCKET = "/run/toold-spawner/spawner.sock"  # where toold-spawner.service listens
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

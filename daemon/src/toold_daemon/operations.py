@@ -26,11 +26,12 @@ class Check:
     required: bool = False
 
 
-def service_checks(config: Config, endpoint: str, state_dir: Path) -> list[Check]:
+def service_checks(config: Config, endpoint: str, state_dir: Path, spawner_socket: str = "") -> list[Check]:
     return [
         _activation(),
         _notify(),
         _service_user(config),
+        _spawner(spawner_socket),
         _service_group(),
         _socket(endpoint),
         _journal(state_dir),
@@ -61,6 +62,20 @@ def _service_user(config: Config) -> Check:
     except KeyError:
         return Check("service user", False, f"[daemon] user = {name!r} does not exist", required=True)
     return Check("service user", True, f"{name} (uid {entry.pw_uid}): the protocol process drops to it")
+
+
+def _spawner(path: str) -> Check:
+    """Where the spawner runs: forked by ``serve``, or on its own behind ``path``."""
+    if not path:
+        return Check("spawner", True, "forked by toold serve (one process tree holds both halves)")
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return Check("spawner", False, f"no spawner socket at {path} (toold-spawner not running)", required=True)
+    if not stat.S_ISSOCK(st.st_mode):
+        return Check("spawner", False, f"{path} is not a socket", required=True)
+    owner = _name(pwd.getpwuid, st.st_uid)
+    return Check("spawner", True, f"of its own at {path} (for {owner}, {stat.S_IMODE(st.st_mode):04o})")
 
 
 def _service_group() -> Check:

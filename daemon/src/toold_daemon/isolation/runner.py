@@ -331,7 +331,7 @@ class SpawnRunner:
         nothing is left behind; on success the caller owns killing and cleaning up."""
         self._check_identity(identity)
         token = secrets.token_hex(12)
-        temp = await self._take_temp(identity)
+        temp = "" if probe else await self._take_temp(identity)  # the probe writes nothing
         via_zygote = self._zygotes is not None and command is not None and bool(command.argv)
         read_end, write_end = os.pipe()
         try:
@@ -530,6 +530,8 @@ class SpawnRunner:
         return reply.path
 
     async def _give_back_temp(self, temp: str, uid: int, *, reusable: bool) -> None:
+        if not temp:
+            return
         if self._temps is not None:
             self._temps.give_back(temp, uid, reusable=reusable)
         else:
