@@ -9,6 +9,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import DaemonProcess, open_socket_to_everyone, reachable_daemon
+from tests.conftest import DaemonProcess, open_socket_to_everyone, reachable_daemon, start_daemon
 from tests.e2e.test_identity import OTHER_GID, OTHER_UID, as_other_user
 from toold_client import Client
 
@@ -162,6 +163,31 @@ def test_the_dropped_daemon_stops_cleanly(daemon: DaemonProcess) -> None:
         assert client.call("list_directory", {"path": "."}).ok
     assert daemon.stop(signal.SIGTERM) == 0
     assert not daemon.socket.exists()
+
+
+def test_a_root_start_takes_back_the_runtime_directory_it_gave_away(tmp_path: Path) -> None:
+    """The first start handed the socket's directory and lock to the service user; the
+    next root start on the same directory (no socket activation) serves again rather
+    than refusing a directory that is "not ours"."""
+    uid, _gid = service_user()
+    if not cgroup_v2_kill():
+        pytest.skip("an unprivileged daemon needs cgroup v2 (cgroup.kill)")
+    shared = Path(tempfile.mkdtemp(prefix="toold-restart-"))
+    os.chmod(shared, 0o711)  # the service user binds the socket below it
+    try:
+        for attempt in range(2):
+            state = tmp_path / f"try{attempt}"
+            state.mkdir()
+            (state / "root").mkdir()
+            daemon = start_daemon(state, state / "root", config=CONFIG, socket_dir=shared / "run")
+            try:
+                assert (shared / "run").stat().st_uid == uid
+                with daemon.client(timeout=30) as client:
+                    assert client.call("list_directory", {"path": "."}).ok
+            finally:
+                daemon.stop()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_an_unprivileged_daemon_opens_workspaces_in_private_homes(tmp_path: Path) -> None:

@@ -61,13 +61,14 @@ class UnsafeRuntimePath(Exception):
     writable by others): serving there would let someone else take the socket."""
 
 
-def check_private_dir(directory: Path, *, exact_mode: int | None = None) -> None:
+def check_private_dir(directory: Path, *, exact_mode: int | None = None, heir: int | None = None) -> None:
     """Refuse a directory that is a symlink, belongs to another uid, or that others may
-    write to (or, with ``exact_mode``, whose mode is anything else)."""
+    write to (or, with ``exact_mode``, whose mode is anything else). ``heir``: a uid
+    that may own it too (the service user a root start drops to, who got it last time)."""
     st = os.lstat(directory)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UnsafeRuntimePath(f"{directory} is not a plain directory (a symlink?); refusing to serve there")
-    if st.st_uid != os.geteuid():
+    if st.st_uid not in (os.geteuid(), heir):
         raise UnsafeRuntimePath(f"{directory} belongs to uid {st.st_uid}, not to us; refusing to serve there")
     mode = stat.S_IMODE(st.st_mode)
     if (exact_mode is not None and mode != exact_mode) or mode & 0o022:
@@ -110,8 +111,11 @@ class IpcServer:
         max_backlog_bytes: int = 16 << 20,
         refuse: Admission | None = None,
         activated_fd: int | None = None,
+        heir: int | None = None,
     ) -> None:
         self.endpoint = endpoint
+        #: The uid a root start drops to: the socket's directory and lock may be its already.
+        self.heir = heir
         #: A listening socket passed by systemd: served as it is, never locked, re-moded or unlinked.
         self.activated_fd = activated_fd
         self._refuse = refuse
@@ -171,7 +175,7 @@ class IpcServer:
 
     def _take_lock(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_private_dir(path.parent)
+        check_private_dir(path.parent, heir=self.heir)
         lock_path = path.with_name(path.name + ".lock")
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -180,7 +184,7 @@ class IpcServer:
                 raise UnsafeRuntimePath(f"{lock_path} is a symlink; refusing to write through it") from None
             raise
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), self.heir) or st.st_nlink != 1:
             os.close(fd)
             raise UnsafeRuntimePath(f"{lock_path} is not a private regular file of ours; refusing to use it")
         try:

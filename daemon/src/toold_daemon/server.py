@@ -14,6 +14,7 @@ import gc
 import json
 import logging
 import os
+import pwd
 import signal
 import socket
 from collections.abc import Callable
@@ -139,14 +140,26 @@ def _note_recovery(state_dir: Path, interrupted: int, waiting: int, pruned: int)
         log.warning("cannot note the recovery in %s: %s", state_dir, exc.strerror)
 
 
-def prepare_runtime_dir(directory: Path) -> None:
-    """Create the socket's directory 0700; refuse one that is a symlink, not ours, or not 0700."""
+def prepare_runtime_dir(directory: Path, heir: int | None = None) -> None:
+    """Create the socket's directory 0700; refuse one that is a symlink, not ours (or
+    ``heir``'s), or not 0700."""
     directory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     try:
         directory.mkdir(mode=0o700)
     except FileExistsError:
         pass
-    check_private_dir(directory, exact_mode=0o700)
+    check_private_dir(directory, exact_mode=0o700, heir=heir)
+
+
+def service_user_uid(config: Config) -> int | None:
+    """The uid a root start will drop to (``[daemon] user``), if any: what it leaves in the
+    runtime directory is accepted at the next start."""
+    if os.geteuid() != 0 or not config.daemon.user:
+        return None
+    try:
+        return pwd.getpwnam(config.daemon.user).pw_uid
+    except KeyError:
+        return None  # the drop says why
 
 
 def _drop_privileges(
@@ -190,7 +203,7 @@ def resolve_endpoint(config: Config, options: ServeOptions) -> str:
     if endpoint:
         return endpoint
     directory = default_runtime_dir()
-    prepare_runtime_dir(directory)
+    prepare_runtime_dir(directory, heir=service_user_uid(config))
     return f"ipc://{directory / SOCKET_NAME}"
 
 
@@ -225,6 +238,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
         refuse=_refuse_tool_processes(runner),
         activated_fd=options.activated_fd,
+        heir=service_user_uid(config),
     )
     service = Service(
         config=config,
