@@ -241,3 +241,24 @@ def test_doctor_reports_where_the_spawner_runs(split: Split) -> None:
     assert spawner["on"] and f"of its own at {split.spawner_socket}" in spawner["detail"], spawner
     code, report = doctor("--config", str(split.config), "--spawner-socket", str(split.shared / "nothing.sock"))
     assert code == 1 and report["service"]["spawner"]["required"]  # type: ignore[index]
+
+
+def test_a_command_reaches_neither_the_protocol_process_nor_the_spawner(split: Split) -> None:
+    """The guards of the forked spawner hold for the spawner of its own, whose daemon is
+    whoever connected: a root client's command cannot connect to the daemon's socket
+    (it descends from the spawner), nor signal the protocol process or the spawner."""
+    from tests.security.test_b_tools_cannot_reach_the_daemon import plant_client
+
+    daemon = split.serve()
+    try:
+        toolctl = plant_client(split.workspace)
+        with daemon.client(timeout=60) as client:
+            out = client.call("shell", {"command": f"{toolctl} --endpoint {daemon.endpoint} ping --wait 2; echo rc=$?"})
+            assert "rc=0" not in out.content and "rc=2" in out.content, out.content
+            for pid in (daemon.proc.pid, split.spawner.pid):
+                killed = client.call("shell", {"command": f"kill -9 {pid} 2>&1; echo rc=$?"})
+                assert "rc=0" not in killed.content, (pid, killed.content)
+        assert daemon.proc.poll() is None and split.spawner.poll() is None
+        assert "refused a connection" in daemon.log.read_text()
+    finally:
+        daemon.stop()
