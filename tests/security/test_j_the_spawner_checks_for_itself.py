@@ -281,6 +281,30 @@ def test_a_spawner_of_its_own_serves_the_service_user_alone(tmp_path: Path) -> N
         _, status = os.waitpid(child, 0)
         assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "spawner.log").read_text()
         assert "refused a connection from pid" in (tmp_path / "spawner.log").read_text()
+        # A broken (or hostile) protocol process announces a frame over the limit: it loses
+        # its connection; the spawner lives on and serves the next one.
+        for message in (b"\xff\xff\xff\xff", None):
+            child = os.fork()
+            if child == 0:
+                code = 1
+                try:
+                    os.setgroups([])
+                    os.setresgid(gid, gid, gid)
+                    os.setresuid(uid, uid, uid)
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+                        control.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                        control.connect(str(path))
+                        if message is not None:
+                            control.sendall(message)
+                            control.settimeout(10)
+                            code = 0 if control.recv(1) == b"" else 4
+                        else:
+                            code = 0 if ask(control, listing(workspace, 0)).pid > 0 else 3
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(child, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, (message, (tmp_path / "spawner.log").read_text())
+            assert proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(10)

@@ -14,6 +14,7 @@ carries the call's ``TOOLD_CALL`` token for the sweep).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -35,6 +36,7 @@ from .tempdirs import TempDirs
 from .wire import Spawned, SpawnerMessage, SpawnRequest, TempDone, TempWanted, close_fds, frame
 
 _request_decoder = msgspec.msgpack.Decoder(SpawnerMessage)
+log = logging.getLogger("toold.spawner")
 
 
 def start(tools: list[Tool[Any]], admission: Admission | None = None) -> tuple[int, socket.socket]:
@@ -79,12 +81,19 @@ def serve_forever(listener: socket.socket, tools: list[Tool[Any]], admission: Ad
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     preparer = Preparer({tool.name: tool for tool in tools})
     while True:
-        accepted = accept_daemon(listener, peer_uid)
+        try:
+            accepted = accept_daemon(listener, peer_uid)
+        except OSError as exc:  # a connection that went away before it was accepted
+            log.warning("accept failed: %s", exc)
+            continue
         if accepted is None:
             continue
         control, daemon_pid = accepted
         with control:
-            serve_daemon(control, preparer, admission, daemon_pid, listener=listener.fileno())
+            try:
+                serve_daemon(control, preparer, admission, daemon_pid, listener=listener.fileno())
+            except (OSError, ValueError) as exc:  # a broken peer loses its connection, not us
+                log.warning("dropped the protocol process %d: %s", daemon_pid, exc)
 
 
 def serve_daemon(
