@@ -13,7 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -264,48 +264,41 @@ def test_a_spawner_of_its_own_serves_the_service_user_alone(tmp_path: Path) -> N
                 assert stranger.recv(1) == b""
             except ConnectionResetError:
                 pass
-        child = os.fork()
-        if child == 0:  # the protocol process, as the service user
-            code = 1
-            try:
-                os.setgroups([])
-                os.setresgid(gid, gid, gid)
-                os.setresuid(uid, uid, uid)
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
-                    control.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-                    control.connect(str(path))
-                    reply = ask(control, listing(workspace, 0))
-                    code = 0 if reply.pid > 0 else 3
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(child, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "spawner.log").read_text()
-        assert "refused a connection from pid" in (tmp_path / "spawner.log").read_text()
-        # A broken (or hostile) protocol process announces a frame over the limit: it loses
-        # its connection; the spawner lives on and serves the next one.
-        for message in (b"\xff\xff\xff\xff", None):
-            child = os.fork()
-            if child == 0:
-                code = 1
-                try:
-                    os.setgroups([])
-                    os.setresgid(gid, gid, gid)
-                    os.setresuid(uid, uid, uid)
-                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
-                        control.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-                        control.connect(str(path))
-                        if message is not None:
-                            control.sendall(message)
-                            control.settimeout(10)
-                            code = 0 if control.recv(1) == b"" else 4
-                        else:
-                            code = 0 if ask(control, listing(workspace, 0)).pid > 0 else 3
-                finally:
-                    os._exit(code)
-            _, status = os.waitpid(child, 0)
-            assert os.waitstatus_to_exitcode(status) == 0, (message, (tmp_path / "spawner.log").read_text())
+        def served(control: socket.socket) -> bool:
+            return ask(control, listing(workspace, 0)).pid > 0
+
+        def dropped(control: socket.socket) -> bool:
+            control.sendall(b"\xff\xff\xff\xff")  # a frame over the limit
+            control.settimeout(10)
+            return control.recv(1) == b""
+
+        # The service user is served; a broken (or hostile) one loses its connection, and
+        # the spawner lives on to serve the next.
+        for attempt in (served, dropped, served):
+            assert as_service_user(str(path), uid, gid, attempt), (tmp_path / "spawner.log").read_text()
             assert proc.poll() is None
+        assert "refused a connection from pid" in (tmp_path / "spawner.log").read_text()
     finally:
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def as_service_user(path: str, uid: int, gid: int, attempt: Callable[[socket.socket], bool]) -> bool:
+    """Connect to the spawner at ``path`` from a child running as ``uid`` (as the protocol
+    process would) and report what ``attempt`` says of the connection."""
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+                control.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                control.connect(path)
+                code = 0 if attempt(control) else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status) == 0
