@@ -264,6 +264,7 @@ def test_a_spawner_of_its_own_serves_the_service_user_alone(tmp_path: Path) -> N
                 assert stranger.recv(1) == b""
             except ConnectionResetError:
                 pass
+
         def served(control: socket.socket) -> bool:
             return ask(control, listing(workspace, 0)).pid > 0
 
