@@ -303,3 +303,51 @@ def as_service_user(path: str, uid: int, gid: int, attempt: Callable[[socket.soc
             os._exit(code)
     _, status = os.waitpid(child, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+def test_serve_trusts_no_spawner_socket_another_user_planted(tmp_path: Path) -> None:
+    """Another local user listens at the spawner's path, hoping to receive the protocol
+    process's requests (and learn every call): ``serve`` checks the peer's uid and stops
+    with a clear error before it sends a byte. A relative socket path is refused too."""
+    from tests.conftest import BIN
+    from tests.e2e.test_identity import OTHER_GID, OTHER_UID
+
+    shared = Path(tempfile.mkdtemp(prefix="toold-planted-"))
+    os.chmod(shared, 0o777)  # the attacker's writable place
+    path = shared / "spawner.sock"
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user's fake spawner
+        try:
+            os.setgroups([])
+            os.setresgid(OTHER_GID, OTHER_GID, OTHER_GID)
+            os.setresuid(OTHER_UID, OTHER_UID, OTHER_UID)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
+            listener.listen(1)
+            os.write(ready_w, b"1")
+            conn, _ = listener.accept()
+            conn.settimeout(5)
+            os._exit(7 if conn.recv(1) else 0)  # 7: it received something
+        except BaseException:
+            os._exit(1)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        done = subprocess.run(
+            [str(BIN / "toold"), "serve", "--spawner-socket", str(path), "--root", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 2 and "not a spawner we trust" in done.stderr, done.stderr
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the planted spawner received a request"
+        relative = subprocess.run(
+            [str(BIN / "toold"), "spawner", "--spawner-socket", "spawner.sock"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert relative.returncode == 2 and "must be absolute" in relative.stderr, relative.stderr
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
