@@ -157,8 +157,8 @@ async def test_a_stalled_writer_shows_its_backlog_and_awaited_writes_wait(
 
 
 def test_daemon_made_batch_ids_sort_in_the_order_they_are_made() -> None:
-    ids = [new_batch_id() for _ in range(200)]
-    assert ids == sorted(ids) and len(set(ids)) == 200
+    ids = [new_batch_id() for _ in range(5000)]
+    assert ids == sorted(ids) and len(set(ids)) == 5000
     assert all(len(i) == 24 and int(i, 16) >= 0 for i in ids)
 
 

@@ -392,9 +392,17 @@ def _marked_dry(call: PreparedCall) -> PreparedCall:
     return call
 
 
+_last_batch_micros = 0
+
+
 def new_batch_id() -> str:
     """24 hex digits: the time in microseconds (it wraps every 8.9 years) first, then 48
     random bits (an id is not a secret: other users' batches look unknown). Ids made one
     after another sort one after another, so the journal's indexes grow at their end
-    (a few pages written per commit instead of one random page per batch and index)."""
-    return f"{(time.time_ns() // 1000) % 16**12:012x}{secrets.token_hex(6)}"
+    (a few pages written per commit instead of one random page per batch and index).
+    Two ids made in the same microsecond (or after the clock stepped back) take the next
+    free microsecond, so the order holds for every id this process makes."""
+    global _last_batch_micros
+    micros = max(time.time_ns() // 1000, _last_batch_micros + 1)
+    _last_batch_micros = micros
+    return f"{micros % 16**12:012x}{secrets.token_hex(6)}"
