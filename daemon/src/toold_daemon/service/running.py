@@ -392,7 +392,18 @@ def _marked_dry(call: PreparedCall) -> PreparedCall:
     return call
 
 
-_last_batch_micros = 0
+class _Microseconds:
+    """The current time in microseconds, never the same value twice in this process."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def next(self) -> int:
+        self._last = max(time.time_ns() // 1000, self._last + 1)
+        return self._last
+
+
+_batch_clock = _Microseconds()
 
 
 def new_batch_id() -> str:
@@ -402,7 +413,4 @@ def new_batch_id() -> str:
     (a few pages written per commit instead of one random page per batch and index).
     Two ids made in the same microsecond (or after the clock stepped back) take the next
     free microsecond, so the order holds for every id this process makes."""
-    global _last_batch_micros
-    micros = max(time.time_ns() // 1000, _last_batch_micros + 1)
-    _last_batch_micros = micros
-    return f"{micros % 16**12:012x}{secrets.token_hex(6)}"
+    return f"{_batch_clock.next() % 16**12:012x}{secrets.token_hex(6)}"
