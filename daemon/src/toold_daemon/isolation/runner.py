@@ -58,6 +58,7 @@ from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
 log = logging.getLogger(__name__)
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
 BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed after an hour
+SPAWNER_SILENT_SECONDS = 10.0  # the spawner answers in milliseconds; past this it is taken for hung
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -539,29 +540,47 @@ class SpawnRunner:
 
     async def _chore(self, message: TempWanted | TempDone) -> Spawned:
         """One request to the spawner without an fd; an exited spawner is an error reply."""
-        async with self._lock:
-            try:
-                data = frame(message)
-                while data:
-                    data = data[await self._control.send(data) :]
-                return _spawned_decoder.decode(await receive_frame(self._control))
-            except (PeerGone, OSError):
-                return Spawned(error="the spawner process has exited")
+        try:
+            return await self._exchange(frame(message), [])
+        except (PeerGone, OSError, trio.TooSlowError):
+            return Spawned(error="the spawner process has exited")
 
     async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int | list[int]) -> int:
-        async with self._lock:
-            try:
-                await send_with_fd(self._control, frame(request), channel_write_end)
-                reply = _spawned_decoder.decode(await receive_frame(self._control))
-            except PeerGone:
-                raise ToolError(
-                    ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWNER_GONE", "the spawner process has exited"
-                ) from None
+        try:
+            reply = await self._exchange(frame(request), channel_write_end)
+        except (PeerGone, OSError, trio.TooSlowError):
+            raise ToolError(
+                ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWNER_GONE", "the spawner process has exited"
+            ) from None
         if reply.error or reply.pid <= 0:
             raise ToolError(
                 ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWN_FAILED", f"could not start a child: {reply.error}"
             )
         return reply.pid
+
+    async def _exchange(self, data: bytes, fds: int | list[int]) -> Spawned:
+        """Send one frame to the spawner and read its reply, whole, whatever cancels the
+        caller: a request whose reply stayed unread (or half read) would hand every later
+        caller the previous one's answer, or a length read from the middle of a frame.
+        The spawner answers at once (it only forks); one that says nothing for
+        ``SPAWNER_SILENT_SECONDS`` is given up on, and its channel closed, so that later
+        requests fail at once instead of reading out of step."""
+        reply = Spawned(error="no answer")
+        async with self._lock:
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.fail_after(SPAWNER_SILENT_SECONDS):
+                        if fds:
+                            await send_with_fd(self._control, data, fds)
+                        else:
+                            while data:
+                                data = data[await self._control.send(data) :]
+                        reply = _spawned_decoder.decode(await receive_frame(self._control))
+                except trio.TooSlowError:
+                    log.error("the spawner did not answer for %.0f s; no more children", SPAWNER_SILENT_SECONDS)
+                    self._control.close()
+                    raise
+        return reply
 
     async def _collect(self, read_end: int, ctx: ToolContext) -> Outcome:
         """Frames until the outcome; streamed text goes to ``ctx.emit`` and (bounded) ``ctx.partial``."""

@@ -268,6 +268,9 @@ class Workers:
         except (OSError, PeerGone, msgspec.DecodeError, trio.TooSlowError) as exc:
             self._end(worker, counted=False)
             raise WorkerUnavailable(f"no worker could be started: {exc or type(exc).__name__}") from None
+        except BaseException:  # cancelled while it started: it must not live on, uncounted
+            self._end(worker, counted=False)
+            raise
         if not isinstance(ready, Outcome) or not ready.ok:
             self._end(worker, counted=False)
             reason = ready.error_message if isinstance(ready, Outcome) else "no announcement"

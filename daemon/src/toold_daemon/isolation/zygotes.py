@@ -245,6 +245,9 @@ class Zygotes:
         except (OSError, PeerGone, msgspec.DecodeError, trio.TooSlowError) as exc:
             self._retire_zygote(zygote)
             raise ZygoteUnavailable(f"the zygote did not start: {exc}") from None
+        except BaseException:  # cancelled while it started: it must not live on, unlisted
+            self._retire_zygote(zygote)
+            raise
         if not ready.ok:
             self._retire_zygote(zygote)
             raise ZygoteUnavailable(ready.error_message)
