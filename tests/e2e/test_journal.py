@@ -346,3 +346,23 @@ def test_randomized_kills_with_side_effects_never_run_a_call_twice(tmp_path: Pat
         assert all(marks.count(f"m{i}") <= 1 for i in range(CALLS)), marks
         for call_id in never_started:
             assert marks.count(call_id) == (1 if resumed else 0), (call_id, marks, resumed)
+
+
+def test_a_batch_the_journal_cannot_record_is_refused_and_nothing_runs(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """A side-effecting batch is acknowledged only once its record is committed; when the
+    commit fails (here: the journal's WAL made immutable under the daemon), the client
+    gets an error and the call never runs."""
+    with daemon.client() as client:
+        assert client.call("write_file", {"path": "first.txt", "content": "1"}).ok  # the WAL exists now
+        wal = tmp_path / "state" / "journal.sqlite3-wal"
+        assert wal.exists()
+        if subprocess.run(["chattr", "+i", str(wal)], capture_output=True).returncode != 0:
+            pytest.skip("this filesystem has no immutable flag (chattr +i)")
+        try:
+            with pytest.raises(RemoteError) as refused:
+                client.call("write_file", {"path": "second.txt", "content": "2"})
+        finally:
+            subprocess.run(["chattr", "-i", str(wal)], check=True)
+        assert refused.value.code == "INTERNAL" and "journal could not record" in refused.value.message
+        assert not (daemon.root / "second.txt").exists()
+        assert client.call("write_file", {"path": "third.txt", "content": "3"}).ok  # the daemon goes on

@@ -136,6 +136,8 @@ class BatchRuns:
             commit = self.shared.journal.record_batch(submission, started=started, awaited=True)
             if first is not None:
                 first.started_recorded = True
+            if commit.settled and commit.error is None:
+                commit = None  # committed already (the journal's thread was idle): acknowledge now
         self.remember(batch)
         if commit is None:
             if _answers_quickly(batch, message):
