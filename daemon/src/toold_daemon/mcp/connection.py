@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
+SEND_TIMEOUT_SECONDS = 10.0
 METHOD_NOT_FOUND = -32601
 
 RequestHandler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any] | None]]
@@ -100,13 +101,24 @@ class Connection:
         await self._send(message)
 
     async def _send(self, message: dict[str, Any]) -> None:
+        """Write one whole line, whatever cancels the caller: a line cut off half way
+        would run into the next message and garble both. A server that takes nothing
+        for ``SEND_TIMEOUT_SECONDS`` is taken for broken."""
         data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
         try:
             async with self._send_lock:
-                await self._stream.send_all(data)
+                if self.broken:
+                    raise ServerBroken(self.broken)
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(SEND_TIMEOUT_SECONDS) as writing:
+                        await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self.fail(f"the server closed its input ({type(exc).__name__})")
             raise ServerBroken(self.broken) from None
+        if writing.cancelled_caught:
+            self.fail(f"the server read none of its input for {SEND_TIMEOUT_SECONDS:g} s")
+            raise ServerBroken(self.broken)
+        await trio.lowlevel.checkpoint_if_cancelled()  # the caller's cancellation, now the line is out
 
     async def read_forever(self) -> None:
         """Read and dispatch until the server's output ends or it sends garbage; then
