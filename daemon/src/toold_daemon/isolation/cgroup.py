@@ -55,6 +55,7 @@ class Cgroups:
     hierarchies: tuple[Hierarchy, ...] = ()
     reason: str = ""
     notes: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)  # dead daemons' cgroups not removed yet
 
     @property
     def base(self) -> str:
@@ -68,20 +69,27 @@ class Cgroups:
         own = _own_cgroups()
         found: list[Hierarchy] = []
         notes: list[str] = []
-        unified = _unified(own.get("", ""), notes)
+        stale: list[str] = []
+        unified = _unified(own.get("", ""), notes, stale)
         if unified is not None:
             found.append(unified)
         have = set(unified.limits) if unified else set()
         for controller in LIMITED:
             if controller in have:
                 continue
-            legacy = _legacy(controller, own.get(controller, ""), notes)
+            legacy = _legacy(controller, own.get(controller, ""), notes, stale)
             if legacy is not None:
                 found.append(legacy)
                 have.add(controller)
         if not found:
             return cls(reason="off: " + ("; ".join(notes) or "no cgroup hierarchy is mounted"), notes=notes)
-        return cls(hierarchies=tuple(found), notes=notes)
+        return cls(hierarchies=tuple(found), notes=notes, stale=stale)
+
+    def remove_stale_again(self) -> bool:
+        """One more try at the dead daemons' cgroups that outlived the start (no waiting):
+        True once none is left."""
+        self.stale = [base for base in self.stale if not _remove_stale_base(base, seconds=0.0)]
+        return not self.stale
 
     def describe(self) -> str:
         if not self.hierarchies:
@@ -240,8 +248,8 @@ def _inside(mount: str, root: str, own: str) -> str:
     return os.path.join(mount, relative.lstrip("/"))
 
 
-def _make_base(parent: str, notes: list[str]) -> str:
-    _remove_stale(parent)
+def _make_base(parent: str, notes: list[str], stale: list[str]) -> str:
+    _remove_stale(parent, stale)
     base = os.path.join(parent, f"toold-{os.getpid()}")
     try:
         os.makedirs(base, exist_ok=True)
@@ -251,14 +259,14 @@ def _make_base(parent: str, notes: list[str]) -> str:
     return base
 
 
-def _unified(own: str, notes: list[str]) -> Hierarchy | None:
+def _unified(own: str, notes: list[str], stale: list[str]) -> Hierarchy | None:
     for mount, root, fs, _options in _mounts():
         if fs != "cgroup2":
             continue
         parent = _inside(mount, root, own)
         if not parent or not os.path.isdir(parent):
             continue
-        base = _make_base(parent, notes)
+        base = _make_base(parent, notes, stale)
         if not base:
             return None
         return Hierarchy(base=base, version=2, limits=_enable_controllers(parent, base))
@@ -266,7 +274,7 @@ def _unified(own: str, notes: list[str]) -> Hierarchy | None:
     return None
 
 
-def _legacy(controller: str, own: str, notes: list[str]) -> Hierarchy | None:
+def _legacy(controller: str, own: str, notes: list[str], stale: list[str]) -> Hierarchy | None:
     """A cgroup v1 hierarchy with ``controller``, where we can make cgroups."""
     for mount, root, fs, options in _mounts():
         if fs != "cgroup" or controller not in options.split(","):
@@ -274,15 +282,17 @@ def _legacy(controller: str, own: str, notes: list[str]) -> Hierarchy | None:
         parent = _inside(mount, root, own)
         if not parent or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             continue
-        base = _make_base(parent, notes)
+        base = _make_base(parent, notes, stale)
         if base and controller == "memory":
             _write(os.path.join(base, "memory.use_hierarchy"), "1")  # limits hold for what a call starts
         return Hierarchy(base=base, version=1, limits=frozenset({controller})) if base else None
     return None
 
 
-def _remove_stale(parent: str) -> None:
-    """Cgroups left by daemons that were killed (their pid is gone)."""
+def _remove_stale(parent: str, left: list[str]) -> None:
+    """Cgroups left by daemons that were killed (their pid is gone). Those whose last
+    processes are still exiting after a moment are added to ``left``, to try again
+    later (``Cgroups.remove_stale_again``) rather than hold up the start."""
     try:
         names = os.listdir(parent)
     except OSError:
@@ -292,15 +302,21 @@ def _remove_stale(parent: str) -> None:
         if name == owner or not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
             continue
         base = os.path.join(parent, name)
-        with contextlib.suppress(OSError):
-            for call in os.listdir(base):
-                if call.startswith(("call-", "zygote-", "worker-")):
-                    path = os.path.join(base, call)
-                    if _write(os.path.join(path, "cgroup.kill"), "1"):
-                        _rmdir_when_empty(path)
-                    else:  # v1: a process may fork between listing and killing, so again
-                        _rmdir_when_empty(path, kill=functools.partial(kill_listed, path))
-            _rmdir_when_empty(base, kill=functools.partial(kill_listed, base))
+        if not _remove_stale_base(base, seconds=2.0):
+            left.append(base)
+
+
+def _remove_stale_base(base: str, *, seconds: float) -> bool:
+    """Kill what runs in a dead daemon's cgroups and remove them: True once they are gone."""
+    with contextlib.suppress(OSError):
+        for call in os.listdir(base):
+            if call.startswith(("call-", "zygote-", "worker-")):
+                path = os.path.join(base, call)
+                if _write(os.path.join(path, "cgroup.kill"), "1"):
+                    _rmdir_when_empty(path, seconds)
+                else:  # v1: a process may fork between listing and killing, so again
+                    _rmdir_when_empty(path, seconds, kill=functools.partial(kill_listed, path))
+    return _rmdir_when_empty(base, seconds, kill=functools.partial(kill_listed, base))
 
 
 def _rmdir_when_empty(path: str, seconds: float = 2.0, kill: Callable[[], object] | None = None) -> bool:

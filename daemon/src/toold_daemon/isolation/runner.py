@@ -58,6 +58,7 @@ from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
 log = logging.getLogger(__name__)
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
 BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed after an hour
+STALE_CGROUP_TRIES = 60
 SPAWNER_SILENT_SECONDS = 10.0  # the spawner answers in milliseconds; past this it is taken for hung
 _encoder = msgspec.msgpack.Encoder()
 
@@ -140,6 +141,17 @@ class SpawnRunner:
         self._nursery = nursery
         if self._zygotes is not None:
             self._zygotes.nursery = nursery
+        if self.cgroups.stale:
+            nursery.start_soon(self._remove_stale_cgroups)
+
+    async def _remove_stale_cgroups(self) -> None:
+        """Dead daemons' cgroups whose last processes were still exiting at start: tried
+        again every second for a minute, then left (with a warning) to the next start."""
+        for _ in range(STALE_CGROUP_TRIES):
+            await trio.sleep(1.0)
+            if self.cgroups.remove_stale_again():
+                return
+        log.warning("could not remove cgroups of a killed daemon (still busy): %s", ", ".join(self.cgroups.stale))
 
     @property
     def isolation(self) -> list[IsolationLayer]:
