@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import msgspec
 import zmq
 
+import toold_protocol as p
 from tests.conftest import DaemonProcess
+from tests.e2e.test_daemon import big_tree
 from toold_client import APPROVE_ALL
 from toold_protocol import Error, decode_daemon_message
 
@@ -51,3 +54,35 @@ def test_a_deeply_nested_frame_gets_an_error_reply(daemon: DaemonProcess) -> Non
     assert "Traceback" not in daemon.log.read_text() and "RecursionError" not in daemon.log.read_text()
     with daemon.client(timeout=10) as c:
         c.ping()
+
+
+def test_batches_cancelled_while_their_workers_start_leave_the_daemon_serving(daemon: DaemonProcess) -> None:
+    """Cancels landing at any point of a worker's start (the spawner's reply half read,
+    not read, the worker announcing itself) must leave every later call working."""
+    big_tree(daemon.root, 1500)
+    (daemon.root / "a.txt").write_text("A")
+    grep = msgspec.Raw(p.encode_value({"pattern": "needle"}))
+    ctx = zmq.Context()
+    storm = ctx.socket(zmq.DEALER)
+    storm.linger = 0
+    storm.connect(daemon.endpoint)
+    try:
+        for round_ in range(40):
+            for i in range(6):  # more than the idle workers: some must be started
+                calls = [p.ToolCall(call_id="c", name="grep", arguments=grep)]
+                storm.send(p.encode(p.SubmitBatch(id=round_ * 100 + i, calls=calls, events="all")))
+            accepted = []
+            deadline = time.monotonic() + 10
+            while len(accepted) < 6 and time.monotonic() < deadline:
+                if storm.poll(100):
+                    message = p.decode_daemon_message(storm.recv())
+                    if isinstance(message, p.BatchAccepted):
+                        accepted.append(message.batch_id)
+                        storm.send(p.encode(p.Cancel(id=1, batch_id=message.batch_id)))
+            time.sleep(0.001 * (round_ % 7))
+        with daemon.client() as other:
+            for _ in range(10):
+                assert other.call("read_file", {"path": "a.txt"}, timeout=10).content == "A"
+    finally:
+        storm.close()
+        ctx.term()
