@@ -553,7 +553,7 @@ class SpawnRunner:
     async def _chore(self, message: TempWanted | TempDone) -> Spawned:
         """One request to the spawner without an fd; an exited spawner is an error reply."""
         try:
-            return await self._exchange(frame(message), [])
+            return await self._exchange(frame(message), None)
         except (PeerGone, OSError, trio.TooSlowError):
             return Spawned(error="the spawner process has exited")
 
@@ -570,7 +570,7 @@ class SpawnRunner:
             )
         return reply.pid
 
-    async def _exchange(self, data: bytes, fds: int | list[int]) -> Spawned:
+    async def _exchange(self, data: bytes, fds: int | list[int] | None) -> Spawned:
         """Send one frame to the spawner and read its reply, whole, whatever cancels the
         caller: a request whose reply stayed unread (or half read) would hand every later
         caller the previous one's answer, or a length read from the middle of a frame.
@@ -582,7 +582,7 @@ class SpawnRunner:
             with trio.CancelScope(shield=True):
                 try:
                     with trio.fail_after(SPAWNER_SILENT_SECONDS):
-                        if fds:
+                        if fds is not None:  # (fd 0 is an fd too)
                             await send_with_fd(self._control, data, fds)
                         else:
                             while data:
