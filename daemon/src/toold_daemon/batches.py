@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from toold_protocol import BatchState, Disposition, Identity, PlannedCall, ToolResult
+from toold_protocol import BatchFinished, BatchState, BatchStatus, Disposition, Identity, PlannedCall, ToolResult
 
 from .sandbox import Sandbox
 from .tools._base import Tool
@@ -98,6 +98,17 @@ class Batch:
 
     def finished_results(self) -> list[ToolResult]:
         return [r for r in self.results if r is not None]
+
+    def plan(self) -> list[PlannedCall]:
+        return [call.planned() for call in self.calls]
+
+    def status(self, request_id: int) -> BatchStatus:
+        """``get_batch``'s answer (request id 0: the announcement a watcher gets)."""
+        results = self.finished_results()
+        return BatchStatus(id=request_id, batch_id=self.batch_id, state=self.state, calls=self.plan(), results=results)
+
+    def outcome(self) -> BatchFinished:
+        return BatchFinished(batch_id=self.batch_id, state=self.state, results=self.finished_results())
 
 
 def _reads_only(call: PreparedCall) -> bool:

@@ -16,7 +16,6 @@ import msgspec
 import trio
 
 from toold_protocol import (
-    BatchFinished,
     BatchState,
     CallFinished,
     CallStarted,
@@ -142,7 +141,7 @@ class Executor:
             batch.state = "cancelled" if batch.cancel_reason else "finished"
             if not state_recorded:
                 recorder.batch_done(batch.batch_id, batch.state)
-            emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
+            emit(batch.outcome())
             batch.done.set()
 
     async def _resolve(self, batch: Batch, call: PreparedCall, emit: Emit) -> ToolResult:

@@ -43,7 +43,9 @@ import msgspec
 import trio
 
 from toold_protocol import (
+    BatchFinished,
     BatchState,
+    BatchStatus,
     Disposition,
     Identity,
     PlannedCall,
@@ -187,6 +189,19 @@ class StoredBatch:
     calls: list[StoredCall]
     results: list[ToolResult | None]  # by call index
     workspace: str = ""  # the session's workspace, "" for the daemon's roots
+
+    def plan(self) -> list[PlannedCall]:
+        return [call.planned(result) for call, result in zip(self.calls, self.results, strict=True)]
+
+    def finished_results(self) -> list[ToolResult]:
+        return [r for r in self.results if r is not None]
+
+    def status(self, request_id: int) -> BatchStatus:
+        results = self.finished_results()
+        return BatchStatus(id=request_id, batch_id=self.batch_id, state=self.state, calls=self.plan(), results=results)
+
+    def outcome(self) -> BatchFinished:
+        return BatchFinished(batch_id=self.batch_id, state=self.state, results=self.finished_results())
 
 
 @dataclass(frozen=True, slots=True)

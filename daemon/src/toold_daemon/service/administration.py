@@ -13,7 +13,6 @@ from toold_protocol import (
     Ack,
     BatchAccepted,
     BatchList,
-    BatchStatus,
     BatchSummary,
     ExplainPolicy,
     GetBatch,
@@ -68,36 +67,17 @@ class Administration:
 
     def get_batch(self, session: Session, message: GetBatch) -> None:
         """From memory while the daemon knows the batch, else from the journal (after a restart)."""
-        key = self.shared.batch_key(session, message.batch_id)
-        batch = self.shared.batches.get(key)
-        if batch is not None and self.shared.may_see(session, batch.identity.uid):
-            self.shared.reply(
-                session,
-                BatchStatus(
-                    id=message.id,
-                    batch_id=batch.batch_id,
-                    state=batch.state,
-                    calls=[c.planned() for c in batch.calls],
-                    results=batch.finished_results(),
-                ),
-            )
-            return
-        stored = self.shared.journal.load(key) if self.shared.journal is not None and batch is None else None
-        if stored is None or not self.shared.may_see(session, stored.identity.uid):
+        batch = self.shared.batches.get(self.shared.batch_key(session, message.batch_id))
+        if batch is None and self.shared.journal is not None:
+            stored = self._stored(session, message.id, message.batch_id)
+            if stored is not None:
+                self.shared.reply(session, stored.status(message.id))
+        elif batch is not None and self.shared.may_see(session, batch.identity.uid):
+            self.shared.reply(session, batch.status(message.id))
+        else:
             self.shared.error(
                 session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}"
             )
-            return
-        self.shared.reply(
-            session,
-            BatchStatus(
-                id=message.id,
-                batch_id=stored.batch_id,
-                state=stored.state,
-                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
-                results=[r for r in stored.results if r is not None],
-            ),
-        )
 
     def list_batches(self, session: Session, message: ListBatches) -> None:
         journal = self._journal(session, message.id)
@@ -173,14 +153,7 @@ class Administration:
         )
         journal.set_state(stored.batch_id, "running")
         self.runs.remember(batch)
-        self.shared.reply(
-            session,
-            BatchAccepted(
-                id=message.id,
-                batch_id=batch.batch_id,
-                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
-            ),
-        )
+        self.shared.reply(session, BatchAccepted(id=message.id, batch_id=batch.batch_id, calls=stored.plan()))
         self.runs.start(session, batch, all_events=True)
 
     def undo(self, session: Session, message: UndoBatch) -> None:

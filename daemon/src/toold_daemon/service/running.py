@@ -21,7 +21,6 @@ from toold_protocol import (
     Ack,
     BatchAccepted,
     BatchFinished,
-    BatchStatus,
     CallFinished,
     CallStarted,
     Cancel,
@@ -115,7 +114,7 @@ class BatchRuns:
             sandbox=session.sandbox,
             dry_run=message.dry_run,
         )
-        planned = [c.planned() for c in calls]
+        planned = batch.plan()
         accepted = BatchAccepted(id=message.id, batch_id=batch_id, calls=planned)
         commit = None
         submission = Submission(
@@ -169,13 +168,9 @@ class BatchRuns:
             )
             return True
         if live is not None:
-            self.shared.reply(
-                session, BatchAccepted(id=message.id, batch_id=batch_id, calls=[c.planned() for c in live.calls])
-            )
+            self.shared.reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=live.plan()))
             if live.done.is_set():
-                self.shared.reply(
-                    session, BatchFinished(batch_id=batch_id, state=live.state, results=live.finished_results())
-                )
+                self.shared.reply(session, live.outcome())
             else:
                 live.listeners.append((session.peer, message.events == "all"))
             return True
@@ -190,18 +185,8 @@ class BatchRuns:
                 batch_id=batch_id,
             )
             return True
-        self.shared.reply(
-            session,
-            BatchAccepted(
-                id=message.id,
-                batch_id=batch_id,
-                calls=[c.planned(r) for c, r in zip(stored.calls, stored.results, strict=True)],
-            ),
-        )
-        self.shared.reply(
-            session,
-            BatchFinished(batch_id=batch_id, state=stored.state, results=[r for r in stored.results if r is not None]),
-        )
+        self.shared.reply(session, BatchAccepted(id=message.id, batch_id=batch_id, calls=stored.plan()))
+        self.shared.reply(session, stored.outcome())
         return True
 
     def start(
@@ -260,13 +245,7 @@ class BatchRuns:
             else []
         )
         if any(peer != session.peer for peer in watchers):
-            status = BatchStatus(
-                id=0,
-                batch_id=batch.batch_id,
-                state=batch.state,
-                calls=[c.planned() for c in batch.calls],
-                results=batch.finished_results(),
-            )
+            status = batch.status(0)
             for peer in watchers:
                 if peer != session.peer:
                     self.shared.send(peer, encode(status))
@@ -287,7 +266,7 @@ class BatchRuns:
             # A failed journal write must not take the daemon down with it; the batch's
             # clients still get every result the executor produced.
             log.exception("batch %s failed outside its tools", batch.batch_id)
-            emit(BatchFinished(batch_id=batch.batch_id, state=batch.state, results=batch.finished_results()))
+            emit(batch.outcome())
         finally:
             session.running -= 1
 
