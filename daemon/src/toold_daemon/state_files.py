@@ -30,6 +30,13 @@ def replace_file(path: Path, data: bytes) -> None:
     """Write ``path`` whole: a fresh temporary file (never through a link), then a rename."""
     temporary = path.with_name(path.name + ".tmp")
     temporary.unlink(missing_ok=True)  # a link is removed, not followed
+    write_through(temporary, path, data)
+
+
+def write_through(temporary: Path, path: Path, data: bytes) -> None:
+    """``data`` into ``temporary``, which must not exist yet (so nothing planted there, a
+    link or a file another process holds open, is written through), then renamed to
+    ``path``; on any failure the temporary file is removed."""
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as out:

@@ -12,7 +12,7 @@ import os
 import secrets
 from pathlib import Path
 
-from ..state_files import refuse_links
+from ..state_files import refuse_links, write_through
 from .images import digest
 
 UNDO_DIR = "undo"
@@ -35,15 +35,7 @@ class UndoStore:
         path = self.directory / name
         if path.exists():
             return name
-        temp = self.directory / f".{name}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.rename(temp, path)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
+        write_through(self.directory / f".{name}.{secrets.token_hex(4)}.tmp", path, data)
         return name
 
     def get(self, name: str) -> bytes | None:
