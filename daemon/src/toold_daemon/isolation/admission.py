@@ -91,6 +91,12 @@ class Admission:
         return False
 
 
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, as the kernel saw it connect."""
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return pid, uid, gid
+
+
 def check_cgroups(paths: list[str], bases: frozenset[str]) -> None:
     """Raise ``Refused`` unless every path is one of the daemon's own call cgroups: a
     ``call-``/``zygote-``/``worker-`` directory right below one of ``bases`` (what

@@ -34,11 +34,11 @@ from ..results import OUTPUT_DETAILS
 from ..sandbox import Sandbox
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import sweep as sweeping
+from .admission import peer_credentials
 from .cgroup import Cgroups
 from .environment import acceptable, inherited_environment, is_injection
 from .jobs import Job, Jobs
 from .sockets import PeerGone, receive_frame, send_with_fd
-from .spawner_socket import peer_credentials
 from .tempdirs import TempDirs
 from .wire import (
     Chunk,

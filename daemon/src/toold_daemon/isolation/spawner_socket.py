@@ -21,24 +21,15 @@ import logging
 import os
 import socket
 import stat
-import struct
 import time
 
-from .admission import enable_credentials
+from .admission import enable_credentials, peer_credentials
 
 log = logging.getLogger("toold.spawner")
-
-_UCRED = struct.Struct("3i")
 
 
 class SpawnerUnreachable(Exception):
     """The protocol process could not reach a spawner it may trust (the message says why)."""
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end, as the kernel saw it connect."""
-    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return pid, uid, gid
 
 
 def listen(path: str, peer_uid: int, peer_gid: int) -> socket.socket:
