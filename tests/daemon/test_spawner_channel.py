@@ -7,16 +7,20 @@ the reply can be cut in two: its length first, its body after the caller was can
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 
 import pytest
 import trio
 
 from toold_daemon.config import Config
+from toold_daemon.errors import ToolError
 from toold_daemon.isolation import runner as runner_module
+from toold_daemon.isolation import sweep
 from toold_daemon.isolation.runner import SpawnRunner
 from toold_daemon.isolation.sockets import receive_frame
-from toold_daemon.isolation.wire import Spawned, TempWanted, frame
+from toold_daemon.isolation.wire import Spawned, SpawnRequest, TempWanted, frame
 
 
 async def _reply_in_two_parts(spawner: trio.socket.SocketType, reply: Spawned, pause: float) -> None:
@@ -44,15 +48,77 @@ async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_an
     spawner.close()
 
 
-async def test_a_silent_spawner_is_given_up_on_and_later_requests_fail_at_once(
+async def test_a_late_spawner_costs_one_caller_and_the_next_still_gets_its_own_reply(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Past the wait, a caller is told the spawner is slow; its reply, when it comes, is
+    read by the next exchange, so that caller gets its own answer, not the late one."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     runner = SpawnRunner(os.getpid(), ours, Config())
-    monkeypatch.setattr(runner_module, "SPAWNER_SILENT_SECONDS", 0.1)
+    spawner = trio.socket.from_stdlib_socket(theirs)
+    monkeypatch.setattr(runner_module, "SPAWNER_SILENT_SECONDS", 0.2)
     with trio.fail_after(5):
         first = await runner._chore(TempWanted(uid=1000, gid=1000))
-        second = await runner._chore(TempWanted(uid=1000, gid=1000))
-    assert "exited" in first.error and "exited" in second.error
+    assert "did not answer within" in first.error
+    await receive_frame(spawner)  # the spawner gets to the first request at last
+    await spawner.send(frame(Spawned(path="/late")))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path="/second"), 0.0)
+        with trio.fail_after(5):
+            second = await runner._chore(TempWanted(uid=1000, gid=1000))
+    assert second.path == "/second"
     runner.close()
-    theirs.close()
+    spawner.close()
+
+
+async def test_a_command_started_for_a_caller_that_gave_up_is_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The late reply says a command started: nobody waits for it, so the next exchange
+    kills it (found by its call token, below the spawner: here, below this process)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    runner = SpawnRunner(os.getpid(), ours, Config())
+    spawner = trio.socket.from_stdlib_socket(theirs)
+    monkeypatch.setattr(runner_module, "SPAWNER_SILENT_SECONDS", 0.2)
+    token = "late-call-token"
+    request = SpawnRequest(uid=os.getuid(), gid=os.getgid(), call_id="c", token=token, tool="shell")
+    read_end, write_end = os.pipe()
+    with pytest.raises(ToolError) as slow:
+        with trio.fail_after(5):
+            await runner._ask_spawner(request, write_end)
+    assert slow.value.code == "SPAWNER_SLOW"
+    orphan = subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin", "TOOLD_CALL": token})
+    try:
+        while sweep._token_of(orphan.pid) != token:  # until the kernel shows its new environment
+            await trio.sleep(0.01)
+        await receive_frame(spawner)
+        await spawner.send(frame(Spawned(pid=orphan.pid)))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path="/next"), 0.0)
+            with trio.fail_after(5):
+                assert (await runner._chore(TempWanted(uid=1000, gid=1000))).path == "/next"
+        assert orphan.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        orphan.kill()
+        os.close(read_end)
+        os.close(write_end)
+        runner.close()
+        spawner.close()
+
+
+async def test_garbage_from_the_spawner_ends_its_channel() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    runner = SpawnRunner(os.getpid(), ours, Config())
+    spawner = trio.socket.from_stdlib_socket(theirs)
+    async with trio.open_nursery() as nursery:
+
+        async def answer_garbage() -> None:
+            await receive_frame(spawner)
+            await spawner.send((0xFFFFFFF0).to_bytes(4, "big"))  # a length over any limit
+
+        nursery.start_soon(answer_garbage)
+        with trio.fail_after(5):
+            reply = await runner._chore(TempWanted(uid=1000, gid=1000))
+    assert "exited" in reply.error
+    with trio.fail_after(5):
+        assert "exited" in (await runner._chore(TempWanted(uid=1000, gid=1000))).error  # at once, not out of step
+    runner.close()
+    spawner.close()
