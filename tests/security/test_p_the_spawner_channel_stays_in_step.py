@@ -1,7 +1,11 @@
-"""The protocol process's channel to the spawner stays in step whatever cancels a caller.
+"""The protocol process's channel to the spawner stays in step whatever a client does.
 
-The spawner here is played by the test on the other end of a real socket pair, so that
-the reply can be cut in two: its length first, its body after the caller was cancelled.
+Attacks: cancel a batch at the moment its worker is being started (the spawner's reply
+cut in two), or make the single-threaded spawner slow (a workspace root on a mount that
+hangs) so that every other user's spawns wait behind it. Neither may desynchronise the
+channel or cut everyone off. The spawner is played by the test on the other end of a
+real socket pair, so its replies can be delayed or split at will; the same attacks
+against the real spawner are in test_h_robustness.
 """
 
 from __future__ import annotations
