@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -26,6 +27,19 @@ from toold_daemon.isolation.runner import SpawnRunner
 from toold_daemon.isolation.sockets import receive_frame
 from toold_daemon.isolation.wire import Spawned, SpawnRequest, TempWanted, frame
 
+Channel = tuple[SpawnRunner, trio.socket.SocketType]
+
+
+@pytest.fixture
+async def channel() -> AsyncIterator[Channel]:
+    """A runner whose spawner is the test, at the other end of a real socket pair."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    runner = SpawnRunner(os.getpid(), ours, Config())
+    spawner = trio.socket.from_stdlib_socket(theirs)
+    yield runner, spawner
+    runner.close()
+    spawner.close()
+
 
 async def _reply_in_two_parts(spawner: trio.socket.SocketType, reply: Spawned, pause: float) -> None:
     await receive_frame(spawner)
@@ -35,10 +49,8 @@ async def _reply_in_two_parts(spawner: trio.socket.SocketType, reply: Spawned, p
     await spawner.send(data[4:])
 
 
-async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_answer() -> None:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    runner = SpawnRunner(os.getpid(), ours, Config())
-    spawner = trio.socket.from_stdlib_socket(theirs)
+async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_answer(channel: Channel) -> None:
+    runner, spawner = channel
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path="/first"), 0.2)
         with trio.move_on_after(0.05):
@@ -48,18 +60,14 @@ async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_an
         with trio.fail_after(5):
             reply = await runner._chore(TempWanted(uid=1000, gid=1000))
     assert reply.path == "/second"
-    runner.close()
-    spawner.close()
 
 
 async def test_a_late_spawner_costs_one_caller_and_the_next_still_gets_its_own_reply(
-    monkeypatch: pytest.MonkeyPatch,
+    channel: Channel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past the wait, a caller is told the spawner is slow; its reply, when it comes, is
     read by the next exchange, so that caller gets its own answer, not the late one."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    runner = SpawnRunner(os.getpid(), ours, Config())
-    spawner = trio.socket.from_stdlib_socket(theirs)
+    runner, spawner = channel
     monkeypatch.setattr(runner_module, "SPAWNER_SILENT_SECONDS", 0.2)
     with trio.fail_after(5):
         first = await runner._chore(TempWanted(uid=1000, gid=1000))
@@ -71,16 +79,14 @@ async def test_a_late_spawner_costs_one_caller_and_the_next_still_gets_its_own_r
         with trio.fail_after(5):
             second = await runner._chore(TempWanted(uid=1000, gid=1000))
     assert second.path == "/second"
-    runner.close()
-    spawner.close()
 
 
-async def test_a_command_started_for_a_caller_that_gave_up_is_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_command_started_for_a_caller_that_gave_up_is_swept(
+    channel: Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The late reply says a command started: nobody waits for it, so the next exchange
     kills it (found by its call token, below the spawner: here, below this process)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    runner = SpawnRunner(os.getpid(), ours, Config())
-    spawner = trio.socket.from_stdlib_socket(theirs)
+    runner, spawner = channel
     monkeypatch.setattr(runner_module, "SPAWNER_SILENT_SECONDS", 0.2)
     token = "late-call-token"
     request = SpawnRequest(uid=os.getuid(), gid=os.getgid(), call_id="c", token=token, tool="shell")
@@ -104,14 +110,10 @@ async def test_a_command_started_for_a_caller_that_gave_up_is_swept(monkeypatch:
         orphan.kill()
         os.close(read_end)
         os.close(write_end)
-        runner.close()
-        spawner.close()
 
 
-async def test_garbage_from_the_spawner_ends_its_channel() -> None:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    runner = SpawnRunner(os.getpid(), ours, Config())
-    spawner = trio.socket.from_stdlib_socket(theirs)
+async def test_garbage_from_the_spawner_ends_its_channel(channel: Channel) -> None:
+    runner, spawner = channel
     async with trio.open_nursery() as nursery:
 
         async def answer_garbage() -> None:
@@ -124,5 +126,3 @@ async def test_garbage_from_the_spawner_ends_its_channel() -> None:
     assert "exited" in reply.error
     with trio.fail_after(5):
         assert "exited" in (await runner._chore(TempWanted(uid=1000, gid=1000))).error  # at once, not out of step
-    runner.close()
-    spawner.close()
