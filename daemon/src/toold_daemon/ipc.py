@@ -247,10 +247,15 @@ class IpcServer:
         self._backlog[peer] = backlog
         if flush and peer not in self._blocked:
             self._flush_peer(peer, in_pump=False)
-        # Even after a send here the pump must look again: a send may consume the edge of
-        # libzmq's descriptor that announced incoming frames.
-        if self._wake is not None:
+        if self._wake is not None and (peer in self._outbox or self._input_waiting()):
             self._wake.cancel()
+
+    def _input_waiting(self) -> bool:
+        """Whether frames wait unannounced. A send may consume the edge of libzmq's
+        descriptor that announced them, so the sleeping pump must be woken to read them;
+        when none wait, any that arrive later raise the edge again."""
+        router = self._router
+        return router is not None and bool(int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
     def _overflow(self, peer: bytes) -> None:
         log.warning("peer %r stopped reading: dropped %d queued bytes", peer, self._backlog.get(peer, 0))
