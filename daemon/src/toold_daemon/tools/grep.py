@@ -259,7 +259,10 @@ def _first_matches(hits: list[Hit], max_results: int) -> list[Hit]:
 
 def _without_denied_links(hits: list[Hit], sandbox: Sandbox, root: Path) -> list[Hit]:
     """ripgrep opens files itself: drop hits in hard links to denied files, which the
-    ``--glob`` exclusions cannot see (the Python engine opens through the sandbox)."""
+    ``--glob`` exclusions cannot see (the Python engine opens through the sandbox).
+    Without denied patterns nothing is denied, and no file is looked at again."""
+    if not sandbox.denied_patterns:
+        return hits
     refused: dict[str, bool] = {}
     for path in {h.path for h in hits}:
         try:
