@@ -7,21 +7,48 @@ import trio
 import trio.testing
 
 from toold_daemon import held_accepts
-from toold_daemon.held_accepts import HeldAccepts
+from toold_daemon.held_accepts import HeldAccepts, SendAcceptance
+from toold_protocol import BatchFinished
+
+OUTCOME = BatchFinished(batch_id="a", state="finished", results=[])
+
+
+def recorder(sent: list[object], name: str, *, carries: bool = False) -> SendAcceptance:
+    """A sender that notes what it sent: its name alone, or (name, outcome) when it carried it."""
+
+    def send(outcome: BatchFinished | None) -> bool:
+        carried = carries and outcome is not None
+        sent.append((name, outcome) if carried else name)
+        return carried
+
+    return send
 
 
 async def test_a_released_acceptance_is_sent_once_at_release(autojump_clock: trio.testing.MockClock) -> None:
     held, sent = HeldAccepts(), []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(held.send_when_due)
-        held.hold("a", lambda: sent.append("a"))
+        held.hold("a", recorder(sent, "a"))
         await trio.sleep(0)
         assert sent == []
-        held.release("a")
-        held.release("a")
+        assert held.release("a", OUTCOME) is False  # sent alone: the outcome still has to go
+        assert held.release("a", OUTCOME) is False
         assert sent == ["a"]
         await trio.sleep(held_accepts.HOLD_SECONDS * 2)
         assert sent == ["a"]  # not again when it would have been due
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_acceptance_released_with_the_outcome_may_carry_it(autojump_clock: trio.testing.MockClock) -> None:
+    held, sent = HeldAccepts(), []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(held.send_when_due)
+        held.hold("a", recorder(sent, "a", carries=True))
+        assert held.release("a", OUTCOME) is True
+        assert sent == [("a", OUTCOME)]
+        assert held.release("a", OUTCOME) is False  # gone: nothing is sent twice
+        await trio.sleep(held_accepts.HOLD_SECONDS * 2)
+        assert sent == [("a", OUTCOME)]
         nursery.cancel_scope.cancel()
 
 
@@ -29,13 +56,13 @@ async def test_an_acceptance_held_too_long_goes_alone_in_order(autojump_clock: t
     held, sent = HeldAccepts(), []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(held.send_when_due)
-        held.hold("first", lambda: sent.append("first"))
+        held.hold("first", recorder(sent, "first", carries=True))
         await trio.sleep(held_accepts.HOLD_SECONDS / 2)
-        held.hold("second", lambda: sent.append("second"))
+        held.hold("second", recorder(sent, "second", carries=True))
         await trio.sleep(held_accepts.HOLD_SECONDS * 0.75)
-        assert sent == ["first"]  # the first is due, the second not yet
+        assert sent == ["first"]  # the first is due (alone, no outcome yet), the second not yet
         await trio.sleep(held_accepts.HOLD_SECONDS)
         assert sent == ["first", "second"]
-        held.release("second")
+        assert held.release("second", OUTCOME) is False  # already sent: the outcome goes on its own
         assert sent == ["first", "second"]
         nursery.cancel_scope.cancel()

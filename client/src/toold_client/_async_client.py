@@ -166,6 +166,10 @@ class AsyncClient:
         await self._open_workspace()
         request = requests.submit(wire_calls, batch_id, events, approval_timeout, dry_run=dry_run)
         accepted = expect(await self._request(request, timeout=timeout), BatchAccepted)
+        if accepted.outcome is not None:  # a quick batch's outcome may come with its acceptance
+            if on_event is not None:
+                await _maybe_await(on_event(accepted.outcome))
+            return BatchOutcome(accepted.batch_id, accepted.outcome.state, accepted.outcome.results, accepted)
         try:
             finished = await self.wait_batch(
                 accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout

@@ -161,7 +161,11 @@ class Client:
         self._open_workspace()
         request = requests.submit(wire_calls, batch_id, events, approval_timeout, dry_run=dry_run)
         accepted = expect(self._request(request, timeout=timeout), BatchAccepted)
-        finished = self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
+        finished = accepted.outcome  # a quick batch's outcome may come with its acceptance
+        if finished is None:
+            finished = self.wait_batch(accepted.batch_id, on_event=on_event, on_confirm=on_confirm, timeout=timeout)
+        elif on_event is not None:
+            on_event(finished)
         return BatchOutcome(accepted.batch_id, finished.state, finished.results, accepted)
 
     def wait_batch(

@@ -101,6 +101,7 @@ def submit(
         "events": events,
         "approval_timeout_seconds": approval_timeout,
         "dry_run": dry_run,
+        "outcome_in_acceptance": True,  # both clients read a batch_accepted that carries it
     }
     return Request(SubmitBatch, fields)
 

@@ -5,7 +5,8 @@ A client that asked only for results (``events="results"``) waits for ``batch_fi
 usually finishes in well under a millisecond, the daemon holds the acceptance until the
 batch finishes and sends both frames together (one wake-up of the client instead of
 two), or sends it alone once ``HOLD_SECONDS`` have passed, so that a long call's client
-still learns the batch id in time to cancel it.
+still learns the batch id in time to cancel it. A client that said it reads
+``batch_accepted.outcome`` gets one frame: the acceptance carrying the outcome.
 """
 
 from __future__ import annotations
@@ -15,24 +16,29 @@ from collections.abc import Callable
 
 import trio
 
+from toold_protocol import BatchFinished
+
 HOLD_SECONDS = 0.02
+
+#: Sends a held acceptance; given the batch's outcome, it may carry it (then it returns
+#: True, and the outcome must not be sent to that client again).
+SendAcceptance = Callable[[BatchFinished | None], bool]
 
 
 class HeldAccepts:
     def __init__(self) -> None:
-        self._held: collections.OrderedDict[str, tuple[float, Callable[[], None]]] = collections.OrderedDict()
+        self._held: collections.OrderedDict[str, tuple[float, SendAcceptance]] = collections.OrderedDict()
         self._changed = trio.Event()
 
-    def hold(self, batch_id: str, send: Callable[[], None]) -> None:
+    def hold(self, batch_id: str, send: SendAcceptance) -> None:
         self._held[batch_id] = (trio.current_time() + HOLD_SECONDS, send)
         if len(self._held) == 1:
             self._changed.set()
 
-    def release(self, batch_id: str) -> None:
-        """Send the batch's acceptance now, if it is still held."""
+    def release(self, batch_id: str, outcome: BatchFinished | None = None) -> bool:
+        """Send the batch's acceptance now, if it is still held; True if it carried ``outcome``."""
         held = self._held.pop(batch_id, None)
-        if held is not None:
-            held[1]()
+        return held is not None and held[1](outcome)
 
     async def send_when_due(self) -> None:
         """Send each acceptance that has been held for ``HOLD_SECONDS`` (runs until cancelled)."""

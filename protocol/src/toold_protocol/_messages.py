@@ -174,6 +174,10 @@ class SubmitBatch(_Message, tag="submit_batch", frozen=True):
     #: Plan, validate and judge every call, and compute what mutating calls would change
     #: (diffs, paths), without changing anything or asking anyone; results say so.
     dry_run: bool = False
+    #: This client reads ``batch_accepted.outcome``: a batch that finishes while its
+    #: acceptance is held may be answered with that one frame (no ``batch_finished``
+    #: follows). A daemon that predates the field ignores it and sends both frames.
+    outcome_in_acceptance: bool = False
 
 
 class Confirm(_Message, tag="confirm", frozen=True):
@@ -322,6 +326,9 @@ class BatchAccepted(_Message, tag="batch_accepted", frozen=True):
     id: RequestId
     batch_id: str
     calls: list[PlannedCall]
+    #: The batch's ``batch_finished`` when it had already finished as it was accepted
+    #: (only for a submitter that asked with ``outcome_in_acceptance``): nothing follows.
+    outcome: BatchFinished | None = None
 
 
 class ConfirmationRequested(_Message, tag="confirmation_requested", frozen=True):

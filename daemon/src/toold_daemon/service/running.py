@@ -32,7 +32,7 @@ from toold_protocol import (
 )
 
 from ..batches import Batch, PreparedCall
-from ..held_accepts import HeldAccepts
+from ..held_accepts import HeldAccepts, SendAcceptance
 from ..journal import Submission, fingerprint
 from ..journal_writer import Commit, JournalWriteFailed
 from .confirming import ConfirmationFlow
@@ -140,10 +140,24 @@ class BatchRuns:
         self.remember(batch)
         if commit is None:
             if _answers_quickly(batch, message):
-                self.held.hold(batch_id, lambda: self.shared.reply(session, accepted))
+                self.held.hold(batch_id, self._acceptance_sender(session, accepted, message.outcome_in_acceptance))
             else:
                 self.shared.reply(session, accepted)
         self.start(session, batch, message.events == "all", accepted=accepted, commit=commit, ended=submission)
+
+    def _acceptance_sender(self, session: Session, accepted: BatchAccepted, may_carry: bool) -> SendAcceptance:
+        """How a held acceptance goes out: with the outcome inside when the batch has
+        finished and the client reads it there (one frame instead of two), else alone."""
+
+        def send(outcome: BatchFinished | None) -> bool:
+            if outcome is not None and may_carry:
+                combined = msgspec.structs.replace(accepted, outcome=outcome)
+                self.shared.send(session.peer, encode(combined), flush=True)
+                return True
+            self.shared.reply(session, accepted)
+            return False
+
+        return send
 
     def _resubmitted(self, session: Session, message: SubmitBatch, batch_id: str) -> bool:
         """A batch id this uid used before: answer from the record and never run anything twice.
@@ -221,12 +235,17 @@ class BatchRuns:
 
         def emit(event: msgspec.Struct) -> None:
             final = isinstance(event, BatchFinished)
-            if final:
-                self.held.release(batch.batch_id)  # the acceptance goes first, in the same flush
+            # A held acceptance goes first, in the same flush, or carries the outcome itself.
+            carried_to = None
+            if isinstance(event, BatchFinished) and self.held.release(batch.batch_id, event):
+                carried_to = session.peer
             frame = None
             listening = set()
             for peer, all_events in batch.listeners:
                 listening.add(peer)
+                if peer == carried_to:
+                    carried_to = None  # once: the same session may also listen as a resubmitter
+                    continue
                 if all_events or not isinstance(event, _PER_CALL_EVENTS):
                     frame = frame or encode(event)
                     self.shared.send(peer, frame, flush=final)

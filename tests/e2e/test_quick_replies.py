@@ -1,0 +1,89 @@
+"""A quick read answered in one frame: ``batch_accepted`` carrying the outcome, only for a
+client that said it reads it there; everyone else gets the two frames they always did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import zmq
+
+import toold_protocol as p
+from tests.conftest import DaemonProcess
+from toold_client import Client
+
+
+def frames_for(endpoint: str, request: p.SubmitBatch, *, wait_ms: int = 5000, quiet_ms: int = 300) -> list[bytes]:
+    """Every frame the daemon sends back for ``request`` until it has been quiet ``quiet_ms``."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+    try:
+        sock.send(p.encode(request))
+        replies = []
+        timeout = wait_ms
+        while sock.poll(timeout):
+            replies.append(sock.recv())
+            timeout = quiet_ms
+        return replies
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def warm(daemon: DaemonProcess) -> None:
+    """Start the client's worker first: a batch that waits for one (a few milliseconds)
+    may outlast the hold and get its acceptance alone, which is right but not tested here."""
+    with Client(daemon.endpoint) as client:
+        assert client.call("read_file", {"path": "note.txt"}).ok
+
+
+def read_request(path: str, **fields: object) -> p.SubmitBatch:
+    arguments = msgspec.Raw(p.encode_value({"path": path}))
+    return p.SubmitBatch(id=7, calls=[p.ToolCall(call_id="r", name="read_file", arguments=arguments)], **fields)  # type: ignore[arg-type]
+
+
+def test_a_quick_read_comes_back_as_one_frame_when_the_client_reads_it_there(daemon: DaemonProcess) -> None:
+    (daemon.root / "note.txt").write_text("one frame\n")
+    warm(daemon)
+    request = read_request("note.txt", events="results", outcome_in_acceptance=True)
+    [frame] = frames_for(daemon.endpoint, request)
+    accepted = p.decode_daemon_message(frame)
+    assert isinstance(accepted, p.BatchAccepted) and accepted.id == 7
+    assert accepted.outcome is not None and accepted.outcome.batch_id == accepted.batch_id
+    assert accepted.outcome.state == "finished"
+    assert "one frame" in accepted.outcome.results[0].content
+
+
+def test_a_client_that_did_not_ask_gets_acceptance_then_outcome(daemon: DaemonProcess) -> None:
+    (daemon.root / "note.txt").write_text("two frames\n")
+    accepted_frame, finished_frame = frames_for(daemon.endpoint, read_request("note.txt", events="results"))
+    accepted, finished = p.decode_daemon_message(accepted_frame), p.decode_daemon_message(finished_frame)
+    assert isinstance(accepted, p.BatchAccepted) and accepted.outcome is None
+    assert isinstance(finished, p.BatchFinished) and "two frames" in finished.results[0].content
+
+
+def test_a_client_that_wants_every_event_gets_every_event_even_when_it_asked(daemon: DaemonProcess) -> None:
+    (daemon.root / "note.txt").write_text("all events\n")
+    frames = frames_for(daemon.endpoint, read_request("note.txt", events="all", outcome_in_acceptance=True))
+    kinds = [type(p.decode_daemon_message(f)).__name__ for f in frames]
+    assert kinds == ["BatchAccepted", "CallStarted", "CallFinished", "BatchFinished"]
+    assert p.decode_daemon_message(frames[0]).outcome is None  # type: ignore[union-attr]
+
+
+def test_the_client_sees_the_same_outcome_and_events_either_way(daemon: DaemonProcess, root: Path) -> None:
+    (root / "note.txt").write_text("same\n")
+    warm(daemon)
+    with Client(daemon.endpoint) as client:
+        seen: list[p.DaemonMessage] = []
+        read = [{"name": "read_file", "arguments": {"path": "note.txt"}}]
+        quick = client.submit(read, events="results", on_event=seen.append)
+        assert quick.accepted.outcome is not None  # it came in one frame
+        assert [type(e).__name__ for e in seen] == ["BatchFinished"]  # on_event still sees the end
+        every: list[p.DaemonMessage] = []
+        full = client.submit(read, on_event=every.append)
+        assert full.accepted.outcome is None
+        assert [r.content for r in quick.results] == [r.content for r in full.results]
+        assert type(every[-1]).__name__ == "BatchFinished"
+        assert client.call("read_file", {"path": "note.txt"}).content == quick.results[0].content
