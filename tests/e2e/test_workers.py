@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import DaemonProcess
+from toold_client import APPROVE_ALL
 from toold_protocol import ToolResult
 
 
@@ -49,6 +50,21 @@ def test_reads_run_in_a_worker_not_in_the_daemon(daemon: DaemonProcess) -> None:
     status = Path(f"/proc/{workers[0]}/status").read_text()
     assert "NoNewPrivs:\t1" in status
     assert "CapBnd:\t0000000000000000" in status
+
+
+def test_a_display_the_worker_sends_once_still_reaches_the_client_whole_and_sanitised(daemon: DaemonProcess) -> None:
+    """A tool whose display is its content has it sent once by the worker; the client
+    still gets both, the display made safe for a terminal, and a different display as is."""
+    (daemon.root / "a.txt").write_text("plain \x1b[31mred\x1b[0m text\n" * 3)
+    (daemon.root / "b.txt").write_text("hello\n")
+    with daemon.client(timeout=30) as client:
+        read = client.call("read_file", {"path": "a.txt"})
+        assert client.call("read_file", {"path": "b.txt"}).ok  # an edit needs a read first
+        change = {"path": "b.txt", "edits": [{"target": "hello", "replacement": "HELLO"}]}
+        edit = client.call("edit_file", change, on_confirm=lambda _: APPROVE_ALL, timeout=30)
+    assert read.ok and read.content.count("red") == 3
+    assert "\x1b" not in read.display and read.display.count("red") == 3
+    assert edit.ok and edit.display != edit.content and "+HELLO" in edit.display
 
 
 def test_a_worker_killed_mid_call_fails_that_call_and_the_next_succeeds(daemon: DaemonProcess) -> None:

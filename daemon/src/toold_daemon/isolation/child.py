@@ -128,7 +128,7 @@ def run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
     return Outcome(
         ok=True,
         content=output.content,
-        display=output.display,
+        display=None if output.display == output.content else output.display,  # not sent twice
         data=output.data,
         allow_truncation=output.allow_truncation,
         records=output.records,

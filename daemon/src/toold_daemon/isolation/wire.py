@@ -104,7 +104,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome", omit_def
 
     ok: bool
     content: str = ""
-    display: str | None = None
+    display: str | None = None  # None: the same text as ``content`` (sent once)
     data: dict[str, Any] | None = None
     allow_truncation: bool = True
     error_type: str = ""
