@@ -8,9 +8,22 @@ import random
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from toold_daemon.tools.grep import RIPGREP_FLAGS, Hit, _first_matches, _in_path_order, _parse_rg_line, find_ripgrep
+from toold_daemon.config import Config
+from toold_daemon.sandbox import Sandbox
+from toold_daemon.tools import ToolContext
+from toold_daemon.tools.grep import (
+    RIPGREP_FLAGS,
+    Grep,
+    GrepArgs,
+    Hit,
+    _first_matches,
+    _in_path_order,
+    _parse_rg_line,
+    find_ripgrep,
+)
 
 
 def test_unsorted_hits_come_out_in_ripgreps_path_order(tmp_path: Path) -> None:
@@ -43,3 +56,20 @@ def test_the_cut_keeps_one_match_past_the_limit_and_the_context_before_it() -> N
     hits = [Hit("a", 1, "x", True), Hit("a", 2, "ctx", False), Hit("b", 1, "y", True), Hit("b", 2, "z", True)]
     assert _first_matches(hits, 1) == hits[:3]
     assert _first_matches(hits, 5) == hits
+
+
+def test_hits_show_paths_as_the_workspace_does_in_the_first_root_and_in_another(tmp_path: Path) -> None:
+    """Relative to the first root, absolute in any other."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        (root / "sub").mkdir(parents=True)
+        (root / "sub" / "a.txt").write_text("needle\n")
+    sandbox = Sandbox([first, second], allow_absolute=True)
+    tool = Grep()
+    for searched, expected in [
+        ("sub", "sub/a.txt:1: needle"),
+        (str(second.resolve() / "sub"), f"{second.resolve()}/sub/a.txt:1: needle"),
+    ]:
+        args = msgspec.convert({"pattern": "needle", "path": searched}, GrepArgs)
+        output = tool.run(args, ToolContext(call_id="c", sandbox=sandbox, config=Config()))
+        assert output.content == expected, (searched, output.content)

@@ -201,8 +201,8 @@ class Sandbox:
         rel = text[len(self._root_prefixes[index][1]) :]
         return next((p for p, regex in self._protected if regex.match(rel)), None)
 
-    def display(self, path: Path) -> str:
-        """``path`` as shown to the model: relative to the first root, else absolute."""
+    def display(self, path: Path | str) -> str:
+        """Canonical ``path`` as shown to the model: relative to the first root, else absolute."""
         text = str(path)
         index = self._root_index(text)
         if index is None or (index != 0 and len(self.roots) > 1):

@@ -234,7 +234,8 @@ def _ripgrep_run(rg: str, target: Path, args: GrepArgs, ctx: ToolContext, *, sor
         return None
     if not sort:
         hits = _first_matches(_in_path_order(hits), args.max_results)
-    return [_relative_to_workspace(h, sandbox, root) for h in _without_denied_links(hits, sandbox, root)]
+    root_text = str(root)
+    return [_relative_to_workspace(h, sandbox, root_text) for h in _without_denied_links(hits, sandbox, root)]
 
 
 def _in_path_order(hits: list[Hit]) -> list[Hit]:
@@ -295,9 +296,11 @@ def _parse_rg_line(raw: bytes, rel: str) -> Hit | None:
     return Hit(path_bytes.decode("utf-8", "replace"), int(match.group(1)), _clip(text), match.group(2) == b":")
 
 
-def _relative_to_workspace(hit: Hit, sandbox: Sandbox, root: Path) -> Hit:
+def _relative_to_workspace(hit: Hit, sandbox: Sandbox, root: str) -> Hit:
+    """``hit`` with its path as the workspace shows it. Joined as text: ripgrep prints
+    normalised relative paths, and a ``Path`` per hit cost more than the search's parse."""
     path = hit.path.removeprefix("./")
-    return Hit(sandbox.display(root / path), hit.line, hit.text, hit.is_match)
+    return Hit(sandbox.display(os.path.join(root, path)), hit.line, hit.text, hit.is_match)
 
 
 # --------------------------------------------------------------------------- Python engine
