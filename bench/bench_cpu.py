@@ -1,0 +1,103 @@
+"""CPU time per call, by process: a 4 KB read_file through the client vs a raw ZeroMQ echo.
+
+Wall-clock figures on a shared 2-vCPU machine move by ±20% between runs; the CPU time
+each process spends per call (read from ``/proc``) moves much less, so it is the figure
+to compare when a change touches the hot path. For the read: the protocol process
+(including its short spin while it waits for the worker), the tool workers and the
+client; for the echo, its server and its client. Several rounds; median reported.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import zmq
+
+from _common import running_daemon
+from bench_roundtrip import four_kb_root, start_echo_server
+from toold_client import Client
+from toold_protocol import Ping, decode_daemon_message, encode
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except psutil.Error:  # a worker retired meanwhile: its time is gone with it
+        return 0.0
+    return times.user + times.system
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def per_call(work: Callable[[], object], n: int, processes: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    """µs of CPU per call of ``work``, for this process ("client") and each named group."""
+    before = {name: sum(cpu_seconds(p) for p in group) for name, group in processes.items()}
+    mine, started = own_cpu_seconds(), time.perf_counter()
+    for _ in range(n):
+        work()
+    figures = {"wall": (time.perf_counter() - started) / n * 1e6, "client": (own_cpu_seconds() - mine) / n * 1e6}
+    for name, group in processes.items():
+        figures[name] = (sum(cpu_seconds(p) for p in group) - before[name]) / n * 1e6
+    return figures
+
+
+def daemon_processes(parent_pid: int) -> dict[str, list[psutil.Process]]:
+    """The protocol process (the one with threads: the journal's, libzmq's) and the tool
+    workers (its spawner's children), found among this process's descendants."""
+    mine = psutil.Process(parent_pid)
+    serving = [p for p in mine.children(recursive=True) if "serve" in " ".join(p.cmdline())]
+    protocol = [p for p in serving if p.num_threads() > 1]
+    spawners = {p.pid for p in serving if p not in protocol and p.ppid() in {q.pid for q in protocol}}
+    workers = [p for p in psutil.process_iter() if p.ppid() in spawners]
+    return {"protocol": protocol, "workers": workers}
+
+
+def main(n: int = 3000, rounds: int = 3) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = four_kb_root(Path(tmp))
+        echo_endpoint = f"ipc://{tmp}/echo.sock"
+        server = start_echo_server(echo_endpoint)
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(echo_endpoint)
+
+        def echo() -> None:
+            dealer.send(encode(Ping(id=1)))
+            decode_daemon_message(dealer.recv())
+
+        rows: dict[str, list[dict[str, float]]] = {"echo": [], "read": []}
+        with running_daemon(root) as endpoint, Client(endpoint) as client:
+
+            def read() -> None:
+                assert client.call("read_file", {"path": "four_kb.txt"}).ok
+
+            for _ in range(300):
+                read()
+                echo()
+            daemon = daemon_processes(os.getpid())
+            for _ in range(rounds):
+                rows["echo"].append(per_call(echo, n, {"server": [psutil.Process(server.pid)]}))
+                rows["read"].append(per_call(read, n, daemon))
+        server.terminate()
+    print(f"# CPU µs per call, n={n} per case, {rounds} rounds, medians ({sys.platform})")
+    for case, samples in rows.items():
+        names = list(samples[0])
+        line = "  ".join(f"{name} {statistics.median(s[name] for s in samples):7.1f}" for name in names)
+        print(f"{case:<5} {line}")
+    echo_total = statistics.median(s["server"] + s["client"] for s in rows["echo"])
+    read_total = statistics.median(s["protocol"] + s["workers"] + s["client"] for s in rows["read"])
+    print(f"read CPU per call, all processes: {read_total:.0f} µs = {read_total / echo_total:.1f}x the echo's")
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:]))
