@@ -29,6 +29,8 @@ _MAX_GLOB_ENTRIES = 10_000
 
 def denied_words(sandbox: Sandbox, words: Iterable[str], cwd: str) -> str | None:
     """``"WORD (pattern)"`` for the first word naming a denied path, else None."""
+    if not sandbox.denied_patterns:
+        return None  # nothing is denied: no word can name it, and no path is looked at
     for count, word in enumerate(words):
         if count >= _MAX_WORDS:
             return f"{word[:60]}… (too many words to check)"
