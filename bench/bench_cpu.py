@@ -18,10 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-import zmq
 
 from _common import running_daemon
-from bench_roundtrip import four_kb_root, start_echo_server
+from bench_roundtrip import echo_pair, four_kb_root
 from toold_client import Client
 from toold_protocol import Ping, decode_daemon_message, encode
 
@@ -65,11 +64,7 @@ def daemon_processes(parent_pid: int) -> dict[str, list[psutil.Process]]:
 def main(n: int = 3000, rounds: int = 3) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = four_kb_root(Path(tmp))
-        echo_endpoint = f"ipc://{tmp}/echo.sock"
-        server = start_echo_server(echo_endpoint)
-        ctx = zmq.Context()
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.connect(echo_endpoint)
+        server, dealer = echo_pair(tmp)
 
         def echo() -> None:
             dealer.send(encode(Ping(id=1)))

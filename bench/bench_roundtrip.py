@@ -52,14 +52,19 @@ def start_echo_server(endpoint: str) -> multiprocessing.Process:
     return server
 
 
+def echo_pair(tmp: str) -> tuple[multiprocessing.Process, zmq.Socket[bytes]]:
+    """The baseline: an echo server in another process and a DEALER connected to it."""
+    endpoint = f"ipc://{tmp}/echo.sock"
+    server = start_echo_server(endpoint)
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    return server, dealer
+
+
 def main(n: int = 2000, rounds: int = 5) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = four_kb_root(Path(tmp))
-        endpoint = f"ipc://{tmp}/echo.sock"
-        server = start_echo_server(endpoint)
-        ctx = zmq.Context()
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.connect(endpoint)
+        server, dealer = echo_pair(tmp)
         counter = iter(range(10**9))
 
         def echo() -> None:
