@@ -49,17 +49,21 @@ async def _reply_in_two_parts(spawner: trio.socket.SocketType, reply: Spawned, p
     await spawner.send(data[4:])
 
 
+async def _chore_answered(runner: SpawnRunner, spawner: trio.socket.SocketType, path: str) -> Spawned:
+    """One temp-dir request that the spawner answers with ``path``: what the runner got."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path=path), 0.0)
+        with trio.fail_after(5):
+            return await runner._chore(TempWanted(uid=1000, gid=1000))
+
+
 async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_answer(channel: Channel) -> None:
     runner, spawner = channel
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path="/first"), 0.2)
         with trio.move_on_after(0.05):
             await runner._chore(TempWanted(uid=1000, gid=1000))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path="/second"), 0.0)
-        with trio.fail_after(5):
-            reply = await runner._chore(TempWanted(uid=1000, gid=1000))
-    assert reply.path == "/second"
+    assert (await _chore_answered(runner, spawner, "/second")).path == "/second"
 
 
 async def test_a_late_spawner_costs_one_caller_and_the_next_still_gets_its_own_reply(
@@ -74,11 +78,7 @@ async def test_a_late_spawner_costs_one_caller_and_the_next_still_gets_its_own_r
     assert "did not answer within" in first.error
     await receive_frame(spawner)  # the spawner gets to the first request at last
     await spawner.send(frame(Spawned(path="/late")))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path="/second"), 0.0)
-        with trio.fail_after(5):
-            second = await runner._chore(TempWanted(uid=1000, gid=1000))
-    assert second.path == "/second"
+    assert (await _chore_answered(runner, spawner, "/second")).path == "/second"
 
 
 async def test_a_command_started_for_a_caller_that_gave_up_is_swept(
