@@ -45,15 +45,24 @@ def read_request(path: str, **fields: object) -> p.SubmitBatch:
 
 
 def test_a_quick_read_comes_back_as_one_frame_when_the_client_reads_it_there(daemon: DaemonProcess) -> None:
+    """Either form is correct on a slow machine (past the 20 ms hold the acceptance goes
+    alone, then the outcome); a quick read on an idle worker must take the one-frame form."""
     (daemon.root / "note.txt").write_text("one frame\n")
     warm(daemon)
     request = read_request("note.txt", events="results", outcome_in_acceptance=True)
-    [frame] = frames_for(daemon.endpoint, request)
-    accepted = p.decode_daemon_message(frame)
-    assert isinstance(accepted, p.BatchAccepted) and accepted.id == 7
-    assert accepted.outcome is not None and accepted.outcome.batch_id == accepted.batch_id
-    assert accepted.outcome.state == "finished"
-    assert "one frame" in accepted.outcome.results[0].content
+    carried = []
+    for _ in range(5):
+        first, *rest = [p.decode_daemon_message(f) for f in frames_for(daemon.endpoint, request)]
+        assert isinstance(first, p.BatchAccepted) and first.id == 7
+        if first.outcome is None:  # held too long: the two frames, never the outcome twice
+            [finished] = rest
+            assert isinstance(finished, p.BatchFinished) and finished.batch_id == first.batch_id
+            continue
+        assert rest == []  # nothing follows an acceptance that carries the outcome
+        carried.append(first.outcome)
+        assert first.outcome.batch_id == first.batch_id and first.outcome.state == "finished"
+        assert "one frame" in first.outcome.results[0].content
+    assert carried, "no quick read came back as one frame in five tries"
 
 
 def test_a_client_that_did_not_ask_gets_acceptance_then_outcome(daemon: DaemonProcess) -> None:
@@ -76,11 +85,14 @@ def test_the_client_sees_the_same_outcome_and_events_either_way(daemon: DaemonPr
     (root / "note.txt").write_text("same\n")
     warm(daemon)
     with Client(daemon.endpoint) as client:
-        seen: list[p.DaemonMessage] = []
         read = [{"name": "read_file", "arguments": {"path": "note.txt"}}]
-        quick = client.submit(read, events="results", on_event=seen.append)
+        for _ in range(5):  # one frame unless the machine is too slow for the hold (see above)
+            seen: list[p.DaemonMessage] = []
+            quick = client.submit(read, events="results", on_event=seen.append)
+            assert [type(e).__name__ for e in seen] == ["BatchFinished"]  # on_event sees the end either way
+            if quick.accepted.outcome is not None:
+                break
         assert quick.accepted.outcome is not None  # it came in one frame
-        assert [type(e).__name__ for e in seen] == ["BatchFinished"]  # on_event still sees the end
         every: list[p.DaemonMessage] = []
         full = client.submit(read, on_event=every.append)
         assert full.accepted.outcome is None
