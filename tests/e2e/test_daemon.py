@@ -50,6 +50,11 @@ def error_code(frame: bytes) -> tuple[str, int | None]:
         ([b"\xc1\xc1garbage"], "MALFORMED_FRAME", None),
         ([p.encode_value({"type": "format_disk", "id": 9})], "UNKNOWN_MESSAGE_TYPE", 9),
         ([p.encode_value({"type": "submit_batch", "id": 10, "calls": "nope"})], "INVALID_MESSAGE", 10),
+        (
+            [p.encode_value({"type": "submit_batch", "id": 12, "calls": [], "outcome_in_acceptance": "yes"})],
+            "INVALID_MESSAGE",
+            12,
+        ),
         ([p.encode(p.Ping(id=1)), b"second part"], "MULTIPART_NOT_ALLOWED", None),
         ([b"x" * (9 * 1024 * 1024)], "FRAME_TOO_LARGE", None),
         (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import random
 import time
 from pathlib import Path
 
@@ -85,4 +87,33 @@ def test_batches_cancelled_while_their_workers_start_leave_the_daemon_serving(da
                 assert other.call("read_file", {"path": "a.txt"}, timeout=10).content == "A"
     finally:
         storm.close()
+        ctx.term()
+
+
+def test_frames_that_arrive_while_replies_go_out_are_never_left_unread(daemon: DaemonProcess) -> None:
+    """Attack: time requests to land while the daemon sends other clients' replies. A send
+    can consume the edge of the socket's descriptor that announced them; the daemon wakes
+    its receive loop only when frames wait, so a missed check would leave them unread until
+    some other event. Each round ends quiet, so a stranded ping would never be answered."""
+    (daemon.root / "a.txt").write_text("x" * 4096)
+    rng = random.Random(7)
+    ctx = zmq.Context()
+    pinger = ctx.socket(zmq.DEALER)
+    pinger.linger = 0
+    pinger.connect(daemon.endpoint)
+    clients = [daemon.client(timeout=5) for _ in range(3)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
+            for round_ in range(300):
+                reads = [pool.submit(c.call, "read_file", {"path": "a.txt"}) for c in clients]
+                time.sleep(rng.uniform(0, 0.0015))  # land somewhere among their replies
+                pinger.send(p.encode(p.Ping(id=round_)))
+                assert all(r.result(timeout=10).ok for r in reads)
+                assert pinger.poll(2000), f"ping {round_} left unread while nothing else happened"
+                reply = decode_daemon_message(pinger.recv())
+                assert isinstance(reply, p.Pong) and reply.id == round_
+    finally:
+        for client in clients:
+            client.close()
+        pinger.close()
         ctx.term()
