@@ -301,6 +301,16 @@ def mark_calls(count: int) -> list[p.ToolCall]:
     ]
 
 
+def killed_daemons_cgroups(killed_pid: int, live_pid: int) -> list[str]:
+    """The killed daemon's cgroups where the live one looks after them: beside its own in
+    each hierarchy. A daemon touches nothing outside its own cgroup's subtree (what
+    systemd delegates to it); a v1 hierarchy in which the host moved processes between
+    starts may hold the killed daemon's base elsewhere, which is not its to remove."""
+    own = glob.glob(f"/sys/fs/cgroup/**/toold-{live_pid}", recursive=True)
+    beside = {os.path.join(os.path.dirname(base), f"toold-{killed_pid}") for base in own}
+    return sorted(path for path in beside if os.path.isdir(path))
+
+
 def test_randomized_kills_with_side_effects_never_run_a_call_twice(tmp_path: Path, root: Path) -> None:
     """kill -9 at random points of a batch whose calls leave marks on disk; after restart
     and a random resume or discard, every call has one result and no mark exists twice."""
@@ -326,7 +336,7 @@ def test_randomized_kills_with_side_effects_never_run_a_call_twice(tmp_path: Pat
                 if cgroup.available:  # the killed daemon's cgroups are cleaned up by the next one
                     # (at its start, or within seconds when their last processes were still exiting)
                     deadline = time.monotonic() + 15
-                    while left := glob.glob(f"/sys/fs/cgroup/**/toold-{killed_pid}", recursive=True):
+                    while left := killed_daemons_cgroups(killed_pid, daemon.proc.pid):
                         if time.monotonic() > deadline:
                             inside = {d: [e.name for e in os.scandir(d) if e.is_dir()] for d in left}
                             raise AssertionError(f"left behind: {inside}\n{daemon.log.read_text()[-2000:]}")
