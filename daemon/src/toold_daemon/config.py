@@ -325,6 +325,11 @@ class DaemonConfig(_Section, frozen=True):
     # and batches running at once, per uid.
     max_sessions_per_uid: PositiveInt = 256
     max_running_batches_per_uid: PositiveInt = 64
+    # Open connections to the socket (counted from accept, before any greeting): past
+    # either bound a new connection is shut down at once. The total is also held below
+    # the descriptor limit, less a reserve for the journal, workers and the spawner.
+    max_connections_per_uid: PositiveInt = 512
+    max_connections: PositiveInt = 8192
     finished_batches_kept: PositiveInt = 1000
     shutdown_grace_seconds: Annotated[float, Meta(ge=0, le=600)] = 5.0
     # When the client that submitted a batch disconnects: cancel what it still runs or

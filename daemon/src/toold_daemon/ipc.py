@@ -32,7 +32,9 @@ import fcntl
 import logging
 import os
 import re
+import socket
 import stat
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,8 @@ import zmq
 
 from toold_protocol import Identity
 
+from .connections import HANDSHAKE_SECONDS, ConnectionGuard
+
 log = logging.getLogger(__name__)
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -50,6 +54,9 @@ _PEER_ADDRESS = re.compile(r"^(?:localhost:)?(\d+):(\d+):(\d+)$")
 _RETRY_BLOCKED_SECONDS = 0.005
 PEER_CHECK_SECONDS = 0.2
 _LIBZMQ_FRAMES_PER_PEER = 64
+_MONITOR_ENDPOINT = "inproc://toold.connections"
+_MONITOR_EVENT = struct.Struct("=HI")  # libzmq's first monitor frame: event, value (the fd)
+_AUDIT_SECONDS = 1.0
 
 
 class EndpointInUse(Exception):
@@ -112,8 +119,12 @@ class IpcServer:
         refuse: Admission | None = None,
         activated_fd: int | None = None,
         heir: int | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         self.endpoint = endpoint
+        #: Counts each uid's connections from accept on and sheds those past the bounds.
+        self.guard = guard
+        self._monitor: zmq.Socket[bytes] | None = None
         #: The uid a root start drops to: the socket's directory and lock may be its already.
         self.heir = heir
         #: A listening socket passed by systemd: served as it is, never locked, re-moded or unlinked.
@@ -166,12 +177,37 @@ class IpcServer:
         router.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
         router.linger = 1000
+        # A connection that never finishes its greeting holds a descriptor only this long.
+        router.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * 1000))
+        if self.guard is not None:
+            self._monitor = self._watch_connections(router)
         if self.activated_fd is not None:
             router.setsockopt(zmq.USE_FD, self.activated_fd)  # libzmq adopts it instead of binding
         router.bind(self.endpoint)
         if path is not None:
             os.chmod(path, 0o600)
         self._router = router
+
+    def _watch_connections(self, router: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
+        """libzmq's accept and disconnect events, read by ``_monitor_loop``. Connected
+        before the ROUTER binds: libzmq waits on a monitor with no reader."""
+        router.monitor(_MONITOR_ENDPOINT, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        monitor = self._ctx.socket(zmq.PAIR)
+        monitor.linger = 0
+        monitor.connect(_MONITOR_ENDPOINT)
+        return monitor
+
+    def _listen_path(self) -> bytes | None:
+        """The name accepted connections carry as their own address (getsockname)."""
+        if self.activated_fd is None:
+            path = ipc_path(self.endpoint)
+            return os.fsencode(path) if path is not None else None
+        listener = socket.socket(fileno=self.activated_fd)
+        try:
+            name = listener.getsockname()
+        finally:
+            listener.detach()
+        return os.fsencode(name) if name else None
 
     def _take_lock(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -210,7 +246,9 @@ class IpcServer:
             return
         self.closed = True
         self._flush_outbox()
-        for sock in (self._router, self._zap):
+        if self._router is not None and self._monitor is not None:
+            self._router.disable_monitor()
+        for sock in (self._router, self._zap, self._monitor):
             if sock is not None:
                 sock.close()
         self._ctx.term()
@@ -320,6 +358,8 @@ class IpcServer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._zap_loop)
             nursery.start_soon(self._watch_peers)
+            if self._monitor is not None:
+                nursery.start_soon(self._monitor_loop, self._monitor)
             task_status.started()
             await self._pump()
 
@@ -387,6 +427,28 @@ class IpcServer:
             await trio.sleep(PEER_CHECK_SECONDS)
             for peer in self.vanished_peers():
                 self._peer_gone(peer)
+
+    async def _monitor_loop(self, monitor: zmq.Socket[bytes]) -> None:
+        guard = self.guard
+        assert guard is not None
+        guard.set_listen_path(self._listen_path())
+        fd = int(monitor.getsockopt(zmq.FD))
+        next_audit = trio.current_time() + _AUDIT_SECONDS
+        while True:
+            while int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                frames = monitor.recv_multipart(flags=zmq.NOBLOCK)
+                if len(frames[0]) < _MONITOR_EVENT.size:
+                    continue
+                event, conn_fd = _MONITOR_EVENT.unpack_from(frames[0])
+                if event == zmq.EVENT_ACCEPTED:
+                    guard.accepted(conn_fd)
+                elif event == zmq.EVENT_DISCONNECTED:
+                    guard.disconnected(conn_fd)
+            if trio.current_time() >= next_audit:
+                guard.audit()
+                next_audit = trio.current_time() + _AUDIT_SECONDS
+            with trio.move_on_at(next_audit):
+                await trio.lowlevel.wait_readable(fd)
 
     def _dispatch(self, inbound: Inbound) -> None:
         assert self._handler is not None

@@ -28,6 +28,7 @@ from toold_protocol import SOCKET_NAME
 from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
 from .config import Config
+from .connections import ConnectionGuard, connection_budget, raise_descriptor_limit
 from .executor import Executor
 from .ipc import Admission, IpcServer, check_private_dir, ipc_path
 from .isolation.peers import parent_of, tool_process
@@ -234,6 +235,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     gateway = _gateway(config, runner, registry)
     ipc = IpcServer(
         endpoint,
+        guard=_connection_guard(config),
         hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
         max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
         refuse=_refuse_tool_processes(runner),
@@ -343,6 +345,14 @@ def _status(service: Service) -> str:
     """The one line systemd shows for the service (``systemctl status``)."""
     running = sum(session.running for session in service.sessions)
     return f"serving {len(service.sessions)} sessions, {running} running batches"
+
+
+def _connection_guard(config: Config) -> ConnectionGuard:
+    limit = raise_descriptor_limit()
+    total = connection_budget(limit, config.daemon.max_connections)
+    per_uid = min(config.daemon.max_connections_per_uid, total)
+    log.info("connections: at most %d in all, %d per uid (descriptor limit %d)", total, per_uid, limit)
+    return ConnectionGuard(per_uid=per_uid, total=total)
 
 
 def _refuse_tool_processes(runner: object) -> Admission | None:
