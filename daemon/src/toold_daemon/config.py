@@ -41,21 +41,40 @@ DEFAULT_DENIED_PATTERNS = (
     "**/etc/sudoers",
 )
 
-# Paths that make other programs run code the next time they are used: git hooks and
-# config, editor tasks, direnv, dev containers, shell start-up files at a root (a home).
+# Paths that make other programs run code the next time they are used, wherever they lie
+# below a root: git hooks and config, Python's start-up hooks, package managers' and
+# network tools' configuration, editor tasks, direnv, dev containers; and the shell
+# start-up files at a root (a home). Every dot-entry directly in a home directory is
+# protected besides these (``~/.*``, see sandbox/homes.py).
 DEFAULT_PROTECTED_PATTERNS = (
     "**/.git",
     "**/.git/**",
     "**/.gitmodules",
+    "**/.gitconfig",
+    "**/.config/git/**",
+    "**/*.pth",
+    "**/sitecustomize.py",
+    "**/usercustomize.py",
+    "**/.ssh/**",
+    "**/.gnupg/**",
+    "**/.netrc",
+    "**/.npmrc",
+    "**/.pypirc",
+    "**/pip.conf",
+    "**/.docker/**",
     "**/.envrc",
-    "**/.vscode/tasks.json",
-    "**/.vscode/settings.json",
-    "**/.vscode/launch.json",
+    "**/.vscode",
+    "**/.vscode/**",
+    "**/.idea",
     "**/.idea/**",
+    "**/.devcontainer",
     "**/.devcontainer/**",
-    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zshenv",
-    ".zprofile", ".zlogin", ".config/fish/**", ".config/autostart/**", ".pam_environment",
+    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".bash_aliases", ".profile", ".zshrc", ".zshenv",
+    ".zprofile", ".zlogin", ".config/fish/**", ".config/autostart/**", ".config/systemd/**", ".local/bin/**",
+    ".pam_environment",
 )  # fmt: skip
+#: Names the dot-entries directly in every home directory, protected besides the patterns.
+HOME_DOTFILES = "~/.*"
 # Names below each root that commands see read-only (a bind mount in their own namespace).
 DEFAULT_READONLY_FOR_COMMANDS = (".git",)
 
@@ -80,6 +99,9 @@ class SandboxConfig(_Section, frozen=True):
     # rule allows that tool; added to DEFAULT_PROTECTED_PATTERNS unless the flag is false.
     protected_patterns: list[str] = []
     include_default_protected: bool = True
+    # Built-in protected patterns to drop, by their exact text ("**/*.pth", or "~/.*" for
+    # the dot-entries directly in every home directory).
+    unprotected_patterns: list[str] = []
     # Entries directly below each root that commands (shell, run_code) may read but not
     # change; a rule cannot lift this, the administrator can by emptying the list.
     readonly_for_commands: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_READONLY_FOR_COMMANDS))
@@ -88,6 +110,12 @@ class SandboxConfig(_Section, frozen=True):
     # this many entries, then the layer reports itself partial.
     hide_denied_from_commands: bool = True
     hide_denied_max_entries: PositiveInt = 100_000
+
+    def __post_init__(self) -> None:
+        built_in = {*DEFAULT_PROTECTED_PATTERNS, HOME_DOTFILES}
+        unknown = [p for p in self.unprotected_patterns if p not in built_in]
+        if unknown:
+            raise ValueError(f"unprotected_patterns: {unknown[0]!r} is not a built-in protected pattern")
 
 
 class TimeoutsConfig(_Section, frozen=True):

@@ -16,7 +16,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from ..sandbox.denied_tree import find_denied
+from ..sandbox.denied_tree import Found, find_denied
+from ..sandbox.homes import home_directories, homes_within
 from ..sandbox.paths import Sandbox
 from . import cgroup, kernel
 from .wire import Limits, SpawnRequest
@@ -56,7 +57,7 @@ def confine(
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     layers["capabilities"] = _drop_capabilities(request.keep_capabilities)
     readonly = [p for p in request.readonly_paths if os.path.lexists(p)]
-    views = bool(readonly or request.hidden_patterns)
+    views = bool(readonly or request.hidden_patterns or request.protected_patterns or request.protect_homes)
     as_root = os.geteuid() == 0
     if views and as_root:  # while we may still mount without a user namespace
         layers.update(_mount_views(request, readonly, new_user_namespace=False))
@@ -142,9 +143,11 @@ def _drop_identity(uid: int, gid: int) -> str:
 
 def _mount_views(request: SpawnRequest, readonly: list[str], *, new_user_namespace: bool) -> dict[str, str]:
     """In a mount namespace of our own: cover each denied file below the roots with an
-    empty stand-in (layer ``denied_files``), then bind each of ``readonly`` over itself
-    read-only, so that commands can read ``.git`` but never plant a hook or rewrite its
-    config (layer ``readonly_paths``). Both layers are off if the namespace is refused."""
+    empty stand-in (layer ``denied_files``); make the protected locations read-only (layer
+    ``protected_paths``: homes but for their non-dot entries, and what matches a protected
+    pattern); then bind each of ``readonly`` over itself read-only, so that commands can
+    read ``.git`` but never plant a hook or rewrite its config (layer ``readonly_paths``).
+    Every layer is off if the namespace is refused."""
     try:
         if new_user_namespace:
             _unshare_as_same_uid(kernel.CLONE_NEWNS)
@@ -153,8 +156,9 @@ def _mount_views(request: SpawnRequest, readonly: list[str], *, new_user_namespa
         kernel.make_mounts_private()
     except OSError as exc:
         why = f"off: no mount namespace for commands ({exc.strerror})"
-        return {"readonly_paths": why, "denied_files": why} if readonly else {"denied_files": why}
-    layers = {"denied_files": _hide_denied(request)}
+        return {"readonly_paths": why, "denied_files": why, "protected_paths": why}
+    found = _find_below_roots(request)
+    layers = {"denied_files": _hide_denied(request, found), "protected_paths": _protect(request, found, readonly)}
     if readonly:
         try:
             for path in readonly:
@@ -166,13 +170,24 @@ def _mount_views(request: SpawnRequest, readonly: list[str], *, new_user_namespa
     return layers
 
 
-def _hide_denied(request: SpawnRequest) -> str:
+def _find_below_roots(request: SpawnRequest) -> Found:
+    """One bounded walk of the roots for both the denied files and the protected entries."""
+    if not request.roots:
+        return Found()
+    sandbox = Sandbox(
+        request.roots,
+        denied_patterns=request.hidden_patterns,
+        protected_patterns=request.protected_patterns,
+        verified=False,
+    )
+    return find_denied(sandbox, max_entries=request.hide_max_entries, protected=bool(request.protected_patterns))
+
+
+def _hide_denied(request: SpawnRequest, found: Found) -> str:
     if not request.hidden_patterns:
         return "off: no denied patterns"
     if not request.roots:
         return "off: no roots"
-    sandbox = Sandbox(request.roots, denied_patterns=request.hidden_patterns, verified=False)
-    found = find_denied(sandbox, max_entries=request.hide_max_entries)
     try:
         for path in found.files:
             kernel.hide_file(path)
@@ -184,6 +199,33 @@ def _hide_denied(request: SpawnRequest) -> str:
     if not found.complete:
         return f"partial: {count} hidden; stopped after {request.hide_max_entries} entries (hide_denied_max_entries)"
     return f"on ({count} hidden when commands started)"
+
+
+def _protect(request: SpawnRequest, found: Found, readonly: list[str]) -> str:
+    """Homes at or below the roots read-only, each of their entries that is not a dot-entry
+    bound writable again (so no dotfile can be created or changed there), then every
+    protected entry the walk found read-only."""
+    if not request.protected_patterns and not request.protect_homes:
+        return "off: no protected locations"
+    homes = homes_within(request.roots, home_directories()) if request.protect_homes else []
+    covered = {*found.files, *found.directories}
+    try:
+        for home in homes:
+            kernel.bind_read_only(home)
+            with os.scandir(home) as entries:
+                for entry in entries:
+                    if entry.name.startswith(".") or entry.path in covered:
+                        continue
+                    if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                        kernel.bind_writable(entry.path)
+        skip = set(readonly)
+        shown = [p for p in found.protected if p not in skip and p not in covered]
+        for path in shown:
+            kernel.bind_read_only(path)
+    except OSError as exc:
+        return f"off: protected locations could not be made read-only ({exc.strerror})"
+    partial = "" if found.complete else f"; the search stopped after {request.hide_max_entries} entries"
+    return f"on ({len(homes)} home(s) and {len(shown)} protected entries read-only for commands{partial})"
 
 
 def _cut_network(request: SpawnRequest) -> str:

@@ -163,6 +163,15 @@ def bind_read_only(path: str) -> None:
     _remount_read_only(path)
 
 
+def bind_writable(path: str) -> None:
+    """Make ``path`` writable again below a read-only bind (its submounts keep their own
+    flags: a read-only ``.git`` inside stays read-only)."""
+    mount(path, path, MS_BIND | MS_REC)
+    kept = os.statvfs(path).f_flag
+    flags = MS_BIND | MS_REMOUNT | sum(ms for st, ms in _KEPT_MOUNT_FLAGS.items() if kept & st)
+    mount(None, path, flags)
+
+
 def _remount_read_only(path: str) -> None:
     """Make the bind mount at ``path`` read-only, keeping the flags the kernel locked on it
     (a user namespace may not clear nosuid, nodev, …)."""

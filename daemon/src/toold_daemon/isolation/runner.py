@@ -496,6 +496,8 @@ class SpawnRunner:
             hidden_patterns=list(ctx.sandbox.denied_patterns)
             if command and self.config.tools.sandbox.hide_denied_from_commands
             else [],
+            protected_patterns=list(ctx.sandbox.protected_patterns) if command else [],
+            protect_homes=bool(command) and ctx.sandbox.protect_homes,
             hide_max_entries=self.config.tools.sandbox.hide_denied_max_entries,
             reads=dict(ctx.reads),
         )

@@ -43,7 +43,10 @@ _CLOSE_WAIT_S = 1.0
 _outcome_decoder = msgspec.msgpack.Decoder(Outcome)
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
 
-Kind = tuple[int, int, tuple[str, ...], tuple[str, ...], bool, bool, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+Kind = tuple[
+    int, int, tuple[str, ...], tuple[str, ...], bool, bool, tuple[str, ...], tuple[str, ...], tuple[str, ...],
+    tuple[str, ...], bool,
+]  # fmt: skip
 # (request for the zygote itself, its socket end to hand over) -> the zygote's pid
 StartChild = Callable[[SpawnRequest, int], Awaitable[int]]
 
@@ -68,6 +71,8 @@ def kind_of(request: SpawnRequest) -> Kind:
         tuple(request.require),
         tuple(request.readonly_paths),
         tuple(request.hidden_patterns),
+        tuple(request.protected_patterns),
+        request.protect_homes,
     )
 
 

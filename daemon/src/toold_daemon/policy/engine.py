@@ -48,8 +48,9 @@ class Facts:
     #: Whether the default (mode ``prompt`` with ``prompt_side_effects``) asks for this
     #: call: a tool may say no for harmless arguments (write_file creating a new file).
     prompts: bool | None = None
-    #: A path this call writes where other programs run code from (``.git/hooks/…``):
-    #: asked about unless an explicit rule allows it or the preset is "all".
+    #: A path this call writes where other programs run code from (``.git/hooks/…``,
+    #: ``~/.gitconfig``): asked about in every mode and preset, unless an allowing rule
+    #: with a condition on the path decided.
     protected: str | None = None
     #: A denied file a command's words name (``cat .env``): asked about whatever the
     #: rules or the preset say; a deny rule still denies.
@@ -102,7 +103,7 @@ def _evaluate(facts: Facts, identity: Identity, client_name: str, approval: Appr
             f"{facts.tool} is a high-risk tool: it runs unasked only if the allowlist, a rule or preset 'all' names it"
         )
         return Verdict("ask", why, facts.risk)
-    if verdict.decision != "deny" and facts.protected and ruled is None and approval.preset != "all":
+    if verdict.decision != "deny" and facts.protected and not _allowed_by_path(ruled, approval):
         return Verdict("ask", f"{facts.tool} writes {facts.protected}", _max_risk(verdict.risk, "high"))
     if verdict.decision == "allow" and facts.requires_approval and approval.preset != "all":
         return Verdict(
@@ -113,6 +114,19 @@ def _evaluate(facts: Facts, identity: Identity, client_name: str, approval: Appr
             verdict.message,
         )
     return verdict
+
+
+#: Arguments that name the files a built-in tool writes.
+PATH_PARAMETERS = frozenset({"path", "paths", "source", "destination"})
+
+
+def _allowed_by_path(ruled: Verdict | None, approval: ApprovalConfig) -> bool:
+    """Whether an allowing rule with a condition on the path decided: the only word that
+    lets a write into a protected location go unasked (no mode or preset does)."""
+    if ruled is None or ruled.decision != "allow" or ruled.rule is None:
+        return False
+    rule = approval.rules[ruled.rule]
+    return any(condition.param in PATH_PARAMETERS for condition in rule.conditions)
 
 
 def _by_mode(facts: Facts, approval: ApprovalConfig) -> Verdict:

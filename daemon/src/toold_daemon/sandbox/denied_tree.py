@@ -36,21 +36,25 @@ class Found:
     complete: bool = True
     #: Regular files with more than one link, by inode: other names a denied file may have.
     linked: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    #: With ``protected``: the outermost files and directories matching a protected pattern.
+    protected: list[str] = field(default_factory=list)
 
 
-def find_denied(sandbox: Sandbox, *, max_entries: int) -> Found:
+def find_denied(sandbox: Sandbox, *, max_entries: int, protected: bool = False) -> Found:
     """Denied entries below the sandbox's roots, visiting at most ``max_entries`` directory
     entries. Files inside a denied directory count as denied (their inodes are kept), and
     a hard link to a denied file under an innocent name is covered too. Symlinks are
     left alone: what they point to is checked where it lies, and outside the roots
-    Landlock refuses it."""
+    Landlock refuses it. With ``protected``, the same walk also finds the entries that
+    match the sandbox's protected patterns (for commands to see read-only)."""
     found = Found()
-    if not sandbox.denied_patterns:
+    if not sandbox.denied_patterns and not (protected and sandbox.protected_patterns):
         return found
     budget = max_entries
-    pending = [(str(root), False) for root in sandbox.roots if os.path.isdir(root)]
+    # (directory, inside a denied one, inside a protected one (or not looking))
+    pending = [(str(root), False, not protected) for root in sandbox.roots if os.path.isdir(root)]
     while pending:
-        directory, inside_denied = pending.pop()
+        directory, inside_denied, inside_protected = pending.pop()
         try:
             with os.scandir(directory) as entries:
                 for entry in entries:
@@ -58,14 +62,22 @@ def find_denied(sandbox: Sandbox, *, max_entries: int) -> Found:
                     if budget < 0:
                         found.complete = False
                         return _with_other_names(found)
-                    _consider(sandbox, entry, found, pending, inside_denied=inside_denied)
+                    _consider(
+                        sandbox, entry, found, pending, inside_denied=inside_denied, inside_protected=inside_protected
+                    )
         except OSError:
             continue  # unreadable for this user: its commands cannot read it either
     return _with_other_names(found)
 
 
 def _consider(
-    sandbox: Sandbox, entry: os.DirEntry[str], found: Found, pending: list[tuple[str, bool]], *, inside_denied: bool
+    sandbox: Sandbox,
+    entry: os.DirEntry[str],
+    found: Found,
+    pending: list[tuple[str, bool, bool]],
+    *,
+    inside_denied: bool,
+    inside_protected: bool,
 ) -> None:
     try:
         st = entry.stat(follow_symlinks=False)
@@ -74,17 +86,20 @@ def _consider(
     is_dir, is_file = stat.S_ISDIR(st.st_mode), stat.S_ISREG(st.st_mode)
     if inside_denied:
         if is_dir:
-            pending.append((entry.path, True))
+            pending.append((entry.path, True, True))
         elif is_file:
             found.inodes.add((st.st_dev, st.st_ino))
         return
+    if not inside_protected and (is_dir or is_file) and sandbox.protected_pattern(entry.path) is not None:
+        found.protected.append(entry.path)
+        inside_protected = True
     denied = sandbox.denied_pattern(Path(entry.path)) is not None or (
         is_dir and sandbox.denied_pattern(Path(entry.path, "x")) is not None
     )
     if is_dir:
         if denied:
             found.directories.append(entry.path)
-        pending.append((entry.path, denied))
+        pending.append((entry.path, denied, inside_protected))
     elif is_file and denied:
         found.files.append(entry.path)
         found.inodes.add((st.st_dev, st.st_ino))

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..errors import bad_args, from_os_error, sandbox_violation
 from ..globmatch import compile_glob
 from .denied_tree import denied_inodes
+from .homes import HOME_DOTFILES, home_directories, home_dotfile
 
 # Tests only: with TOOLD_TEST_UNCHECKED_PATHS=1 in the daemon's environment, resolving
 # is lexical and opening follows symlinks, so a test can show that the kernel layer of
@@ -60,6 +61,7 @@ class Sandbox:
         *,
         denied_patterns: Iterable[str] = (),
         protected_patterns: Iterable[str] = (),
+        protect_homes: bool = False,
         allow_absolute: bool = False,
         verified: bool = True,
     ) -> None:
@@ -90,6 +92,9 @@ class Sandbox:
         self._denied_rel = [(p, compile_glob(p)) for p in self.denied_patterns if not p.startswith("/")]
         self.protected_patterns: tuple[str, ...] = tuple(dict.fromkeys(protected_patterns))
         self._protected = [(p, compile_glob(p)) for p in self.protected_patterns]
+        self._protected_any = _alternation(self._protected)
+        #: Dot-entries directly in any home directory are protected too (``HOME_DOTFILES``).
+        self.protect_homes = protect_homes
         self._denied_abs_any = _alternation(self._denied_abs)
         self._denied_rel_any = _alternation(self._denied_rel)
         for root in self.roots:
@@ -191,14 +196,19 @@ class Sandbox:
             message = f"Access to {shown} is denied: it is a hard link to a denied file"
             raise sandbox_violation("DENIED_PATTERN", message, attempted=shown)
 
-    def protected_pattern(self, path: Path) -> str | None:
-        """The first protected pattern matching canonical ``path`` (relative to its root):
-        a place other programs run code from, which built-in writes ask about."""
+    def protected_pattern(self, path: Path | str) -> str | None:
+        """The first protected pattern matching canonical ``path`` (relative to its root),
+        or ``HOME_DOTFILES`` for a home's dot-entry: a place other programs run code from,
+        which built-in writes ask about."""
         text = str(path)
         index = self._root_index(text)
         if index is None or text == self.roots[index].as_posix():
             return None
+        if self.protect_homes and home_dotfile(text, home_directories()) is not None:
+            return HOME_DOTFILES
         rel = text[len(self._root_prefixes[index][1]) :]
+        if self._protected_any is None or not self._protected_any.match(rel):
+            return None
         return next((p for p, regex in self._protected if regex.match(rel)), None)
 
     def display(self, path: Path | str) -> str:
