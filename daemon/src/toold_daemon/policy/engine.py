@@ -28,6 +28,7 @@ from toold_protocol import Identity
 
 from ..config import ApprovalConfig, Condition, Rule
 from ..isolation.environment import DEFAULT_PATH
+from .options import hazards, rule_names_option
 from .shell import Part, Unreadable, matches_prefix, read_command
 
 Decision = Literal["allow", "deny", "ask"]
@@ -213,7 +214,21 @@ def part_concerns(part: Part, verdict: Verdict | None, ordered: list[tuple[int, 
             concerns.append(f"'{shown}' sets {', '.join(unnamed)} before running")
     if part.redirects:
         concerns.append(f"'{shown}' redirects input or output")
+    rule_words = _command_words(_rule_of(verdict, ordered)) if verdict is not None else []
+    for hazard in hazards(part.words):
+        if not rule_names_option(rule_words, hazard):
+            concerns.append(f"'{shown}': {hazard.describe(part.program)}")
     return concerns
+
+
+def _command_words(rule: Rule) -> list[str]:
+    """The words of a rule's conditions on the command (what it names)."""
+    words: list[str] = []
+    for condition in rule.conditions:
+        if condition.param == "command":
+            values = [condition.value] if isinstance(condition.value, str) else condition.value
+            words += [word for value in values for word in value.split()]
+    return words
 
 
 def _rule_of(verdict: Verdict, ordered: list[tuple[int, Rule]]) -> Rule:

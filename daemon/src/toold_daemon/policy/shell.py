@@ -71,6 +71,11 @@ _CODE_RUNNERS = frozenset(
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "ash", "csh", "tcsh", "busybox"})
 _FIND_RUNNERS = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\+?=")
+# ${name}, ${#name} and the POSIX operators (:- - := = :? ? :+ + # ## % %%) on a name,
+# a positional or a special parameter; nothing else.
+_POSIX_EXPANSION = re.compile(
+    r"^(?:#?(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-]))(?:(?::?[-=?+]|##?|%%?).*)?$", re.DOTALL
+)
 _SUBST = "\x00SUBST\x00"  # what a substitution leaves in a word (NUL never survives input checks)
 
 
@@ -180,6 +185,8 @@ class _Reader:
         self.parts = parts
         self.depth = depth
         self.heredocs: list[tuple[str, bool, bool]] = []  # (delimiter, quoted, strip tabs)
+        self.awaiting = ""  # an operator read (&&, ||, |) that still needs its command
+        self.had_command = False  # a command (or subshell) since the last separator
 
     def peek(self, offset: int = 0) -> str:
         j = self.i + offset
@@ -195,6 +202,7 @@ class _Reader:
                 if end is not None:
                     raise Unreadable("unbalanced parenthesis")
                 self._finish(simple)
+                self._check_complete()
                 return
             if ch in " \t":
                 self.i += 1
@@ -210,6 +218,7 @@ class _Reader:
                 self.i += 1
                 self._finish(simple)
                 simple = _Simple()
+                self.had_command = False
                 self._read_heredoc_bodies()
                 continue
             if ch == ")":
@@ -217,26 +226,45 @@ class _Reader:
                     raise Unreadable("unbalanced parenthesis")
                 self.i += 1
                 self._finish(simple)
+                self._check_complete()
                 return
             if ch == "(":
                 if simple.words or self.peek(1) == "(":
                     raise Unreadable("'(' where a command cannot start it (function definition or arithmetic)")
                 self.i += 1
                 self.read_nested(end=")")
+                self._command_seen()
                 continue
             if ch in ";|" or (ch == "&" and self.peek(1) != ">"):
-                self._read_separator()
+                operator = self._read_separator()
+                if not (self.had_command or simple.words or simple.redirects):
+                    raise Unreadable(f"{operator!r} with no command before it (not valid shell)")
                 self._finish(simple)
                 simple = _Simple()
+                self.had_command = False
+                self.awaiting = operator if operator in ("&&", "||", "|", "|&") else ""
                 continue
             if ch in "<>" or (ch == "&" and self.peek(1) == ">"):
                 self._read_redirection(simple)
+                self._command_seen()
                 continue
             word = self.read_word()
             if self.peek() in ("<", ">") and (word.unquoted.isdigit() or re.fullmatch(r"\{\w+\}", word.unquoted)):
                 self._read_redirection(simple)  # ``2>file``, ``{fd}>file``: the word is a descriptor
+                self._command_seen()
                 continue
             simple.words.append(word)
+            self._command_seen()
+
+    def _command_seen(self) -> None:
+        self.had_command = True
+        self.awaiting = ""
+
+    def _check_complete(self) -> None:
+        """A list must not end on an operator that needs a command after it (``ls &&``):
+        the shell refuses it, so no reading of it can be trusted."""
+        if self.awaiting:
+            raise Unreadable(f"the command ends with {self.awaiting!r} (not valid shell)")
 
     def read_nested(self, end: str) -> None:
         """Read a subshell or ``$(…)`` body from the current position up to its ``)``."""
@@ -247,11 +275,13 @@ class _Reader:
             raise Unreadable("a here-document inside a substitution")
         self.i = nested.i
 
-    def _read_separator(self) -> None:
+    def _read_separator(self) -> str:
         two = self.text[self.i : self.i + 2]
         if two in (";;", ";&"):
             raise Unreadable(f"{two!r} belongs to a case statement")
-        self.i += 2 if two in ("&&", "||", "|&") else 1
+        operator = two if two in ("&&", "||", "|&") else two[0]
+        self.i += len(operator)
+        return operator
 
     def _read_redirection(self, simple: _Simple) -> None:
         simple.redirects = True
@@ -390,6 +420,10 @@ class _Reader:
             body = self.text[self.i + 2 : end] if end >= 0 else ""
             if end < 0 or re.search(r"[$`'\"\\{(\[]", body):
                 raise Unreadable("a parameter expansion this reader cannot follow")
+            if not _POSIX_EXPANSION.match(body):
+                # bash's own forms (${x@P}, ${!x}, ${x/a/b}, ${x:1}, ${x^}) can expand prompt
+                # escapes, name other variables or run command substitutions kept in a value
+                raise Unreadable(f"a parameter expansion beyond POSIX: ${{{body}}}")
             self.i = end + 1
             word.text.append("${" + body + "}")
             word.raw.append("$")
