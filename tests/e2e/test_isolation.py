@@ -325,7 +325,8 @@ def test_toold_doctor_reports_every_layer(tmp_path: Path) -> None:
     layer_names = set(json.loads(subprocess.check_output([str(BIN / "toold"), "doctor", "--json"]))["layers"])
     rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines() if line.split()[0] in layer_names}
     assert set(rows) == {
-        "capabilities", "cgroup", "landlock", "network", "no_new_privs", "privilege", "rlimits", "seccomp", "signals"
+        "capabilities", "cgroup", "landlock", "network", "no_new_privs", "privilege", "processes", "rlimits",
+        "seccomp", "signals",
     }  # fmt: skip
     assert rows["landlock"] == ("on" if kernel.landlock_abi() else "off"), done.stdout
     assert rows["no_new_privs"] == "on"

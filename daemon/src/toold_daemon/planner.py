@@ -8,7 +8,6 @@ pre-resolves that call with an error result; the rest of the batch goes on.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,21 +21,18 @@ from .batches import PreparedCall
 from .config import Config
 from .errors import ToolError, bad_args, limits_exceeded, sandbox_violation
 from .policy.engine import COMMAND_TOOLS
+from .redaction import hide_secrets
 from .registry import Registry
 from .sandbox import Sandbox
 from .sandbox.named import denied_words
 from .tools import Tool
 
 SUMMARY_CHARS = 200
-_SECRET = re.compile(
-    r"(?i)((?:api[_-]?key|token|secret|password|passwd|authorization)\s*[=:]\s*(?:(?:bearer|basic|token)\s+)?"
-    r"|bearer\s+)([^\s'\",;&]+)"
-)
 
 
 def redact(text: str) -> str:
     """Hide values that look like credentials, and keep summaries short."""
-    text = _SECRET.sub(lambda m: m.group(1) + "***", text)
+    text = hide_secrets(text)
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
 

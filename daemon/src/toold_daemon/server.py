@@ -262,6 +262,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         # bounding set and Landlock are each thread's own, so threads born before the drop
         # would keep root's (a libzmq bug could then exec its way back to privileges).
         ipc.bind()
+        if isinstance(runner, SpawnRunner):
+            runner.service_gids = service_groups(config, ipc)
         if journal is not None:
             journal.start_writer()  # after the drop: a thread keeps the credentials it starts with
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -345,6 +347,26 @@ def _status(service: Service) -> str:
     """The one line systemd shows for the service (``systemctl status``)."""
     running = sum(session.running for session in service.sessions)
     return f"serving {len(service.sessions)} sessions, {running} running batches"
+
+
+def service_groups(config: Config, ipc: IpcServer) -> frozenset[int]:
+    """The groups that are the service's own: the socket's group and the service user's
+    primary group (never root's). Tool processes do not keep them."""
+    gids: set[int] = set()
+    if config.daemon.user:
+        try:
+            gids.add(pwd.getpwnam(config.daemon.user).pw_gid)
+        except KeyError:
+            pass
+    try:
+        path = ipc_path(ipc.endpoint)
+        if ipc.activated_fd is not None:
+            gids.add(os.fstat(ipc.activated_fd).st_gid)
+        elif path is not None:
+            gids.add(os.stat(path).st_gid)
+    except OSError:
+        pass
+    return frozenset(gids - {0})
 
 
 def _connection_guard(config: Config) -> ConnectionGuard:

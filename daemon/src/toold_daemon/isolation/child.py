@@ -48,7 +48,7 @@ def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: in
         if request.zygote:
             from .zygote import serve
 
-            serve(channel, layers)
+            serve(channel, layers, request.roots)
             os._exit(0)
         if request.worker:
             from .worker import serve as serve_tools

@@ -61,7 +61,8 @@ def confine(
     as_root = os.geteuid() == 0
     if views and as_root:  # while we may still mount without a user namespace
         layers.update(_mount_views(request, readonly, new_user_namespace=False))
-    layers["privilege"] = _drop_identity(request.uid, request.gid)
+    layers["processes"] = processes_report(request.uid)
+    layers["privilege"] = _drop_identity(request.uid, request.gid, request.drop_groups)
     namespace = _cut_network(request) if not request.network else ""
     # Never a user namespace of our own for a process that is uid 0 in it: it would hold
     # every capability there again. A root daemon mounted above, once.
@@ -119,9 +120,11 @@ def _drop_capabilities(keep: list[str]) -> str:
     return "on" + (f" (kept {', '.join(sorted(keep))})" if keep else "")
 
 
-def _drop_identity(uid: int, gid: int) -> str:
+def _drop_identity(uid: int, gid: int, drop_groups: Sequence[int] = ()) -> str:
     """Become the requesting peer. As root: setgroups, setgid, setuid. As anyone else the
-    spawner only serves its own uid (the runner refuses others before asking)."""
+    spawner only serves its own uid (the runner refuses others before asking). The
+    client's supplementary groups are kept but for ``drop_groups`` (the service's own
+    group, which would reach the daemon's socket and state), unless it is their primary."""
     if uid < 0 or (os.geteuid() != 0 and uid == os.geteuid()):
         return "on (same uid as the daemon)"
     if os.geteuid() != 0:
@@ -133,7 +136,7 @@ def _drop_identity(uid: int, gid: int) -> str:
         groups = [gid]
     if uid == 0:
         return "on (client is root)"
-    os.setgroups(groups)
+    os.setgroups([g for g in groups if g == gid or g not in drop_groups])
     os.setgid(gid)
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid:
@@ -168,6 +171,39 @@ def _mount_views(request: SpawnRequest, readonly: list[str], *, new_user_namespa
         except OSError as exc:
             layers["readonly_paths"] = f"off: read-only paths for commands refused ({exc.strerror})"
     return layers
+
+
+#: Whether this spawner's children see a /proc without other users' processes (set once
+#: in the spawner by ``hide_other_users_processes``, inherited by every child it forks).
+_processes = ["off: the spawner did not make a /proc of its own"]
+
+
+def hide_other_users_processes() -> str:
+    """In the spawner, once: a mount namespace of its own (still receiving the host's new
+    mounts) with a fresh /proc mounted ``hidepid=invisible``. Every child inherits it, so
+    no tool process sees another uid's processes, their command lines or environments;
+    the Landlock rules built here afterwards name this /proc. Mounting a proc instance
+    needs privilege over the host's PID namespace: only a root spawner can."""
+    if os.geteuid() != 0:
+        _processes[0] = "off: a /proc of its own needs the spawner to run as root (other users' processes stay visible)"
+        return _processes[0]
+    try:
+        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.mount(None, "/", kernel.MS_REC | kernel.MS_SLAVE)
+        kernel.mount(
+            "proc", "/proc", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "proc", "hidepid=invisible"
+        )
+    except OSError as exc:
+        _processes[0] = f"off: /proc could not be mounted anew ({exc.strerror})"
+        return _processes[0]
+    _processes[0] = "on (other users' processes are invisible)"
+    return _processes[0]
+
+
+def processes_report(uid: int) -> str:
+    if uid == 0 and _processes[0].startswith("on"):
+        return "off: the client is root"
+    return _processes[0]
 
 
 def _find_below_roots(request: SpawnRequest) -> Found:

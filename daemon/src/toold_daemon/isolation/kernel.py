@@ -132,6 +132,7 @@ MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
 MS_RELATIME = 1 << 21
 # statvfs f_flag bits → the mount flags a remount must repeat (a user namespace may not drop them)
 _KEPT_MOUNT_FLAGS = {

@@ -22,6 +22,7 @@ from ..sandbox import Sandbox, build_sandbox
 from ..tools._base import Tool
 from . import kernel
 from .confine import landlock_ruleset
+from .roots import roots_identity
 from .wire import SpawnRequest
 
 _CACHE_SIZE = 16
@@ -44,7 +45,7 @@ class Preparer:
         self.tools = tools
         self._configs: OrderedDict[bytes, Config] = OrderedDict()
         self._sandboxes: OrderedDict[tuple[bytes, tuple[str, ...]], Sandbox | str] = OrderedDict()
-        self._rulesets: OrderedDict[tuple[tuple[str, ...], ...], int | str] = OrderedDict()
+        self._rulesets: OrderedDict[tuple[object, ...], int | str] = OrderedDict()
         if kernel.seccomp_supported() is None:
             kernel.seccomp_program(sockets="none")
             kernel.seccomp_program(sockets="any")
@@ -81,7 +82,9 @@ class Preparer:
     def _ruleset(
         self, roots: list[str], writable: list[str], readable: list[str], network: bool, *, tools_only: bool
     ) -> int | str:
-        key = (tuple(roots), tuple(writable), tuple(readable), (str(network), str(tools_only)))
+        # The roots' identities too: a root removed and made again is another directory,
+        # which a ruleset made for the old one would refuse.
+        key = (tuple(roots), tuple(writable), tuple(readable), (str(network), str(tools_only)), roots_identity(roots))
         if key not in self._rulesets and len(self._rulesets) >= _CACHE_SIZE:
             _, old = self._rulesets.popitem(last=False)
             if isinstance(old, int):

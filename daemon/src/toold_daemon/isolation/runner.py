@@ -119,6 +119,8 @@ class SpawnRunner:
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
         self.user_state: Any = None  # memory and todos (``UserState``), set by the server
+        #: The service's own groups (the socket's, the service user's): never a tool's.
+        self.service_gids: frozenset[int] = frozenset()
         self.gateway: Any = None  # third-party MCP servers (``mcp.Gateway``), set by the server
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
         # None: the spawner's (see temps_from_spawner); a spawner of its own always makes them.
@@ -465,6 +467,7 @@ class SpawnRunner:
         limits = self._limits
         roots = [] if probe else [str(r) for r in ctx.sandbox.roots]
         return SpawnRequest(
+            drop_groups=sorted(self.service_gids),
             call_id=ctx.call_id,
             token=token,
             tool=tool_name,
@@ -509,6 +512,7 @@ class SpawnRunner:
         and confinement are made of (used when a new worker starts)."""
         isolation = self.config.tools.isolation
         return SpawnRequest(
+            drop_groups=sorted(self.service_gids),
             call_id=ctx.call_id,
             token="",
             tool=tool.name if tool is not None else "",

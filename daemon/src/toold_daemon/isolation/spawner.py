@@ -29,7 +29,7 @@ from . import kernel
 from .admission import Admission, Refused, check_cgroups, enable_credentials, receive_checked
 from .cgroup import call_bases_of
 from .child import run_child
-from .confine import guarded_pids
+from .confine import guarded_pids, hide_other_users_processes
 from .prepare import Preparer
 from .spawner_socket import accept_daemon
 from .tempdirs import TempDirs
@@ -70,6 +70,7 @@ def _serve(control: socket.socket, tools: dict[str, Tool[Any]], admission: Admis
     kernel.prctl(kernel.PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    hide_other_users_processes()
     serve_daemon(control, Preparer(tools), admission, daemon_pid)
 
 
@@ -79,6 +80,7 @@ def serve_forever(listener: socket.socket, tools: list[Tool[Any]], admission: Ad
     that restarts finds us again)."""
     kernel.prctl(kernel.PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    hide_other_users_processes()
     preparer = Preparer({tool.name: tool for tool in tools})
     while True:
         try:

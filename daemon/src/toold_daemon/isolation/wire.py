@@ -62,6 +62,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn", omit_
     stdio: bool = False  # confine, then exec argv on the channel (a socket) as stdin and stdout
     readable: list[str] = []  # read+execute besides the system's (an MCP server's own files)
     keep_capabilities: list[str] = []  # left in the bounding set of a root client's processes
+    drop_groups: list[int] = []  # supplementary groups a tool process never keeps (the service's)
     readonly_paths: list[str] = []  # bound read-only in the command's own mount namespace
     hidden_patterns: list[str] = []  # denied files below the roots, covered for commands
     protected_patterns: list[str] = []  # existing matches below the roots are read-only for commands
@@ -94,6 +95,7 @@ class Spawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
     pid: int = 0
     error: str = ""
     path: str = ""  # the temp dir, for ``TempWanted``
+    stale: bool = False  # a zygote whose roots were replaced since it started: start a new one
 
 
 class Chunk(msgspec.Struct, frozen=True, kw_only=True, tag="chunk"):

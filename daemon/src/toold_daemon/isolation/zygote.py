@@ -25,6 +25,7 @@ import time
 import msgspec
 
 from .child import start_command
+from .roots import roots_identity
 from .supervisor import Supervisor
 from .wire import Outcome, Spawned, SpawnRequest, close_fds, frame, receive_with_fds, write_frame
 
@@ -32,9 +33,10 @@ _decoder = msgspec.msgpack.Decoder(SpawnRequest)
 Started = tuple[SpawnRequest, int, int, dict[int, str], float]  # request, channel, pid, pipes, started at
 
 
-def serve(sock_fd: int, layers: dict[str, str]) -> None:
+def serve(sock_fd: int, layers: dict[str, str], roots: list[str]) -> None:
     """Announce the layers, then start commands until the runner closes the socket;
     returns once every command it started has been reported."""
+    identity = roots_identity(roots)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a call's reader may go away mid-write
     write_frame(sock_fd, Outcome(ok=True, layers=layers))
     sock = socket.socket(fileno=sock_fd)
@@ -48,18 +50,21 @@ def serve(sock_fd: int, layers: dict[str, str]) -> None:
                 supervisor.forget_other(sock_fd)
                 listening = False
                 continue
-            reply, started = _start(*received)
+            reply, started = _start(*received, identity=identity)
             sock.sendall(frame(reply))  # first: the runner waits for the pid
             if started is not None:
                 supervisor.add(*started)
 
 
-def _start(body: bytes, fds: list[int]) -> tuple[Spawned, Started | None]:
+def _start(body: bytes, fds: list[int], *, identity: tuple[tuple[int, int], ...]) -> tuple[Spawned, Started | None]:
     try:
         request = _decoder.decode(body)
     except msgspec.DecodeError as exc:
         close_fds(fds)
         return Spawned(error=f"bad command request: {exc}"), None
+    if roots_identity(request.roots) != identity:
+        close_fds(fds)
+        return Spawned(error="the workspace's directories were replaced since its commands started", stale=True), None
     if len(fds) != 1 or not request.argv:
         close_fds(fds)
         return Spawned(error="a command request carries argv and exactly one fd"), None

@@ -56,6 +56,10 @@ class ZygoteUnavailable(Exception):
     command may have started if the zygote died mid-request, so it sweeps first)."""
 
 
+class ZygoteStale(Exception):
+    """The zygote's roots were replaced (removed and made again) since it started."""
+
+
 class CommandNotStarted(Exception):
     """The zygote is fine but could not start this command (bad cwd, no such program)."""
 
@@ -152,6 +156,8 @@ class Zygote:
         self.spawned += 1
         if reply.error or reply.pid <= 0:
             self.cgroups.remove(group)
+            if reply.stale:
+                raise ZygoteStale(reply.error)
             raise CommandNotStarted(reply.error or "no pid")
         return reply.pid, group, left
 
@@ -190,8 +196,13 @@ class Zygotes:
         call's cgroup or "", set once the zygote has left it)."""
         zygote = await self._zygote(request)
         try:
-            return await zygote.spawn(request, channel_write_end)
-        except (OSError, PeerGone, ZygoteUnavailable, msgspec.DecodeError) as exc:
+            try:
+                return await zygote.spawn(request, channel_write_end)
+            except ZygoteStale:  # a workspace made anew: a fresh zygote confines to the new one
+                self._retire(kind_of(request), zygote)
+                zygote = await self._zygote(request)
+                return await zygote.spawn(request, channel_write_end)
+        except (OSError, PeerGone, ZygoteUnavailable, msgspec.DecodeError, ZygoteStale) as exc:
             self._retire(kind_of(request), zygote)
             raise ZygoteUnavailable(str(exc)) from None
 

@@ -32,6 +32,7 @@ from ..batches import Batch, PreparedCall
 from ..confirmations import Pending
 from ..errors import ToolError
 from ..policy.engine import describe_command
+from ..redaction import hide_secrets, hide_secrets_in
 from ..tools import ToolContext
 from .sessions import Session
 from .shared import Shared
@@ -54,8 +55,8 @@ class ConfirmationFlow:
                 risk=c.risk,  # type: ignore[arg-type]
                 locations=c.locations,
                 diff=await self._preview(batch, c),
-                arguments=msgspec.to_builtins(c.args),
-                reasons=_reasons_for_people(c),
+                arguments=hide_secrets_in(msgspec.to_builtins(c.args)),
+                reasons=[hide_secrets(reason) for reason in _reasons_for_people(c)],
             )
             for c in asked
         ]

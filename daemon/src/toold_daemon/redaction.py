@@ -1,0 +1,37 @@
+"""Credentials out of what a person is shown: summaries, the policy's reasons, the call's
+arguments in a confirmation (``toolctl pending``, ``watch``, MCP elicitation) and logs.
+
+A value that follows a credential-looking name (``token=…``, ``API_KEY=…``,
+``PASSWORD: …``, ``Authorization: Bearer …``) or the word ``bearer`` is replaced by
+``***``; the name stays, so the person still sees what kind of thing was passed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_SECRET = re.compile(
+    r"(?i)((?:api[_-]?key|token|secret|password|passwd|authorization)\s*[=:]\s*(?:(?:bearer|basic|token)\s+)?"
+    r"|bearer\s+)([^\s'\",;&]+)"
+)
+_SECRET_NAME = re.compile(r"(?i)api[_-]?key|token|secret|password|passwd|authorization|credential")
+
+
+def hide_secrets(text: str) -> str:
+    return _SECRET.sub(lambda m: m.group(1) + "***", text)
+
+
+def hide_secrets_in(value: Any) -> Any:
+    """``value`` (decoded arguments) with every string's credentials hidden, and the whole
+    value of a key that names a credential (``{"api_key": "…"}``) replaced."""
+    if isinstance(value, str):
+        return hide_secrets(value)
+    if isinstance(value, list):
+        return [hide_secrets_in(v) for v in value]
+    if isinstance(value, dict):
+        return {
+            k: "***" if isinstance(k, str) and _SECRET_NAME.search(k) and isinstance(v, str) else hide_secrets_in(v)
+            for k, v in value.items()
+        }
+    return value
