@@ -69,3 +69,19 @@ def test_every_toml_block_in_the_readme_is_a_valid_config() -> None:
     assert len(blocks) >= 2
     for index, block in enumerate(blocks):
         parse_config(block, f"README.md toml block {index}")
+
+
+def test_built_in_protected_patterns_can_be_dropped_one_by_one() -> None:
+    from toold_daemon.sandbox import build_sandbox, protected_patterns, protects_homes
+
+    config = parse(
+        '[tools.sandbox]\nunprotected_patterns = ["**/*.pth", "~/.*"]\nprotected_patterns = ["**/Makefile"]\n'
+    )
+    patterns = protected_patterns(config)
+    assert "**/*.pth" not in patterns and "**/.git/**" in patterns and patterns[-1] == "**/Makefile"
+    assert not protects_homes(config) and protects_homes(parse(""))
+    sandbox = build_sandbox(config, [Path("/tmp")])
+    assert sandbox.protected_pattern("/tmp/x/site.pth") is None
+    assert sandbox.protected_pattern("/tmp/x/Makefile") == "**/Makefile"
+    with pytest.raises(ConfigError, match="not a built-in protected pattern"):
+        parse('[tools.sandbox]\nunprotected_patterns = ["**/*.py"]\n')
