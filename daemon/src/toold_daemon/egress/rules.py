@@ -1,0 +1,66 @@
+"""What a command's connection may reach, by the host's name and port alone.
+
+Names are judged first (denied, then allowed); a name that is neither is asked about.
+Every address a name resolves to is checked again when connecting (``proxy``), with the
+same private-address refusal as ``web_fetch``: an allowed name that resolves to
+127.0.0.1 or 169.254.169.254 is still refused, unless ``allowed_networks`` exempts it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from ..web.addresses import IPNetwork, Refused, address_refusal, host_matches, literal_address, normal_host
+
+Judgement = Literal["allow", "deny", "ask"]
+
+
+@dataclass(frozen=True, slots=True)
+class EgressRules:
+    allowed_domains: tuple[str, ...] = ()
+    denied_domains: tuple[str, ...] = ()
+    ports: frozenset[int] = frozenset({80, 443})
+    allowed_networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        allowed_domains: Iterable[str] = (),
+        denied_domains: Iterable[str] = (),
+        allowed_ports: Iterable[int] = (80, 443),
+        allowed_networks: Iterable[str] = (),
+    ) -> EgressRules:
+        return cls(
+            allowed_domains=tuple(d.lower().rstrip(".") for d in allowed_domains),
+            denied_domains=tuple(d.lower().rstrip(".") for d in denied_domains),
+            ports=frozenset(allowed_ports),
+            allowed_networks=tuple(ipaddress.ip_network(n, strict=False) for n in allowed_networks),
+        )
+
+    def judge(self, host: str, port: int) -> tuple[Judgement, str, str]:
+        """(judgement, why, the host in normal form) for a connection to ``host:port``."""
+        try:
+            normal = normal_host(host)
+        except Refused as exc:
+            return "deny", str(exc), host
+        if not normal or len(normal) > 253 or any(c.isspace() or c in "/@?#" for c in normal):
+            return "deny", f"{host!r} is not a host name", normal
+        if port not in self.ports:
+            allowed = ", ".join(str(p) for p in sorted(self.ports))
+            return "deny", f"port {port} is not allowed (allowed: {allowed}; [tools.network] allowed_ports)", normal
+        if host_matches(normal, self.denied_domains):
+            return "deny", f"{normal} is in [tools.network] denied_domains", normal
+        address = literal_address(normal)
+        if address is not None:
+            why = address_refusal(address, self.allowed_networks)
+            if why:
+                return "deny", f"{why} ([tools.network] allowed_networks can exempt a network)", normal
+        if host_matches(normal, self.allowed_domains):
+            return "allow", f"{normal} is in [tools.network] allowed_domains", normal
+        if address is not None and any(address in net for net in self.allowed_networks):
+            return "allow", f"{normal} is in [tools.network] allowed_networks", normal
+        return "ask", f"{normal} is neither allowed nor denied", normal
