@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,8 +156,12 @@ def test_a_running_batch_is_running_everywhere(tmp_path_factory: pytest.TempPath
         accepted = submit_raw(c, sleeper)
         watch.apply(p.BatchStatus(id=0, batch_id=accepted.batch_id, state="planned", calls=accepted.calls, results=[]))
         watch.apply(p.CallStarted(batch_id=accepted.batch_id, call_id="s", index=0, name="shell"))
-        listed = {b.batch_id: b.state for b in c.list_batches()}
         status = c.get_batch(accepted.batch_id)
+        deadline = time.monotonic() + 5  # a loaded machine may take a moment to start the command
+        while status.state == "planned" and time.monotonic() < deadline:
+            time.sleep(0.02)
+            status = c.get_batch(accepted.batch_id)
+        listed = {b.batch_id: b.state for b in c.list_batches()}
         finished = c.wait_batch(accepted.batch_id)
         after = {b.batch_id: b.state for b in c.list_batches()}
     assert watch.batches[accepted.batch_id].state == "running"
