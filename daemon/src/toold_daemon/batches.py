@@ -6,6 +6,7 @@ has not finished. Exactly one result per call is the invariant every path keeps.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ class Batch:
     dry_run: bool = False  # plan, judge and preview every call; change nothing
     undo_bytes: int = 0  # pre-image bytes kept so far ([journal] undo_max_bytes_per_batch)
     journaled_at_end: bool = False  # read-only: one journal write when it ends, none per call
+    #: (call, host, port) -> (allowed, why): asks a person about a command's new host.
+    ask_network: Callable[[PreparedCall, str, int], Awaitable[tuple[bool, str]]] | None = None
 
     @property
     def read_only(self) -> bool:

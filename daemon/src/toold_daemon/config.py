@@ -219,6 +219,43 @@ class IsolationConfig(_Section, frozen=True):
                 raise ValueError(f"keep_capabilities: unknown capability {name!r}") from None
 
 
+NetworkMode = Literal["none", "proxy", "host"]
+
+
+class NetworkConfig(_Section, frozen=True):
+    """How commands (``shell``, ``run_code``, command tools) reach the network.
+
+    ``none``: no route out at all. ``proxy``: a network namespace with loopback only,
+    whose one way out is a filtering HTTP/SOCKS5 proxy (the variables ``HTTP_PROXY``,
+    ``HTTPS_PROXY``, ``ALL_PROXY`` point at it): hosts in ``allowed_domains`` are reached,
+    those in ``denied_domains`` never, any other is asked about. ``host``: the host's
+    network, unfiltered."""
+
+    mode: NetworkMode = "proxy"
+    # Per tool name (shell, run_code, a command tool's name): its mode instead of ``mode``.
+    tools: dict[str, NetworkMode] = {}
+    allowed_domains: list[str] = []
+    denied_domains: list[str] = []
+    allowed_ports: list[Annotated[int, Meta(ge=1, le=65535)]] = msgspec.field(default_factory=lambda: [80, 443])
+    # CIDRs exempt from the private-address refusal (an intranet, a local test server).
+    allowed_networks: list[str] = []
+    max_bytes_per_call: PositiveInt = 1 << 30
+    # How long a connection waits for a person's answer about a new host.
+    ask_timeout_seconds: Annotated[float, Meta(gt=0, le=3600)] = 60.0
+
+    def __post_init__(self) -> None:
+        import ipaddress
+
+        for cidr in self.allowed_networks:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"allowed_networks: {cidr!r} is not a network (like 10.0.0.0/8)") from None
+
+    def mode_of(self, tool: str) -> NetworkMode:
+        return self.tools.get(tool, self.mode)
+
+
 class ReadFileConfig(_Section, frozen=True):
     max_file_read_bytes: PositiveInt = 204_800
     max_scan_bytes: PositiveInt = 2_097_152
@@ -332,6 +369,7 @@ class ToolsConfig(_Section, frozen=True):
     environment: EnvironmentConfig = EnvironmentConfig()
     approval: ApprovalConfig = ApprovalConfig()
     isolation: IsolationConfig = IsolationConfig()
+    network: NetworkConfig = NetworkConfig()
     edit: EditConfig = EditConfig()
     read_file: ReadFileConfig = ReadFileConfig()
     apply_patch: ApplyPatchConfig = ApplyPatchConfig()

@@ -8,6 +8,7 @@ becomes ``Tool failed: ...``. Events go to ``emit``, which never blocks.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -177,6 +178,8 @@ class Executor:
             reads=self.reads.for_paths(batch.session_id, [str(p) for p in call.resolved.values()]),
             identity=batch.identity,
         )
+        if batch.ask_network is not None:
+            ctx.ask_network = functools.partial(batch.ask_network, call)
         if self.undo is not None and tool.side_effecting:
             ctx.undo_budget = max(0, self.undo.max_bytes_per_batch - batch.undo_bytes)
             if isinstance(call.args, RestoreArgs):

@@ -61,6 +61,6 @@ class EgressRules:
                 return "deny", f"{why} ([tools.network] allowed_networks can exempt a network)", normal
         if host_matches(normal, self.allowed_domains):
             return "allow", f"{normal} is in [tools.network] allowed_domains", normal
-        if address is not None and any(address in net for net in self.allowed_networks):
-            return "allow", f"{normal} is in [tools.network] allowed_networks", normal
+        # allowed_networks only exempts addresses from the private-address refusal: an
+        # address there is still judged by name like any other, so it is asked about
         return "ask", f"{normal} is neither allowed nor denied", normal

@@ -20,7 +20,7 @@ from ..errors import ToolError, from_os_error
 from ..sandbox import Sandbox
 from ..tools._base import ToolContext, ToolOutput
 from ..undo.capture import run_capturing
-from .confine import ConfinementFailed, confine
+from .confine import ConfinementFailed, confine, egress_links
 from .prepare import Work
 from .supervisor import Supervisor
 from .wire import Chunk, Outcome, SpawnRequest, write_frame
@@ -48,7 +48,7 @@ def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: in
         if request.zygote:
             from .zygote import serve
 
-            serve(channel, layers, request.roots)
+            serve(channel, layers, request.roots, egress_links())
             os._exit(0)
         if request.worker:
             from .worker import serve as serve_tools

@@ -13,12 +13,14 @@ import os
 import pwd
 import resource
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
 from ..sandbox.denied_tree import Found, find_denied
 from ..sandbox.homes import home_directories, homes_within
 from ..sandbox.paths import Sandbox
+from ..web.addresses import IPNetwork
 from . import cgroup, kernel
 from .wire import Limits, SpawnRequest
 
@@ -63,7 +65,12 @@ def confine(
         layers.update(_mount_views(request, readonly, new_user_namespace=False))
     layers["processes"] = processes_report(request.uid)
     layers["privilege"] = _drop_identity(request.uid, request.gid, request.drop_groups)
+    guarded = guarded_pids(parent_pid, protected, zygote=request.zygote)
+    proxied = request.egress_proxy and request.zygote and not request.network
+    links = _start_egress(request, landlock, guarded) if proxied else None  # before the network is cut
     namespace = _cut_network(request) if not request.network else ""
+    if links is not None:
+        layers["egress"] = _open_loopback(namespace, links)
     # Never a user namespace of our own for a process that is uid 0 in it: it would hold
     # every capability there again. A root daemon mounted above, once.
     if views and not as_root:
@@ -74,8 +81,7 @@ def confine(
     _set_limits(request.limits)
     layers["rlimits"] = "on"
     layers["landlock"] = _apply_landlock(landlock)
-    guarded = guarded_pids(parent_pid, protected, zygote=request.zygote)
-    layers["seccomp"] = _seccomp(request, guarded)
+    layers["seccomp"] = _seccomp(request, guarded, sockets=request.network or bool(_egress))
     layers["signals"] = signals_report(layers["landlock"], layers["seccomp"])
     layers["network"] = network_report(
         allowed=request.network,
@@ -87,6 +93,77 @@ def confine(
         if not layers.get(name, "off").startswith("on"):
             raise ConfinementFailed(f"required isolation layer {name!r} is off: {layers.get(name, 'unknown layer')}")
     return layers
+
+
+#: A proxy-mode zygote's links to its egress process: (to the process, the runner's end).
+_egress: list[tuple[socket.socket, socket.socket]] = []
+
+
+def egress_links() -> tuple[socket.socket, socket.socket] | None:
+    """The zygote's link to its egress process and the end it hands to the runner."""
+    return _egress[0] if _egress else None
+
+
+def _start_egress(request: SpawnRequest, landlock: int | str, guarded: tuple[int, ...]) -> tuple[socket.socket, ...]:
+    """Fork the egress process while this one still has the host's network: it confines
+    itself as the commands will be (same uid, no_new_privs, rlimits, the same Landlock
+    rules, seccomp allowing sockets), then serves the proxy (``egress.process``)."""
+    to_egress, egress_zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    runner_end, egress_runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # the egress process
+        try:
+            kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+            to_egress.close()
+            runner_end.close()
+            keep = [egress_zygote_end.fileno(), egress_runner_end.fileno()]
+            _close_other_fds([*keep, landlock] if isinstance(landlock, int) else keep)  # the zygote's channel too
+            kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
+            _set_limits(request.limits)
+            confined = _apply_landlock(landlock)
+            if not confined.startswith("on") and "landlock" in request.require:
+                os._exit(71)
+            if kernel.seccomp_supported() is None:
+                kernel.seccomp_filter(sockets="any", protected_pids=guarded)
+            from ..egress.process import serve
+
+            serve(egress_zygote_end, egress_runner_end, _allowed_networks(request))
+        finally:
+            os._exit(0)
+    egress_zygote_end.close()
+    egress_runner_end.close()
+    return to_egress, runner_end
+
+
+def _allowed_networks(request: SpawnRequest) -> list[IPNetwork]:
+    import ipaddress
+
+    import msgspec
+
+    from ..config import Config
+
+    try:
+        config = msgspec.msgpack.decode(request.config, type=Config) if request.config else Config()
+    except msgspec.DecodeError:
+        config = Config()
+    return [ipaddress.ip_network(n, strict=False) for n in config.tools.network.allowed_networks]
+
+
+def _open_loopback(namespace: str, links: tuple[socket.socket, ...]) -> str:
+    """Bring up the loopback of the new network namespace, where the proxy listens. Without
+    a namespace of its own there is no proxy: the network stays cut."""
+    if not namespace.startswith("on"):
+        for link in links:
+            link.close()
+        return f"off: no network namespace for the proxy ({namespace}); the network is cut"
+    try:
+        kernel.loopback_up()
+    except OSError as exc:
+        for link in links:
+            link.close()
+        return f"off: the namespace's loopback could not be brought up ({exc.strerror}); the network is cut"
+    _egress.append((links[0], links[1]))
+    return "on (a filtering proxy is the only way out)"
 
 
 def _close_other_fds(keep: list[int]) -> None:
@@ -413,12 +490,12 @@ def _interpreter_paths() -> list[str]:
     return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, daemon_package, protocol_package})
 
 
-def _seccomp(request: SpawnRequest, protected: tuple[int, ...]) -> str:
+def _seccomp(request: SpawnRequest, protected: tuple[int, ...], *, sockets: bool) -> str:
     why_not = kernel.seccomp_supported()
     if why_not is not None:
         return f"off: {why_not}"
     try:
-        kernel.seccomp_filter(sockets="any" if request.network else "none", protected_pids=protected)
+        kernel.seccomp_filter(sockets="any" if sockets else "none", protected_pids=protected)
     except OSError as exc:
         return f"off: seccomp refused ({exc.strerror})"
     return "on"

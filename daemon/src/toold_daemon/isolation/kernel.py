@@ -153,6 +153,20 @@ def mount(source: str | None, target: str, flags: int, fstype: str | None = None
     )
 
 
+def loopback_up() -> None:
+    """Bring the loopback interface of this network namespace up (needs CAP_NET_ADMIN in
+    the namespace: its creator has it)."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        current = fcntl.ioctl(sock, siocgifflags, struct.pack("16sh", b"lo", 0) + b"\0" * 22)
+        flags = struct.unpack_from("16sh", current)[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up) + b"\0" * 22)
+
+
 def make_mounts_private() -> None:
     """Stop mounts made in this (new) namespace from propagating back to the host."""
     mount(None, "/", MS_REC | MS_PRIVATE)

@@ -63,7 +63,11 @@ class Preparer:
         args = msgspec.msgpack.decode(request.args, type=tool.args_type) if tool is not None else None
         sandbox = self._sandbox(request.config, config, request.roots) if config is not None else None
         ruleset = self._ruleset(
-            request.roots, request.writable, request.readable, request.network, tools_only=request.worker
+            request.roots,
+            request.writable,
+            request.readable,
+            request.network or request.egress_proxy,  # commands reach the proxy by TCP on loopback
+            tools_only=request.worker,
         )
         return Work(tool, args, config, sandbox, ruleset, self.tools if request.worker else {})
 

@@ -28,6 +28,8 @@ import trio
 from toold_protocol import Identity, IsolationLayer, ToolErrorType
 
 from ..config import Config
+from ..egress.calls import EgressCall, EgressCalls, record_data
+from ..egress.rules import EgressRules
 from ..errors import ToolError
 from ..output import Unseen
 from ..results import OUTPUT_DETAILS
@@ -119,6 +121,14 @@ class SpawnRunner:
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
         self.user_state: Any = None  # memory and todos (``UserState``), set by the server
+        network = config.tools.network
+        self._egress_rules = EgressRules.of(
+            allowed_domains=network.allowed_domains,
+            denied_domains=network.denied_domains,
+            allowed_ports=network.allowed_ports,
+            allowed_networks=network.allowed_networks,
+        )
+        self.egress = EgressCalls(self._decide_egress)
         #: The service's own groups (the socket's, the service user's): never a tool's.
         self.service_gids: frozenset[int] = frozenset()
         self.gateway: Any = None  # third-party MCP servers (``mcp.Gateway``), set by the server
@@ -145,6 +155,7 @@ class SpawnRunner:
         self._nursery = nursery
         if self._zygotes is not None:
             self._zygotes.nursery = nursery
+            self._zygotes.on_egress = lambda link: nursery.start_soon(self.egress.serve, link)
         if self.cgroups.stale:
             nursery.start_soon(self._remove_stale_cgroups)
 
@@ -328,9 +339,15 @@ class SpawnRunner:
         started are killed, and its temp dir cleared, whatever ends the wait."""
         child = await self._launch(tool, args, ctx, identity, command=command, probe=probe, preview=preview)
         try:
-            return await self._collect(child.read_end, ctx)
+            outcome = await self._collect(child.read_end, ctx)
+            records = await self.egress.forget(child.token)
+            if records:
+                data = {**(outcome.data or {}), "network": record_data(records)}
+                outcome = msgspec.structs.replace(outcome, data=data)
+            return outcome
         finally:
             with trio.CancelScope(shield=True):
+                await self.egress.forget(child.token)
                 await self._kill(child)
 
     async def _launch(
@@ -357,9 +374,14 @@ class SpawnRunner:
             )
             if preview:
                 request = msgspec.structs.replace(request, preview=True)
+            if command is not None and command.network:
+                request = self._network_mode(tool.name, request, through_zygote=via_zygote)
             left = None
             if self._zygotes is not None and via_zygote:
                 pid, group, left = await self._start_command(self._zygotes, request, write_end)
+                link = self._zygotes.egress_of(request) if request.egress_proxy else None
+                if link is not None:
+                    self.egress.register(token, link, ctx)
             else:
                 pid, group = await self._fork_child(request, write_end)
         except BaseException:
@@ -370,6 +392,30 @@ class SpawnRunner:
         finally:
             os.close(write_end)
         return _Child(pid, read_end, token, temp, identity.uid, group, left)
+
+    def _network_mode(self, tool_name: str, request: SpawnRequest, *, through_zygote: bool) -> SpawnRequest:
+        """A command that wants the network gets its tool's mode: the host's network, none,
+        or (through a zygote) the filtering proxy. Without a zygote there is no proxy, and
+        proxy mode means no network."""
+        network = self.config.tools.network
+        mode = network.mode_of(tool_name)
+        if mode == "host":
+            return request
+        proxied = mode == "proxy" and through_zygote
+        return msgspec.structs.replace(
+            request, network=False, egress_proxy=proxied, egress_budget=network.max_bytes_per_call
+        )
+
+    async def _decide_egress(self, call: EgressCall, host: str, port: int) -> tuple[bool, str]:
+        """The rules first; a host they neither allow nor deny is the person's to answer."""
+        judgement, why, normal = self._egress_rules.judge(host, port)
+        if judgement != "ask":
+            return judgement == "allow", why
+        ask = getattr(call.context, "ask_network", None)
+        if ask is None:
+            return False, f"{normal} is not in [tools.network] allowed_domains, and nobody can be asked"
+        allowed, answer = await ask(normal, port)
+        return bool(allowed), str(answer)
 
     async def start_stdio(
         self, name: str, identity: Identity, sandbox: Sandbox, command: Command, readable: list[str]

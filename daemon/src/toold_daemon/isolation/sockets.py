@@ -25,6 +25,21 @@ async def receive_frame(sock: trio.socket.SocketType) -> bytes:
     return await _receive_exact(sock, int.from_bytes(header, "big"))
 
 
+async def receive_frame_with_fds(sock: trio.socket.SocketType) -> tuple[bytes, list[int]]:
+    """One frame, with the fds attached to its first bytes (SCM_RIGHTS)."""
+    data, ancillary, _flags, _address = await sock.recvmsg(4, socket.CMSG_SPACE(4 * array.array("i").itemsize * 4))
+    if not data:
+        raise PeerGone
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+            fds.extend(received)
+    header = data + (await _receive_exact(sock, 4 - len(data)) if len(data) < 4 else b"")
+    return await _receive_exact(sock, int.from_bytes(header, "big")), fds
+
+
 async def _receive_exact(sock: trio.socket.SocketType, size: int) -> bytes:
     parts = bytearray()
     while len(parts) < size:

@@ -24,6 +24,7 @@ import time
 
 import msgspec
 
+from ..egress.process import EgressListen, proxy_environment
 from .child import start_command
 from .roots import roots_identity
 from .supervisor import Supervisor
@@ -33,13 +34,21 @@ _decoder = msgspec.msgpack.Decoder(SpawnRequest)
 Started = tuple[SpawnRequest, int, int, dict[int, str], float]  # request, channel, pid, pipes, started at
 
 
-def serve(sock_fd: int, layers: dict[str, str], roots: list[str]) -> None:
-    """Announce the layers, then start commands until the runner closes the socket;
-    returns once every command it started has been reported."""
+def serve(
+    sock_fd: int, layers: dict[str, str], roots: list[str], egress: tuple[socket.socket, socket.socket] | None
+) -> None:
+    """Announce the layers (with the runner's end of the link to the egress process, in
+    proxy mode), then start commands until the runner closes the socket; returns once
+    every command it started has been reported."""
     identity = roots_identity(roots)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a call's reader may go away mid-write
-    write_frame(sock_fd, Outcome(ok=True, layers=layers))
     sock = socket.socket(fileno=sock_fd)
+    if egress is not None:
+        socket.send_fds(sock, [frame(Outcome(ok=True, layers=layers))], [egress[1].fileno()])
+        egress[1].close()
+    else:
+        write_frame(sock_fd, Outcome(ok=True, layers=layers))
+    to_egress = egress[0] if egress is not None else None
     supervisor = Supervisor(layers)
     supervisor.watch_other(sock_fd)
     listening = True
@@ -50,13 +59,15 @@ def serve(sock_fd: int, layers: dict[str, str], roots: list[str]) -> None:
                 supervisor.forget_other(sock_fd)
                 listening = False
                 continue
-            reply, started = _start(*received, identity=identity)
+            reply, started = _start(*received, identity=identity, to_egress=to_egress)
             sock.sendall(frame(reply))  # first: the runner waits for the pid
             if started is not None:
                 supervisor.add(*started)
 
 
-def _start(body: bytes, fds: list[int], *, identity: tuple[tuple[int, int], ...]) -> tuple[Spawned, Started | None]:
+def _start(
+    body: bytes, fds: list[int], *, identity: tuple[tuple[int, int], ...], to_egress: socket.socket | None
+) -> tuple[Spawned, Started | None]:
     try:
         request = _decoder.decode(body)
     except msgspec.DecodeError as exc:
@@ -73,8 +84,23 @@ def _start(body: bytes, fds: list[int], *, identity: tuple[tuple[int, int], ...]
     started = time.monotonic()
     try:
         os.chdir(request.cwd or "/")
+        if to_egress is not None and request.egress_proxy:
+            request = _through_the_proxy(request, to_egress)
         pid, pipes = start_command(request, setsid=True)
     except OSError as exc:
         os.close(channel)
         return Spawned(error=f"cannot start {request.argv[0]}: {exc.strerror or exc}"), None
     return Spawned(pid=pid), (request, channel, pid, pipes, started)
+
+
+def _through_the_proxy(request: SpawnRequest, to_egress: socket.socket) -> SpawnRequest:
+    """A listening socket on this namespace's loopback for the command's connections,
+    handed to the egress process (which accepts on it from outside the namespace); the
+    command's environment points its HTTP clients at it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        listen = EgressListen(token=request.token, budget=request.egress_budget)
+        socket.send_fds(to_egress, [frame(listen)], [listener.fileno()])
+    return msgspec.structs.replace(request, env={**request.env, **proxy_environment(port)})

@@ -19,6 +19,7 @@ zygote has left; the call then has exactly its budget, however fast it forks.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import socket
 import time
@@ -30,7 +31,7 @@ import msgspec
 import trio
 
 from .cgroup import Cgroups
-from .sockets import PeerGone, receive_frame, send_with_fd
+from .sockets import PeerGone, receive_frame, receive_frame_with_fds, send_with_fd
 from .wire import Outcome, Spawned, SpawnRequest, frame
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ _outcome_decoder = msgspec.msgpack.Decoder(Outcome)
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
 
 Kind = tuple[
-    int, int, tuple[str, ...], tuple[str, ...], bool, bool, tuple[str, ...], tuple[str, ...], tuple[str, ...],
+    int, int, tuple[str, ...], tuple[str, ...], bool, bool, bool, tuple[str, ...], tuple[str, ...], tuple[str, ...],
     tuple[str, ...], bool,
 ]  # fmt: skip
 # (request for the zygote itself, its socket end to hand over) -> the zygote's pid
@@ -72,6 +73,7 @@ def kind_of(request: SpawnRequest) -> Kind:
         tuple(request.writable),
         request.network,
         request.network_namespace,
+        request.egress_proxy,
         tuple(request.require),
         tuple(request.readonly_paths),
         tuple(request.hidden_patterns),
@@ -89,6 +91,7 @@ class Zygote:
     cgroups: Cgroups
     new_group: Callable[[], str]  # a fresh call cgroup, or "" when none can be made
     pids_max: int = 0  # a call's process limit, set on its cgroup once the zygote has left
+    egress: trio.socket.SocketType | None = None  # proxy mode: the link to its egress process
     parked: str = ""  # the fresh cgroup it waits in: the next command's
     inside: str = ""  # a call's cgroup it has started a command in and not left yet
     nursery: trio.Nursery | None = None  # where it leaves a call's cgroup, after the call started
@@ -179,6 +182,8 @@ class Zygote:
 
     def close(self) -> None:
         self.sock.close()
+        if self.egress is not None:
+            self.egress.close()
 
 
 class Zygotes:
@@ -190,6 +195,8 @@ class Zygotes:
         self._starting = trio.Lock()
         self._homes_to_remove: list[str] = []  # cgroups of retired zygotes, removed once empty
         self.nursery: trio.Nursery | None = None  # where zygotes leave calls' cgroups
+        #: Serves a proxy-mode zygote's link to its egress process (set by the runner).
+        self.on_egress: Callable[[trio.socket.SocketType], None] | None = None
 
     async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, trio.Event | None]:
         """Start the command in ``request`` through the zygote of its kind: (pid, the
@@ -205,6 +212,11 @@ class Zygotes:
         except (OSError, PeerGone, ZygoteUnavailable, msgspec.DecodeError, ZygoteStale) as exc:
             self._retire(kind_of(request), zygote)
             raise ZygoteUnavailable(str(exc)) from None
+
+    def egress_of(self, request: SpawnRequest) -> trio.socket.SocketType | None:
+        """The link to the egress process of the zygote that serves ``request``'s kind."""
+        zygote = self._pool.get(kind_of(request))
+        return zygote.egress if zygote is not None else None
 
     async def _zygote(self, request: SpawnRequest) -> Zygote:
         kind = kind_of(request)
@@ -257,7 +269,8 @@ class Zygotes:
         )
         try:
             with trio.fail_after(_READY_TIMEOUT_S):
-                ready = _outcome_decoder.decode(await receive_frame(sock))
+                body, fds = await receive_frame_with_fds(sock)
+                ready = _outcome_decoder.decode(body)
         except (OSError, PeerGone, msgspec.DecodeError, trio.TooSlowError) as exc:
             self._retire_zygote(zygote)
             raise ZygoteUnavailable(f"the zygote did not start: {exc}") from None
@@ -268,6 +281,12 @@ class Zygotes:
             self._retire_zygote(zygote)
             raise ZygoteUnavailable(ready.error_message)
         zygote.layers = dict(ready.layers)
+        if fds:  # proxy mode: the link to the zygote's egress process
+            zygote.egress = trio.socket.from_stdlib_socket(socket.socket(fileno=fds[0]))
+            for extra in fds[1:]:
+                os.close(extra)
+            if self.on_egress is not None:
+                self.on_egress(zygote.egress)
         if home:
             zygote.park()  # so that even the first command needs no move
         return zygote

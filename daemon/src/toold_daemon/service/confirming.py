@@ -89,6 +89,69 @@ class ConfirmationFlow:
         self._apply_answer(session, batch, asked, pending)
         batch.state = "running"
 
+    async def ask_network(
+        self,
+        call: PreparedCall,
+        host: str,
+        port: int,
+        *,
+        session: Session,
+        batch: Batch,
+        emit: Callable[[msgspec.Struct], None],
+    ) -> tuple[bool, str]:
+        """A running command wants a host that no rule allows or denies: ask the person (the
+        connection waits, as a confirmation does), once or for the rest of the session."""
+        key = f"network:{host}:{port}"
+        if key in session.grants:
+            return True, f"{host}:{port} allowed for this session by an earlier answer"
+        network = self.shared.config.tools.network
+        approval = self.shared.config.tools.approval
+        item = ConfirmationItem(
+            call_id=call.call_id,
+            name="network",
+            summary=planner.redact(f"{call.name} connects to {host}:{port}: {call.summary}"),
+            risk="high",
+            arguments={"host": host, "port": port, "call": hide_secrets(call.summary)},
+            reasons=[
+                f"{host} is neither in [tools.network] allowed_domains nor in denied_domains",
+                hide_secrets(f"asked by the running call {call.call_id} ({call.name}): {call.summary}"),
+            ],
+        )
+        pending = self.shared.confirmations.open(
+            batch_id=batch.batch_id,
+            owner=batch.identity,
+            submitter=session.peer,
+            items=[item],
+            timeout=network.ask_timeout_seconds,
+        )
+        request = ConfirmationRequested(
+            batch_id=batch.batch_id,
+            correlation_id=pending.correlation_id,
+            calls=[item],
+            expires_in_ms=pending.remaining_ms(),
+        )
+        emit(request)
+        frame = encode(request)
+        for peer in self.shared.confirmations.approver_peers(pending, approval.approver_gids):
+            self.shared.send(peer, frame)
+        try:
+            with trio.move_on_after(network.ask_timeout_seconds):
+                await pending.decided.wait()
+        finally:
+            self.shared.confirmations.close(pending)
+        answer, by = pending.answer, pending.answered_by
+        if answer is None:
+            return False, f"nobody answered about {host}:{port} within {network.ask_timeout_seconds:g} s"
+        approved = answer.decision == "approve_all" or (
+            answer.decision == "approve_selected" and call.call_id in answer.approved_call_ids
+        )
+        who = f"uid {by.uid}" if by is not None else "the approver"
+        if not approved:
+            return False, f"{host}:{port} denied by {who}"
+        if answer.remember_for_session:
+            session.grants.add(key)
+        return True, f"{host}:{port} approved by {who}" + (" for this session" if answer.remember_for_session else "")
+
     async def _preview(self, batch: Batch, call: PreparedCall) -> str | None:
         """The diff a person should see before approving an edit (None when there is none,
         or when it cannot be made quickly: a preview never blocks the request)."""

@@ -10,6 +10,7 @@ session listening to it and to the approvers watching its user.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import secrets
@@ -272,6 +273,7 @@ class BatchRuns:
         try:
             if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
                 await self.confirming.confirm_batch(session, batch, emit)
+            batch.ask_network = functools.partial(self.confirming.ask_network, session=session, batch=batch, emit=emit)
             await self.shared.executor.run(batch, emit)
             if batch.journaled_at_end and ended is not None:
                 # Queued before any await (nothing can have forgotten the batch yet); waited

@@ -8,7 +8,7 @@ loops so that cancellation and timeouts end it promptly.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
@@ -88,6 +88,8 @@ class ToolContext:
     undo_budget: int = -1
     #: Saved file contents by hash (``restore_files`` only, from the daemon's undo store).
     blobs: dict[str, bytes] = field(default_factory=dict)
+    #: (host, port) -> (allowed, why): asks a person about a host a command wants to reach.
+    ask_network: Callable[[str, int], Awaitable[tuple[bool, str]]] | None = None
 
     def resolve(self, raw: str, *, follow_last: bool = True) -> Path:
         """The canonical path of a path argument: the one the planner validated,

@@ -1,0 +1,122 @@
+"""The protocol process's side of the egress links: which call a connection belongs to,
+the decision for each connection, and the records a call's result carries.
+
+A proxy-mode zygote hands the runner one link to its egress process. Over it the egress
+process asks about each connection (``EgressAsk``: the call's token, host and port) and,
+when the runner says the call is over (``EgressForget``), sends the records of the call's
+connections and ``EgressForgotten``. Deciding is ``decide(call, host, port)``: the rules
+first, then whoever may be asked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import trio
+
+from ..isolation.wire import FrameBuffer, frame
+from .process import EgressAnswer, EgressAsk, EgressForget, EgressForgotten, EgressRecord, to_runner
+
+log = logging.getLogger(__name__)
+FORGET_SECONDS = 2.0
+
+
+@dataclass
+class EgressCall:
+    token: str
+    link: trio.socket.SocketType
+    context: Any  # the call's ToolContext (its ask_network, if a person can be asked)
+    records: list[EgressRecord] = field(default_factory=list)
+    forgotten: trio.Event = field(default_factory=trio.Event)
+
+
+Decide = Callable[[EgressCall, str, int], Awaitable[tuple[bool, str]]]
+
+
+class EgressCalls:
+    def __init__(self, decide: Decide) -> None:
+        self._decide = decide
+        self._calls: dict[str, EgressCall] = {}
+        self._locks: dict[int, trio.Lock] = {}
+
+    def register(self, token: str, link: trio.socket.SocketType, context: Any) -> EgressCall:
+        call = EgressCall(token, link, context)
+        self._calls[token] = call
+        return call
+
+    async def forget(self, token: str) -> list[EgressRecord]:
+        """End the call's connections and return their records (waiting a moment for them)."""
+        call = self._calls.get(token)
+        if call is None:
+            return []
+        try:
+            with trio.move_on_after(FORGET_SECONDS):
+                await self._send(call.link, EgressForget(token=token))
+                await call.forgotten.wait()
+        except OSError:
+            pass  # the egress process is gone: its connections went with it
+        finally:
+            self._calls.pop(token, None)
+        return call.records
+
+    async def serve(self, link: trio.socket.SocketType) -> None:
+        """Answer one egress process until it goes away."""
+        buffer = FrameBuffer()
+        try:
+            async with trio.open_nursery() as nursery:
+                while data := await link.recv(65536):
+                    for body in buffer.feed(data):
+                        try:
+                            message = to_runner.decode(body)
+                        except msgspec.DecodeError:
+                            log.warning("an egress process sent garbage; its link is closed")
+                            return
+                        self._take(nursery, link, message)
+                nursery.cancel_scope.cancel()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._locks.pop(id(link), None)
+
+    def _take(self, nursery: trio.Nursery, link: trio.socket.SocketType, message: msgspec.Struct) -> None:
+        if isinstance(message, EgressAsk):
+            nursery.start_soon(self._answer, link, message)
+            return
+        call = self._calls.get(getattr(message, "token", ""))
+        if call is None:
+            return
+        if isinstance(message, EgressRecord):
+            call.records.append(message)
+        elif isinstance(message, EgressForgotten):
+            call.forgotten.set()
+
+    async def _answer(self, link: trio.socket.SocketType, ask: EgressAsk) -> None:
+        call = self._calls.get(ask.token)
+        if call is None or call.link is not link:  # a token of another link, or a finished call
+            allowed, why = False, "the call is not running"
+        else:
+            try:
+                allowed, why = await self._decide(call, ask.host, ask.port)
+            except Exception as exc:  # a failure to decide is a refusal, never a hang
+                log.exception("deciding on a connection failed")
+                allowed, why = False, f"could not decide: {exc}"
+        try:
+            await self._send(link, EgressAnswer(id=ask.id, allowed=allowed, why=why))
+        except OSError:
+            pass
+
+    async def _send(self, link: trio.socket.SocketType, message: msgspec.Struct) -> None:
+        lock = self._locks.setdefault(id(link), trio.Lock())
+        async with lock:
+            view = memoryview(frame(message))
+            while view:
+                view = view[await link.send(view) :]
+
+
+def record_data(records: list[EgressRecord]) -> list[dict[str, Any]]:
+    """The records as a result's ``data["network"]``."""
+    return [{k: v for k, v in msgspec.structs.asdict(r).items() if k != "token"} for r in records]

@@ -1,0 +1,211 @@
+"""The egress process: the proxy of one command zygote, as the client, outside its
+network namespace.
+
+A zygote in proxy mode forks this process before it leaves the host's network, so the
+process keeps the host's network and nothing else of the zygote's later layers; it
+confines itself (``confine_egress``) and then serves two sockets:
+
+- from its zygote, one ``EgressListen`` per command, carrying a listening TCP socket the
+  zygote made *inside* the command's network namespace (127.0.0.1, a free port): a
+  socket keeps the namespace it was made in, so this process accepts the command's
+  connections there and connects out here;
+- to and from the protocol process (the runner): ``EgressAsk`` for each connection (the
+  runner judges it, asking the person for a new host) and ``EgressAnswer`` back;
+  ``EgressRecord`` for each finished connection; ``EgressForget`` when the call is over,
+  answered by ``EgressForgotten`` once its connections are closed and recorded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from ..isolation.wire import FrameBuffer, close_fds, frame, receive_with_fds
+from ..web.addresses import IPNetwork
+from .proxy import Budget, Connection, Proxy
+
+log = logging.getLogger(__name__)
+
+
+class EgressListen(msgspec.Struct, frozen=True, kw_only=True, tag="egress_listen"):
+    token: str  # the call's token
+    budget: int  # bytes the call may move, both ways together
+
+
+class EgressAsk(msgspec.Struct, frozen=True, kw_only=True, tag="egress_ask"):
+    id: int
+    token: str
+    host: str
+    port: int
+
+
+class EgressAnswer(msgspec.Struct, frozen=True, kw_only=True, tag="egress_answer"):
+    id: int
+    allowed: bool
+    why: str = ""
+
+
+class EgressRecord(msgspec.Struct, frozen=True, kw_only=True, tag="egress_record"):
+    token: str
+    host: str
+    port: int
+    protocol: str
+    address: str = ""
+    allowed_by: str = ""
+    refused: str = ""
+    sent: int = 0
+    received: int = 0
+
+
+class EgressForget(msgspec.Struct, frozen=True, kw_only=True, tag="egress_forget"):
+    token: str
+
+
+class EgressForgotten(msgspec.Struct, frozen=True, kw_only=True, tag="egress_forgotten"):
+    token: str
+
+
+FromRunner = EgressAnswer | EgressForget
+ToRunner = EgressAsk | EgressRecord | EgressForgotten
+from_runner = msgspec.msgpack.Decoder(FromRunner)
+to_runner = msgspec.msgpack.Decoder(ToRunner)
+_listen_decoder = msgspec.msgpack.Decoder(EgressListen)
+
+
+def proxy_environment(port: int) -> dict[str, str]:
+    """The variables that send a command's HTTP clients through the proxy on ``port``."""
+    url = f"http://127.0.0.1:{port}"
+    socks = f"socks5h://127.0.0.1:{port}"
+    names = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "ALL_PROXY": socks, "NO_PROXY": "localhost,127.0.0.1,::1"}
+    return {**names, **{name.lower(): value for name, value in names.items()}}
+
+
+@dataclass
+class _Call:
+    token: str
+    scope: trio.CancelScope
+    done: trio.Event = field(default_factory=trio.Event)
+    records: list[EgressRecord] = field(default_factory=list)  # sent when the call is forgotten
+
+
+class EgressServer:
+    def __init__(self, zygote: socket.socket, runner: socket.socket, allowed_networks: list[IPNetwork]) -> None:
+        self._zygote = zygote
+        self._runner = trio.socket.from_stdlib_socket(runner)
+        self._allowed_networks = allowed_networks
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[trio.Event, list[tuple[bool, str]]]] = {}
+        self._calls: dict[str, _Call] = {}
+        self._send_lock = trio.Lock()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._from_zygote)
+            await self._from_runner()  # the runner closing its end ends us
+            nursery.cancel_scope.cancel()
+
+    async def _send(self, message: msgspec.Struct) -> None:
+        async with self._send_lock:
+            view = memoryview(frame(message))
+            while view:
+                view = view[await self._runner.send(view) :]
+
+    async def _from_zygote(self) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(self._zygote)
+            received = receive_with_fds(self._zygote)
+            if received is None:
+                return  # the zygote is gone; calls already listening finish
+            body, fds = received
+            try:
+                listen = _listen_decoder.decode(body)
+            except msgspec.DecodeError:
+                close_fds(fds)
+                continue
+            if len(fds) != 1:
+                close_fds(fds)
+                continue
+            listener = trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fds[0])))
+            self._nursery.start_soon(self._serve_call, listen, listener)
+
+    async def _serve_call(self, listen: EgressListen, listener: trio.SocketListener) -> None:
+        token = listen.token
+
+        async def decide(host: str, port: int) -> tuple[bool, str]:
+            ask_id = next(self._ids)
+            event, answer = trio.Event(), list[tuple[bool, str]]()
+            self._waiting[ask_id] = (event, answer)
+            try:
+                await self._send(EgressAsk(id=ask_id, token=token, host=host, port=port))
+                await event.wait()
+            finally:
+                self._waiting.pop(ask_id, None)
+            return answer[0]
+
+        call = _Call(token, trio.CancelScope())
+        self._calls[token] = call
+
+        def record(connection: Connection) -> None:
+            call.records.append(_record_of(token, connection))
+
+        proxy = Proxy(decide, record, self._allowed_networks, Budget(listen.budget))
+        try:
+            with call.scope:
+                async with listener:
+                    await proxy.serve(listener)
+        finally:
+            call.done.set()
+
+    async def _from_runner(self) -> None:
+        buffer = FrameBuffer()
+        while data := await self._runner.recv(65536):
+            for body in buffer.feed(data):
+                try:
+                    message = from_runner.decode(body)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(message, EgressAnswer):
+                    waiting = self._waiting.get(message.id)
+                    if waiting is not None:
+                        waiting[1].append((message.allowed, message.why))
+                        waiting[0].set()
+                else:
+                    self._nursery.start_soon(self._forget, message.token)
+
+    async def _forget(self, token: str) -> None:
+        call = self._calls.pop(token, None)
+        if call is not None:
+            call.scope.cancel()
+            await call.done.wait()  # every connection of the call has recorded itself
+            for record in call.records:
+                await self._send(record)
+        await self._send(EgressForgotten(token=token))
+
+
+def _record_of(token: str, connection: Connection) -> EgressRecord:
+    return EgressRecord(
+        token=token,
+        host=connection.host,
+        port=connection.port,
+        protocol=connection.protocol,
+        address=connection.address,
+        allowed_by=connection.allowed_by,
+        refused=connection.refused,
+        sent=connection.sent,
+        received=connection.received,
+    )
+
+
+def serve(zygote: socket.socket, runner: socket.socket, allowed_networks: list[IPNetwork]) -> None:
+    """The egress process's whole life: serve until the runner closes its end."""
+    try:
+        trio.run(EgressServer(zygote, runner, allowed_networks).run)
+    finally:
+        os._exit(0)

@@ -1,0 +1,142 @@
+"""Class W: commands reach only the hosts they are allowed, through the egress proxy.
+
+A command in ``proxy`` mode (the default) sits in a network namespace with loopback only;
+``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` point at the proxy, whose rules and whose
+person decide each connection. Destinations are real servers on 127.0.0.2 (allowed) and
+127.0.0.3 (neither allowed nor denied: asked), exempt from the private-address refusal
+by ``allowed_networks``; 127.0.0.4 is denied by name."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DaemonProcess, start_daemon
+from tests.webserver import Server, serving
+from toold_client import APPROVE_ALL, DENY_ALL, Decision
+
+
+@pytest.fixture(scope="module")
+def allowed_web() -> Iterator[Server]:
+    with serving("127.0.0.2") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def unknown_web() -> Iterator[Server]:
+    with serving("127.0.0.3") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    tmp_path_factory: pytest.TempPathFactory, allowed_web: Server, unknown_web: Server
+) -> Iterator[DaemonProcess]:
+    tmp = tmp_path_factory.mktemp("egress")
+    root = tmp / "root"
+    root.mkdir()
+    config = f"""
+[tools.approval]
+allowlist = ["shell", "run_code"]
+
+[tools.network]
+allowed_domains = ["127.0.0.2"]
+denied_domains = ["127.0.0.4"]
+allowed_networks = ["127.0.0.0/8"]
+allowed_ports = [80, 443, {allowed_web.port}, {unknown_web.port}]
+ask_timeout_seconds = 5
+"""
+    d = start_daemon(tmp, root, config=config)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_an_allowed_host_is_reached_through_the_proxy_and_journaled(daemon: DaemonProcess, allowed_web: Server) -> None:
+    with daemon.client(timeout=30) as c:
+        result = c.call("shell", {"command": f"curl -sS {allowed_web.url('/json')}"})
+    assert result.ok and '"toold"' in result.content, result.content
+    (record,) = result.data["network"]
+    assert record["host"] == "127.0.0.2" and record["port"] == allowed_web.port
+    assert "allowed_domains" in record["allowed_by"] and record["received"] > 0 and not record["refused"]
+
+
+def test_a_new_host_is_asked_and_a_no_is_a_clean_403(daemon: DaemonProcess, unknown_web: Server) -> None:
+    asked = []
+
+    def answer(request: object) -> Decision:
+        asked.append(request)
+        return DENY_ALL
+
+    before = len(unknown_web.requests)
+    with daemon.client(timeout=30) as c:
+        result = c.call("shell", {"command": f"curl -sS -i {unknown_web.url('/json')}"}, on_confirm=answer)
+    assert "403" in result.content and len(unknown_web.requests) == before
+    assert asked and "127.0.0.3" in asked[0].calls[0].summary  # type: ignore[attr-defined]
+    assert result.data["network"][0]["refused"]
+
+
+def test_a_yes_lets_the_connection_through(daemon: DaemonProcess, unknown_web: Server) -> None:
+    with daemon.client(timeout=30) as c:
+        result = c.call("shell", {"command": f"curl -sS {unknown_web.url('/json')}"}, on_confirm=lambda r: APPROVE_ALL)
+    assert result.ok and '"toold"' in result.content, result.content
+    assert "approved by uid" in result.data["network"][0]["allowed_by"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["http://127.0.0.4:{port}/json", "http://169.254.169.254/latest/meta-data/", "http://[::1]:{port}/json",
+     "http://0x7f000004:{port}/json", "http://2130706436:{port}/json", "http://127.4:{port}/json"],
+)  # fmt: skip
+def test_denied_and_internal_destinations_are_refused_unasked(
+    daemon: DaemonProcess, allowed_web: Server, target: str
+) -> None:
+    asked = []
+    with daemon.client(timeout=30) as c:
+        command = f"curl -sS -i {target.format(port=allowed_web.port)}"
+        result = c.call("shell", {"command": command}, on_confirm=lambda r: asked.append(r) or DENY_ALL)
+    assert "403" in result.content or not result.ok, result.content
+    assert not asked  # numeric spellings are normalised (127.0.0.4, denied by name) before they are judged
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.2', {port}), timeout=3)\"",
+        "env -u http_proxy -u HTTP_PROXY -u ALL_PROXY -u all_proxy curl -sS --max-time 3 {url}",
+        "curl -sS --noproxy '*' --max-time 3 {url}",
+    ],
+)
+def test_a_program_that_ignores_the_proxy_has_no_network(
+    daemon: DaemonProcess, allowed_web: Server, command: str
+) -> None:
+    before = len(allowed_web.requests)
+    with daemon.client(timeout=30) as c:
+        result = c.call("shell", {"command": command.format(port=allowed_web.port, url=allowed_web.url("/json"))})
+    assert not result.ok, result.content
+    assert len(allowed_web.requests) == before
+
+
+def test_udp_leaves_nothing(daemon: DaemonProcess) -> None:
+    """Attack: a datagram (DNS, say) straight to a host address; the proxy carries TCP only."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.2", 0))
+    listener.settimeout(1.5)
+    port = listener.getsockname()[1]
+    send = f"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.2', {port}))"
+    command = f'python3 -c "{send}"'
+    with daemon.client(timeout=30) as c:
+        c.call("shell", {"command": command})
+    with pytest.raises(TimeoutError):
+        listener.recvfrom(10)
+    listener.close()
+
+
+def test_the_proxy_is_reported_as_a_layer(daemon: DaemonProcess, tmp_path: Path) -> None:
+    with daemon.client(timeout=30) as c:
+        result = c.call("shell", {"command": "env | grep -c -i _proxy="})
+    assert result.ok and int(result.content.split()[0]) >= 6
