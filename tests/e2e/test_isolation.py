@@ -118,7 +118,19 @@ def test_landlock_keeps_writes_inside_the_roots(client: Client, daemon: DaemonPr
     assert "read-ok" in result.content
 
 
-def test_run_code_network_is_off_by_default_and_on_when_asked(client: Client) -> None:
+def test_run_code_network_is_off_by_default_and_proxied_when_asked(client: Client) -> None:
+    """Off: no network at all. On: the default mode, proxy, where the only way out is the
+    egress proxy (a direct connection finds nothing; the proxy variables are set)."""
+    code = (
+        "import os, socket\nprint(os.environ.get('HTTP_PROXY'))\nsocket.create_connection(('192.0.2.1', 80), timeout=2)"
+    )
+    off = run_code(client, code)
+    on = run_code(client, code, network=True)
+    assert not off.ok and "None" in off.content
+    assert not on.ok and "http://127.0.0.1:" in on.content, on.content
+
+
+def test_run_code_network_in_host_mode_reaches_the_host(tmp_path: Path, root: Path) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
 
@@ -134,11 +146,14 @@ def test_run_code_network_is_off_by_default_and_on_when_asked(client: Client) ->
 
     threading.Thread(target=serve, daemon=True).start()
     code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=5)\nprint(s.recv(100).decode())"
+    d = start_daemon(tmp_path, root, config=CONFIG + '[tools.network]\nmode = "host"\n')
     try:
-        off = run_code(client, code)
-        on = run_code(client, code, network=True)
+        with d.client(timeout=30) as client:
+            off = run_code(client, code)
+            on = run_code(client, code, network=True)
     finally:
         server.close()
+        d.stop()
     assert not off.ok and "hello" not in off.content
     # Landlock's TCP rule (ABI 4) refuses first (EACCES); without it the empty network
     # namespace answers (ENETUNREACH), or the seccomp filter (EPERM).

@@ -163,12 +163,15 @@ def test_no_proxy_from_the_environment(tmp_path_factory: pytest.TempPathFactory,
     web_fetch must still ignore them, or they would carry fetches around the rules (and
     answer for names this machine cannot resolve)."""
     proxy = {"HTTP_PROXY": site.url(""), "http_proxy": site.url(""), "ALL_PROXY": site.url("")}
-    config = '[tools.environment]\nallowlist = ["*_PROXY"]\n[tools.approval]\npreset = "all"\n'
+    config = (
+        '[tools.environment]\nallowlist = ["*_PROXY"]\n[tools.approval]\npreset = "all"\n'
+        '[tools.network]\nmode = "host"\n'  # the administrator's variables, not the egress proxy's
+    )
     before = len(site.requests)
     with module_daemon(tmp_path_factory, "ssrf-env-proxy", config, env=proxy) as d, d.client() as client:
         shell = client.call("shell", {"command": "env"})
         result = client.call("web_fetch", {"url": "http://unresolvable.invalid/json"})
-    assert f"HTTP_PROXY={site.url('')}" in shell.content  # the variables do reach the children
+    assert f"HTTP_PROXY={site.url('')}" in shell.content  # the variables do reach the children (host mode)
     assert result.error is not None and result.error.code == "DNS_FAILED", result.content
     assert len(site.requests) == before
 

@@ -23,6 +23,8 @@ from .process import EgressAnswer, EgressAsk, EgressForget, EgressForgotten, Egr
 
 log = logging.getLogger(__name__)
 FORGET_SECONDS = 2.0
+#: What a link whose egress process is gone (or that was closed) raises.
+_GONE = (OSError, trio.ClosedResourceError, trio.BrokenResourceError)
 
 
 @dataclass
@@ -32,6 +34,7 @@ class EgressCall:
     context: Any  # the call's ToolContext (its ask_network, if a person can be asked)
     records: list[EgressRecord] = field(default_factory=list)
     forgotten: trio.Event = field(default_factory=trio.Event)
+    asked: bool = False  # a connection was made (each one asks first): its record is worth waiting for
 
 
 Decide = Callable[[EgressCall, str, int], Awaitable[tuple[bool, str]]]
@@ -53,34 +56,49 @@ class EgressCalls:
         call = self._calls.get(token)
         if call is None:
             return []
+        if not call.asked:  # no connection: only the listener to close, nothing to wait for
+            self._calls.pop(token, None)
+            with trio.move_on_after(FORGET_SECONDS):
+                try:
+                    await self._send(call.link, EgressForget(token=token))
+                except _GONE:
+                    pass
+            return []
         try:
             with trio.move_on_after(FORGET_SECONDS):
                 await self._send(call.link, EgressForget(token=token))
                 await call.forgotten.wait()
-        except OSError:
+        except _GONE:
             pass  # the egress process is gone: its connections went with it
         finally:
             self._calls.pop(token, None)
         return call.records
 
     async def serve(self, link: trio.socket.SocketType) -> None:
-        """Answer one egress process until it goes away."""
-        buffer = FrameBuffer()
+        """Answer one egress process until it goes away (with its zygote). Nothing it sends
+        or does may end the daemon."""
         try:
             async with trio.open_nursery() as nursery:
-                while data := await link.recv(65536):
-                    for body in buffer.feed(data):
-                        try:
-                            message = to_runner.decode(body)
-                        except msgspec.DecodeError:
-                            log.warning("an egress process sent garbage; its link is closed")
-                            return
-                        self._take(nursery, link, message)
+                await self._read(link, nursery)
                 nursery.cancel_scope.cancel()
-        except (OSError, ValueError):
-            pass
+        except Exception:
+            log.exception("an egress link failed; it is closed")
         finally:
             self._locks.pop(id(link), None)
+            link.close()
+            for call in [c for c in self._calls.values() if c.link is link]:
+                call.forgotten.set()  # nothing more will come for them
+
+    async def _read(self, link: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+        buffer = FrameBuffer()
+        try:
+            while data := await link.recv(65536):
+                for body in buffer.feed(data):
+                    self._take(nursery, link, to_runner.decode(body))
+        except _GONE:
+            pass  # the egress process is gone
+        except (msgspec.DecodeError, ValueError):
+            log.warning("an egress process sent garbage; its link is closed")
 
     def _take(self, nursery: trio.Nursery, link: trio.socket.SocketType, message: msgspec.Struct) -> None:
         if isinstance(message, EgressAsk):
@@ -96,6 +114,8 @@ class EgressCalls:
 
     async def _answer(self, link: trio.socket.SocketType, ask: EgressAsk) -> None:
         call = self._calls.get(ask.token)
+        if call is not None:
+            call.asked = True
         if call is None or call.link is not link:  # a token of another link, or a finished call
             allowed, why = False, "the call is not running"
         else:
@@ -106,7 +126,7 @@ class EgressCalls:
                 allowed, why = False, f"could not decide: {exc}"
         try:
             await self._send(link, EgressAnswer(id=ask.id, allowed=allowed, why=why))
-        except OSError:
+        except _GONE:
             pass
 
     async def _send(self, link: trio.socket.SocketType, message: msgspec.Struct) -> None:

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 64 * 1024
 FIRST_BYTE_SECONDS = 30.0
 CONNECT_SECONDS = 15.0
-_CHUNK = 64 * 1024
+_CHUNK = 256 * 1024
 
 #: (host, port) -> (allowed, why). Called once per client connection.
 Decide = Callable[[str, int], Awaitable[tuple[bool, str]]]

@@ -181,9 +181,9 @@ class Zygote:
             left.set()
 
     def close(self) -> None:
+        """Retire: the zygote finishes what runs, and its egress process (which dies with
+        it) keeps serving those commands; the runner closes the link at its end."""
         self.sock.close()
-        if self.egress is not None:
-            self.egress.close()
 
 
 class Zygotes:
