@@ -196,3 +196,46 @@ async def test_a_call_past_its_byte_budget_is_cut(web: Server) -> None:
         nursery.cancel_scope.cancel()
     assert code != 0  # the transfer was cut
     assert records[-1].received < 300_000 and "budget" in records[-1].refused
+
+
+async def test_a_redirect_to_an_internal_address_is_judged_as_a_new_connection(proxy: Running, web: Server) -> None:
+    """Attack: an allowed host redirects the client to the metadata service."""
+    target = f"http://localhost:{web.port}/redirect?to=http://169.254.169.254/latest/meta-data/"
+    _code, out = await curl("-i", "-L", "-x", f"http://127.0.0.1:{proxy.port}", target)
+    assert "302" in out and "403" in out, out
+    records = await recorded(proxy, 2)
+    assert [r.host for r in records] == ["localhost", "169.254.169.254"] and records[1].refused
+
+
+class Rebinding(trio.abc.HostnameResolver):
+    """Answers a public address to the first lookup of ``rebind.test`` and loopback after."""
+
+    def __init__(self, first: str, then: str) -> None:
+        self.answers = [first, then]
+        self.lookups = 0
+
+    async def getaddrinfo(self, host, port, family=0, type=0, proto=0, flags=0):  # type: ignore[no-untyped-def]
+        if host not in (b"rebind.test", "rebind.test"):
+            return await trio.to_thread.run_sync(socket.getaddrinfo, host, port, family, type, proto, flags)
+        address = self.answers[min(self.lookups, 1)]
+        self.lookups += 1
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    async def getnameinfo(self, sockaddr, flags):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+
+async def test_a_name_is_resolved_once_and_the_checked_address_is_the_one_connected(web: Server) -> None:
+    """Attack: DNS rebinding. The first answer is the (exempt) test server, any later one
+    the metadata address; the proxy must look up once and connect to what it checked."""
+    resolver = Rebinding("127.0.0.1", "169.254.169.254")
+    previous = trio.socket.set_custom_hostname_resolver(resolver)
+    try:
+        rules = EgressRules.of(allowed_domains=["rebind.test"], allowed_ports=[web.port])
+        async with running(rules) as proxy:
+            code, out = await curl("-sS", "-x", f"http://127.0.0.1:{proxy.port}", f"http://rebind.test:{web.port}/json")
+            records = await recorded(proxy)
+    finally:
+        trio.socket.set_custom_hostname_resolver(previous)
+    assert code == 0 and "toold" in out, out
+    assert resolver.lookups == 1 and records[0].address == "127.0.0.1"

@@ -140,3 +140,26 @@ def test_the_proxy_is_reported_as_a_layer(daemon: DaemonProcess, tmp_path: Path)
     with daemon.client(timeout=30) as c:
         result = c.call("shell", {"command": "env | grep -c -i _proxy="})
     assert result.ok and int(result.content.split()[0]) >= 6
+
+
+def test_policy_explain_and_doctor_say_how_commands_reach_the_network(daemon: DaemonProcess, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from tests.conftest import BIN
+
+    with daemon.client(timeout=30) as c:
+        explained = c.explain("shell", {"command": "curl https://example.com"})
+    assert "network: proxy (allowed domains: 127.0.0.2" in explained.reason, explained.reason
+    config = tmp_path / "host.toml"
+    config.write_text('[tools.network]\nmode = "proxy"\ntools = { shell = "host" }\n')
+    done = subprocess.run(
+        [str(BIN / "toold"), "doctor", "--json", "--config", str(config)], capture_output=True, text=True, check=False
+    )
+    service = json.loads(done.stdout)["service"]
+    assert service["network shell"] == {
+        "on": False,
+        "detail": "host (the host's network, unfiltered)",
+        "required": False,
+    }
+    assert service["network run_code"]["on"] and service["network run_code"]["detail"].startswith("proxy")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config
+from .egress.rules import network_summary
 from .journal import JOURNAL_NAME, RECOVERY_NAME
 
 SERVICE_GROUP = "toold"
@@ -35,7 +36,16 @@ def service_checks(config: Config, endpoint: str, state_dir: Path, spawner_socke
         _service_group(),
         _socket(endpoint),
         _journal(state_dir),
+        *_network_modes(config),
     ]
+
+
+def _network_modes(config: Config) -> list[Check]:
+    """How commands reach the network: "on" for the filtering proxy or none, "off" where a
+    tool has the host's network unfiltered (``[tools.network]``)."""
+    network = config.tools.network
+    tools = sorted({"shell", "run_code", *network.tools, *(c.name for c in config.tools.commands)})
+    return [Check(f"network {tool}", network.mode_of(tool) != "host", network_summary(network, tool)) for tool in tools]
 
 
 def _activation() -> Check:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from ..config import NetworkConfig
 from ..web.addresses import IPNetwork, Refused, address_refusal, host_matches, literal_address, normal_host
 
 Judgement = Literal["allow", "deny", "ask"]
@@ -64,3 +65,19 @@ class EgressRules:
         # allowed_networks only exempts addresses from the private-address refusal: an
         # address there is still judged by name like any other, so it is asked about
         return "ask", f"{normal} is neither allowed nor denied", normal
+
+
+#: Built-in tools whose commands may want the network (command tools are named in the config).
+NETWORKED_TOOLS = frozenset({"shell", "run_command", "run_code"})
+
+
+def network_summary(network: NetworkConfig, tool: str) -> str:
+    """How ``tool``'s commands reach the network, for ``policy explain`` and ``doctor``."""
+    mode = network.mode_of(tool)
+    if mode == "host":
+        return "host (the host's network, unfiltered)"
+    if mode == "none":
+        return "none (no network at all)"
+    allowed = ", ".join(network.allowed_domains[:5]) or "none"
+    more = "…" if len(network.allowed_domains) > 5 else ""
+    return f"proxy (allowed domains: {allowed}{more}; other hosts are asked about)"

@@ -31,6 +31,7 @@ from toold_protocol import (
 from .. import planner
 from ..batches import Batch
 from ..config import ConfigError, load_file
+from ..egress.rules import NETWORKED_TOOLS, network_summary
 from ..journal import Journal, StoredBatch
 from ..tools import Tool
 from ..workspaces import WorkspaceRefused
@@ -212,6 +213,9 @@ class Administration:
     def explain(self, session: Session, message: ExplainPolicy) -> None:
         call = ToolCall(call_id="explain", name=message.name, arguments=message.arguments)
         decision, reason, risk, rule = self.shared.planner_for(session).explain(call)
+        tool = self.shared.registry.get(message.name)
+        if tool is not None and tool.name in NETWORKED_TOOLS | self._command_tools():
+            reason += f"; network: {network_summary(self.shared.config.tools.network, tool.name)}"
         self.shared.reply(
             session,
             PolicyExplanation(
@@ -223,6 +227,9 @@ class Administration:
                 rule=rule,
             ),
         )
+
+    def _command_tools(self) -> set[str]:
+        return {entry.name for entry in self.shared.config.tools.commands}
 
     def reload(self, session: Session, message: ReloadPolicy) -> None:
         if session.identity.uid not in (0, self.shared.daemon_uid):
