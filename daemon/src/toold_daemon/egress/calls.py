@@ -23,6 +23,7 @@ from .process import EgressAnswer, EgressAsk, EgressForget, EgressForgotten, Egr
 
 log = logging.getLogger(__name__)
 FORGET_SECONDS = 2.0
+IDLE_FORGET_SECONDS = 1.0
 #: What a link whose egress process is gone (or that was closed) raises.
 _GONE = (OSError, trio.ClosedResourceError, trio.BrokenResourceError)
 
@@ -45,6 +46,9 @@ class EgressCalls:
         self._decide = decide
         self._calls: dict[str, EgressCall] = {}
         self._locks: dict[int, trio.Lock] = {}
+        #: Per link, calls that made no connection: their listeners are closed in one
+        #: message a moment later, so a command without network costs no wake-up there.
+        self._idle: dict[int, list[str]] = {}
 
     def register(self, token: str, link: trio.socket.SocketType, context: Any) -> EgressCall:
         call = EgressCall(token, link, context)
@@ -58,11 +62,7 @@ class EgressCalls:
             return []
         if not call.asked:  # no connection: only the listener to close, nothing to wait for
             self._calls.pop(token, None)
-            with trio.move_on_after(FORGET_SECONDS):
-                try:
-                    await self._send(call.link, EgressForget(token=token))
-                except _GONE:
-                    pass
+            self._idle.setdefault(id(call.link), []).append(token)
             return []
         try:
             with trio.move_on_after(FORGET_SECONDS):
@@ -79,15 +79,27 @@ class EgressCalls:
         or does may end the daemon."""
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._close_idle_listeners, link)
                 await self._read(link, nursery)
                 nursery.cancel_scope.cancel()
         except Exception:
             log.exception("an egress link failed; it is closed")
         finally:
             self._locks.pop(id(link), None)
+            self._idle.pop(id(link), None)
             link.close()
             for call in [c for c in self._calls.values() if c.link is link]:
                 call.forgotten.set()  # nothing more will come for them
+
+    async def _close_idle_listeners(self, link: trio.socket.SocketType) -> None:
+        while True:
+            await trio.sleep(IDLE_FORGET_SECONDS)
+            tokens = self._idle.pop(id(link), [])
+            try:
+                for token in tokens:
+                    await self._send(link, EgressForget(token=token))
+            except _GONE:
+                return
 
     async def _read(self, link: trio.socket.SocketType, nursery: trio.Nursery) -> None:
         buffer = FrameBuffer()
