@@ -19,7 +19,7 @@ import msgspec
 import trio
 
 from ..isolation.wire import FrameBuffer, frame
-from .process import EgressAnswer, EgressAsk, EgressForget, EgressForgotten, EgressRecord, to_runner
+from .process import EgressAnswer, EgressAsk, EgressForget, EgressForgotten, EgressRecord, EgressUsed, to_runner
 
 log = logging.getLogger(__name__)
 FORGET_SECONDS = 2.0
@@ -35,7 +35,7 @@ class EgressCall:
     context: Any  # the call's ToolContext (its ask_network, if a person can be asked)
     records: list[EgressRecord] = field(default_factory=list)
     forgotten: trio.Event = field(default_factory=trio.Event)
-    asked: bool = False  # a connection was made (each one asks first): its record is worth waiting for
+    asked: bool = False  # a connection was made (asked, or told as used): its records are worth waiting for
 
 
 Decide = Callable[[EgressCall, str, int], Awaitable[tuple[bool, str]]]
@@ -119,7 +119,9 @@ class EgressCalls:
         call = self._calls.get(getattr(message, "token", ""))
         if call is None:
             return
-        if isinstance(message, EgressRecord):
+        if isinstance(message, EgressUsed):
+            call.asked = True
+        elif isinstance(message, EgressRecord):
             call.records.append(message)
         elif isinstance(message, EgressForgotten):
             call.forgotten.set()

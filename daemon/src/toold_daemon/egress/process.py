@@ -27,8 +27,8 @@ import msgspec
 import trio
 
 from ..isolation.wire import FrameBuffer, close_fds, frame, receive_with_fds
-from ..web.addresses import IPNetwork
 from .proxy import Budget, Connection, Proxy
+from .rules import EgressRules
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,13 @@ class EgressAnswer(msgspec.Struct, frozen=True, kw_only=True, tag="egress_answer
     id: int
     allowed: bool
     why: str = ""
+
+
+class EgressUsed(msgspec.Struct, frozen=True, kw_only=True, tag="egress_used"):
+    """The call made its first connection (decided here by the rules): its records are
+    worth waiting for when it ends."""
+
+    token: str
 
 
 class EgressRecord(msgspec.Struct, frozen=True, kw_only=True, tag="egress_record"):
@@ -72,7 +79,7 @@ class EgressForgotten(msgspec.Struct, frozen=True, kw_only=True, tag="egress_for
 
 
 FromRunner = EgressAnswer | EgressForget
-ToRunner = EgressAsk | EgressRecord | EgressForgotten
+ToRunner = EgressAsk | EgressUsed | EgressRecord | EgressForgotten
 from_runner = msgspec.msgpack.Decoder(FromRunner)
 to_runner = msgspec.msgpack.Decoder(ToRunner)
 _listen_decoder = msgspec.msgpack.Decoder(EgressListen)
@@ -92,13 +99,15 @@ class _Call:
     scope: trio.CancelScope
     done: trio.Event = field(default_factory=trio.Event)
     records: list[EgressRecord] = field(default_factory=list)  # sent when the call is forgotten
+    used: bool = False  # the runner knows the call made a connection
 
 
 class EgressServer:
-    def __init__(self, zygote: socket.socket, runner: socket.socket, allowed_networks: list[IPNetwork]) -> None:
+    def __init__(self, zygote: socket.socket, runner: socket.socket, rules: EgressRules) -> None:
         self._zygote = zygote
         self._runner = trio.socket.from_stdlib_socket(runner)
-        self._allowed_networks = allowed_networks
+        self._rules = rules
+        self._allowed_networks = list(rules.allowed_networks)
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[tuple[bool, str]]]] = {}
         self._calls: dict[str, _Call] = {}
@@ -137,8 +146,19 @@ class EgressServer:
 
     async def _serve_call(self, listen: EgressListen, listener: trio.SocketListener) -> None:
         token = listen.token
+        call = _Call(token, trio.CancelScope())
+        self._calls[token] = call
 
         async def decide(host: str, port: int) -> tuple[bool, str]:
+            """The administrator's rules here, at once; a host they leave open goes to the
+            protocol process (which may ask the person)."""
+            judgement, why, _normal = self._rules.judge(host, port)
+            if judgement != "ask":
+                if not call.used:
+                    call.used = True
+                    self._nursery.start_soon(self._send, EgressUsed(token=token))
+                return judgement == "allow", why
+            call.used = True
             ask_id = next(self._ids)
             event, answer = trio.Event(), list[tuple[bool, str]]()
             self._waiting[ask_id] = (event, answer)
@@ -148,9 +168,6 @@ class EgressServer:
             finally:
                 self._waiting.pop(ask_id, None)
             return answer[0]
-
-        call = _Call(token, trio.CancelScope())
-        self._calls[token] = call
 
         def record(connection: Connection) -> None:
             call.records.append(_record_of(token, connection))
@@ -203,9 +220,9 @@ def _record_of(token: str, connection: Connection) -> EgressRecord:
     )
 
 
-def serve(zygote: socket.socket, runner: socket.socket, allowed_networks: list[IPNetwork]) -> None:
+def serve(zygote: socket.socket, runner: socket.socket, rules: EgressRules) -> None:
     """The egress process's whole life: serve until the runner closes its end."""
     try:
-        trio.run(EgressServer(zygote, runner, allowed_networks).run)
+        trio.run(EgressServer(zygote, runner, rules).run)
     finally:
         os._exit(0)

@@ -17,10 +17,10 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from ..egress.rules import EgressRules
 from ..sandbox.denied_tree import Found, find_denied
 from ..sandbox.homes import home_directories, homes_within
 from ..sandbox.paths import Sandbox
-from ..web.addresses import IPNetwork
 from . import cgroup, kernel
 from .wire import Limits, SpawnRequest
 
@@ -127,7 +127,7 @@ def _start_egress(request: SpawnRequest, landlock: int | str, guarded: tuple[int
                 kernel.seccomp_filter(sockets="any", protected_pids=guarded)
             from ..egress.process import serve
 
-            serve(egress_zygote_end, egress_runner_end, _allowed_networks(request))
+            serve(egress_zygote_end, egress_runner_end, _egress_rules(request))
         finally:
             os._exit(0)
     egress_zygote_end.close()
@@ -135,9 +135,8 @@ def _start_egress(request: SpawnRequest, landlock: int | str, guarded: tuple[int
     return to_egress, runner_end
 
 
-def _allowed_networks(request: SpawnRequest) -> list[IPNetwork]:
-    import ipaddress
-
+def _egress_rules(request: SpawnRequest) -> EgressRules:
+    """The administrator's network rules, from the configuration the request carries."""
     import msgspec
 
     from ..config import Config
@@ -146,7 +145,13 @@ def _allowed_networks(request: SpawnRequest) -> list[IPNetwork]:
         config = msgspec.msgpack.decode(request.config, type=Config) if request.config else Config()
     except msgspec.DecodeError:
         config = Config()
-    return [ipaddress.ip_network(n, strict=False) for n in config.tools.network.allowed_networks]
+    network = config.tools.network
+    return EgressRules.of(
+        allowed_domains=network.allowed_domains,
+        denied_domains=network.denied_domains,
+        allowed_ports=network.allowed_ports,
+        allowed_networks=network.allowed_networks,
+    )
 
 
 def _open_loopback(namespace: str, links: tuple[socket.socket, ...]) -> str:
