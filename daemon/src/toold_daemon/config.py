@@ -219,6 +219,16 @@ class IsolationConfig(_Section, frozen=True):
                 raise ValueError(f"keep_capabilities: unknown capability {name!r}") from None
 
 
+def _check_networks(cidrs: list[str]) -> None:
+    import ipaddress
+
+    for cidr in cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ValueError(f"allowed_networks: {cidr!r} is not a network (like 10.0.0.0/8)") from None
+
+
 NetworkMode = Literal["none", "proxy", "host"]
 
 
@@ -244,13 +254,7 @@ class NetworkConfig(_Section, frozen=True):
     ask_timeout_seconds: Annotated[float, Meta(gt=0, le=3600)] = 60.0
 
     def __post_init__(self) -> None:
-        import ipaddress
-
-        for cidr in self.allowed_networks:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ValueError(f"allowed_networks: {cidr!r} is not a network (like 10.0.0.0/8)") from None
+        _check_networks(self.allowed_networks)
 
     def mode_of(self, tool: str) -> NetworkMode:
         return self.tools.get(tool, self.mode)
@@ -326,13 +330,7 @@ class WebConfig(_Section, frozen=True):
     proxy: str = ""
 
     def __post_init__(self) -> None:
-        import ipaddress
-
-        for cidr in self.allowed_networks:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ValueError(f"allowed_networks: {cidr!r} is not a network (like 10.0.0.0/8)") from None
+        _check_networks(self.allowed_networks)
         if self.proxy and not re.match(r"^https?://[^/\s]+/?$", self.proxy):
             raise ValueError(f"proxy: {self.proxy!r} is not an http:// or https:// proxy URL")
 

@@ -60,24 +60,8 @@ class ConfirmationFlow:
             )
             for c in asked
         ]
-        pending = self.shared.confirmations.open(
-            batch_id=batch.batch_id,
-            owner=batch.identity,
-            submitter=session.peer,
-            items=items,
-            timeout=batch.approval_timeout or approval.timeout_seconds,
-        )
+        pending = self._open(session, batch, items, batch.approval_timeout or approval.timeout_seconds, emit)
         batch.state = "awaiting_confirmation"
-        request = ConfirmationRequested(
-            batch_id=batch.batch_id,
-            correlation_id=pending.correlation_id,
-            calls=items,
-            expires_in_ms=pending.remaining_ms(),
-        )
-        emit(request)
-        frame = encode(request)
-        for peer in self.shared.confirmations.approver_peers(pending, approval.approver_gids):
-            self.shared.send(peer, frame)
         try:
             with trio.move_on_at(trio.current_time() + (batch.approval_timeout or approval.timeout_seconds)) as scope:
                 batch.current_scope = scope
@@ -88,6 +72,31 @@ class ConfirmationFlow:
             self.shared.confirmations.close(pending)
         self._apply_answer(session, batch, asked, pending)
         batch.state = "running"
+
+    def _open(
+        self,
+        session: Session,
+        batch: Batch,
+        items: list[ConfirmationItem],
+        timeout: float,
+        emit: Callable[[msgspec.Struct], None],
+    ) -> Pending:
+        """Open a confirmation and send it to the batch's listeners and every approver."""
+        pending = self.shared.confirmations.open(
+            batch_id=batch.batch_id, owner=batch.identity, submitter=session.peer, items=items, timeout=timeout
+        )
+        request = ConfirmationRequested(
+            batch_id=batch.batch_id,
+            correlation_id=pending.correlation_id,
+            calls=items,
+            expires_in_ms=pending.remaining_ms(),
+        )
+        emit(request)
+        frame = encode(request)
+        approver_gids = self.shared.config.tools.approval.approver_gids
+        for peer in self.shared.confirmations.approver_peers(pending, approver_gids):
+            self.shared.send(peer, frame)
+        return pending
 
     async def ask_network(
         self,
@@ -105,7 +114,6 @@ class ConfirmationFlow:
         if key in session.grants:
             return True, f"{host}:{port} allowed for this session by an earlier answer"
         network = self.shared.config.tools.network
-        approval = self.shared.config.tools.approval
         item = ConfirmationItem(
             call_id=call.call_id,
             name="network",
@@ -117,23 +125,7 @@ class ConfirmationFlow:
                 hide_secrets(f"asked by the running call {call.call_id} ({call.name}): {call.summary}"),
             ],
         )
-        pending = self.shared.confirmations.open(
-            batch_id=batch.batch_id,
-            owner=batch.identity,
-            submitter=session.peer,
-            items=[item],
-            timeout=network.ask_timeout_seconds,
-        )
-        request = ConfirmationRequested(
-            batch_id=batch.batch_id,
-            correlation_id=pending.correlation_id,
-            calls=[item],
-            expires_in_ms=pending.remaining_ms(),
-        )
-        emit(request)
-        frame = encode(request)
-        for peer in self.shared.confirmations.approver_peers(pending, approval.approver_gids):
-            self.shared.send(peer, frame)
+        pending = self._open(session, batch, [item], network.ask_timeout_seconds, emit)
         try:
             with trio.move_on_after(network.ask_timeout_seconds):
                 await pending.decided.wait()
