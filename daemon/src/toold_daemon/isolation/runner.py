@@ -320,6 +320,7 @@ class SpawnRunner:
             job.add_output(f"\n[toold: {exc.message}]\n", keep)
         finally:
             with trio.CancelScope(shield=True):
+                await self.egress.forget(child.token)  # its proxy listener goes with it
                 await self._kill(child)
             if job.state == "running":
                 job.state = "killed"
