@@ -163,3 +163,16 @@ def test_policy_explain_and_doctor_say_how_commands_reach_the_network(daemon: Da
         "required": False,
     }
     assert service["network run_code"]["on"] and service["network run_code"]["detail"].startswith("proxy")
+
+
+def test_an_always_answer_is_kept_for_the_workspace(daemon: DaemonProcess, unknown_web: Server) -> None:
+    """Approved "always for this workspace": a later session of the same user is not asked."""
+    command = f"curl -sS {unknown_web.url('/json')}?always"
+    always = Decision("approve_all", remember_for_workspace=True)
+    with daemon.client(timeout=30) as c:
+        first = c.call("shell", {"command": command}, on_confirm=lambda r: always)
+    asked: list[object] = []
+    with daemon.client(timeout=30) as c:
+        again = c.call("shell", {"command": command}, on_confirm=lambda r: asked.append(r) or DENY_ALL)
+    assert first.ok and again.ok, again.content
+    assert not asked and "this workspace" in again.data["network"][0]["allowed_by"]

@@ -62,13 +62,16 @@ class Decision:
     """An answer to a confirmation request. ``approve_selected`` approves only
     ``approved_call_ids``; ``modified_arguments`` replaces a call's arguments (the daemon
     re-validates them); ``remember_for_session`` grants the same tool and path (or the
-    same program, for shell) for the rest of the submitting session."""
+    same program, for shell) for the rest of the submitting session;
+    ``remember_for_workspace`` (a command's new network host) allows that host in this
+    workspace from now on."""
 
     decision: Literal["approve_all", "approve_selected", "deny_all"]
     approved_call_ids: tuple[str, ...] = ()
     modified_arguments: Mapping[str, Mapping[str, Any]] | None = None
     remember_for_session: bool = False
     reason: str = ""
+    remember_for_workspace: bool = False
 
 
 APPROVE_ALL = Decision("approve_all")
@@ -122,6 +125,7 @@ def confirm(correlation_id: str, decision: Decision) -> Request:
             "approved_call_ids": list(decision.approved_call_ids),
             "modified_arguments": modified,
             "remember_for_session": decision.remember_for_session,
+            "remember_for_workspace": decision.remember_for_workspace,
             "reason": decision.reason,
         },
     )

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("request_id")
     approve.add_argument("--calls", default="", help="approve only these call ids (comma-separated)")
     approve.add_argument("--remember", action="store_true", help="allow the same again for that session")
+    approve.add_argument(
+        "--always", action="store_true", help="a command's network host: allow it in that workspace from now on"
+    )
     deny = sub.add_parser("deny", help="deny a confirmation request")
     deny.add_argument("request_id")
     deny.add_argument("--reason", default="")
@@ -306,9 +309,14 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         decision = Decision("deny_all", reason=args.reason or "denied with toolctl deny")
     elif args.calls:
         ids = tuple(c.strip() for c in args.calls.split(",") if c.strip())
-        decision = Decision("approve_selected", approved_call_ids=ids, remember_for_session=args.remember)
+        decision = Decision(
+            "approve_selected",
+            approved_call_ids=ids,
+            remember_for_session=args.remember,
+            remember_for_workspace=args.always,
+        )
     else:
-        decision = Decision("approve_all", remember_for_session=args.remember)
+        decision = Decision("approve_all", remember_for_session=args.remember, remember_for_workspace=args.always)
     client.confirm(args.request_id, decision)
     print(f"{'denied' if args.command == 'deny' else 'approved'} {sanitize_for_terminal(args.request_id)}")
     return EXIT_OK

@@ -185,6 +185,8 @@ class Confirm(_Message, tag="confirm", frozen=True):
 
     ``decision``: ``approve_all``, ``approve_selected`` (only ``approved_call_ids``),
     or ``deny_all``. ``modified_arguments`` maps call ids to replacement arguments.
+    ``remember_for_workspace``: for a command's new network host, allow it again in this
+    workspace for this user from now on (stored by the daemon).
     """
 
     id: RequestId
@@ -193,6 +195,7 @@ class Confirm(_Message, tag="confirm", frozen=True):
     approved_call_ids: list[str] = []
     modified_arguments: dict[str, msgspec.Raw] = {}
     remember_for_session: bool = False
+    remember_for_workspace: bool = False
     reason: str = ""
 
 

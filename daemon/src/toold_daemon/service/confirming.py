@@ -113,6 +113,10 @@ class ConfirmationFlow:
         key = f"network:{host}:{port}"
         if key in session.grants:
             return True, f"{host}:{port} allowed for this session by an earlier answer"
+        stored = getattr(self.shared.executor.runner, "user_state", None)
+        scope = f"workspace:{(batch.sandbox or self.shared.sandbox).roots[0]}"
+        if stored is not None and await trio.to_thread.run_sync(stored.granted, batch.identity.uid, scope, key):
+            return True, f"{host}:{port} allowed in this workspace by an earlier answer"
         network = self.shared.config.tools.network
         item = ConfirmationItem(
             call_id=call.call_id,
@@ -142,6 +146,9 @@ class ConfirmationFlow:
             return False, f"{host}:{port} denied by {who}"
         if answer.remember_for_session:
             session.grants.add(key)
+        if answer.remember_for_workspace and stored is not None:
+            await trio.to_thread.run_sync(stored.grant, batch.identity.uid, scope, key)
+            return True, f"{host}:{port} approved by {who} for this workspace"
         return True, f"{host}:{port} approved by {who}" + (" for this session" if answer.remember_for_session else "")
 
     async def _preview(self, batch: Batch, call: PreparedCall) -> str | None:
