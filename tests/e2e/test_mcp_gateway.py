@@ -274,3 +274,37 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_a_server_with_network_reaches_only_allowed_hosts_through_the_proxy(tmp_path: Path) -> None:
+    """``network = true`` for a server means the default mode, proxy: the rules decide
+    each connection (a host they leave open is refused: no person is asked for a server),
+    and a direct connection finds no network."""
+    from tests.webserver import serving
+
+    with serving("127.0.0.2") as allowed, serving("127.0.0.3") as other:
+        config = f"""
+[tools.approval]
+mode = "auto"
+
+[tools.network]
+allowed_domains = ["127.0.0.2"]
+allowed_networks = ["127.0.0.0/8"]
+allowed_ports = [{allowed.port}, {other.port}]
+
+{hostile_entry("net")}network = true
+"""
+        root = tmp_path / "root"
+        root.mkdir()
+        d = start_daemon(tmp_path, root, config=config)
+        try:
+            fetched = call(d, "mcp__net__run", {"argv": ["curl", "-sS", allowed.url("/json")]})
+            refused = call(d, "mcp__net__run", {"argv": ["curl", "-sS", "-i", other.url("/json")]})
+            direct = call(d, "mcp__net__connect", {"port": allowed.port})
+            env = call(d, "mcp__net__whoami", {}).data["env"]
+        finally:
+            d.stop()
+    assert '"toold"' in fetched.content, fetched.content
+    assert "403" in refused.content and not other.requests
+    assert not direct.ok and "connect failed" in direct.content
+    assert env["HTTPS_PROXY"].startswith("http://127.0.0.1:") and env["ALL_PROXY"].startswith("socks5h://")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
-from ..isolation.wire import FrameBuffer, close_fds, frame, receive_with_fds
+from ..isolation.wire import FrameBuffer, SpawnRequest, close_fds, frame, receive_with_fds
 from .proxy import Budget, Connection, Proxy
 from .rules import EgressRules
 
@@ -91,6 +91,19 @@ def proxy_environment(port: int) -> dict[str, str]:
     socks = f"socks5h://127.0.0.1:{port}"
     names = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "ALL_PROXY": socks, "NO_PROXY": "localhost,127.0.0.1,::1"}
     return {**names, **{name.lower(): value for name, value in names.items()}}
+
+
+def listen_through_the_proxy(request: SpawnRequest, to_egress: socket.socket) -> SpawnRequest:
+    """A listening socket on this namespace's loopback for the command's connections,
+    handed to the egress process (which accepts on it from outside the namespace); the
+    command's environment points its HTTP clients at it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        listen = EgressListen(token=request.token, budget=request.egress_budget)
+        socket.send_fds(to_egress, [frame(listen)], [listener.fileno()])
+    return msgspec.structs.replace(request, env={**request.env, **proxy_environment(port)})
 
 
 @dataclass

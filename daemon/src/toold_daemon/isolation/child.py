@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from ..egress.process import listen_through_the_proxy
 from ..errors import ToolError, from_os_error
 from ..sandbox import Sandbox
 from ..tools._base import ToolContext, ToolOutput
@@ -44,6 +45,10 @@ def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: in
             write_frame(channel, _error("IsolationUnavailable", "ISOLATION_UNAVAILABLE", str(exc)))
             os._exit(0)
         if request.stdio:
+            links = egress_links()
+            if links is not None:
+                request = listen_through_the_proxy(request, links[0])
+                links[0].close()
             exec_on_stdio(request, channel, fds[1])
         if request.zygote:
             from .zygote import serve

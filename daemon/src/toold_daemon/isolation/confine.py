@@ -66,8 +66,10 @@ def confine(
     layers["processes"] = processes_report(request.uid)
     layers["privilege"] = _drop_identity(request.uid, request.gid, request.drop_groups)
     guarded = guarded_pids(parent_pid, protected, zygote=request.zygote)
-    proxied = request.egress_proxy and request.zygote and not request.network
-    links = _start_egress(request, landlock, guarded) if proxied else None  # before the network is cut
+    proxied = request.egress_proxy and (request.zygote or request.stdio) and not request.network
+    # a stdio server's link to the runner came as its third fd; a zygote hands one over
+    runner_fd = keep_fds[2] if request.stdio and len(keep_fds) > 2 else None
+    links = _start_egress(request, landlock, guarded, runner_fd) if proxied else None  # before the network is cut
     namespace = _cut_network(request) if not request.network else ""
     if links is not None:
         layers["egress"] = _open_loopback(namespace, links)
@@ -96,26 +98,35 @@ def confine(
 
 
 #: A proxy-mode zygote's links to its egress process: (to the process, the runner's end).
-_egress: list[tuple[socket.socket, socket.socket]] = []
+_egress: list[tuple[socket.socket, socket.socket | None]] = []
 
 
-def egress_links() -> tuple[socket.socket, socket.socket] | None:
+def egress_links() -> tuple[socket.socket, socket.socket | None] | None:
     """The zygote's link to its egress process and the end it hands to the runner."""
     return _egress[0] if _egress else None
 
 
-def _start_egress(request: SpawnRequest, landlock: int | str, guarded: tuple[int, ...]) -> tuple[socket.socket, ...]:
+def _start_egress(
+    request: SpawnRequest, landlock: int | str, guarded: tuple[int, ...], runner_fd: int | None
+) -> tuple[socket.socket, socket.socket | None]:
     """Fork the egress process while this one still has the host's network: it confines
     itself as the commands will be (same uid, no_new_privs, rlimits, the same Landlock
-    rules, seccomp allowing sockets), then serves the proxy (``egress.process``)."""
+    rules, seccomp allowing sockets), then serves the proxy (``egress.process``). Its link
+    to the runner is ``runner_fd`` when given (a stdio server's), else a new pair whose
+    other end the zygote hands over."""
     to_egress, egress_zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    runner_end, egress_runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    if runner_fd is None:
+        runner_end, egress_runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        runner_end, egress_runner_end = None, socket.socket(fileno=os.dup(runner_fd))
+        os.close(runner_fd)
     pid = os.fork()
     if pid == 0:  # the egress process
         try:
             kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
             to_egress.close()
-            runner_end.close()
+            if runner_end is not None:
+                runner_end.close()
             keep = [egress_zygote_end.fileno(), egress_runner_end.fileno()]
             _close_other_fds([*keep, landlock] if isinstance(landlock, int) else keep)  # the zygote's channel too
             kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
@@ -154,18 +165,20 @@ def _egress_rules(request: SpawnRequest) -> EgressRules:
     )
 
 
-def _open_loopback(namespace: str, links: tuple[socket.socket, ...]) -> str:
+def _open_loopback(namespace: str, links: tuple[socket.socket, socket.socket | None]) -> str:
     """Bring up the loopback of the new network namespace, where the proxy listens. Without
     a namespace of its own there is no proxy: the network stays cut."""
     if not namespace.startswith("on"):
         for link in links:
-            link.close()
+            if link is not None:
+                link.close()
         return f"off: no network namespace for the proxy ({namespace}); the network is cut"
     try:
         kernel.loopback_up()
     except OSError as exc:
         for link in links:
-            link.close()
+            if link is not None:
+                link.close()
         return f"off: the namespace's loopback could not be brought up ({exc.strerror}); the network is cut"
     _egress.append((links[0], links[1]))
     return "on (a filtering proxy is the only way out)"

@@ -396,8 +396,9 @@ class SpawnRunner:
 
     def _network_mode(self, tool_name: str, request: SpawnRequest, *, through_zygote: bool) -> SpawnRequest:
         """A command that wants the network gets its tool's mode: the host's network, none,
-        or (through a zygote) the filtering proxy. Without a zygote there is no proxy, and
-        proxy mode means no network."""
+        or the filtering proxy (from a zygote, or for an MCP server, whose ``tool_name`` is
+        ``mcp:NAME``). A command started without a zygote has no proxy: proxy mode then
+        means no network."""
         network = self.config.tools.network
         mode = network.mode_of(tool_name)
         if mode == "host":
@@ -434,23 +435,39 @@ class SpawnRunner:
             name, None, ctx, identity=identity, token=token, temp=temp, command=command, probe=False
         )
         request = msgspec.structs.replace(request, stdio=True, readable=readable, hidden_patterns=[])
+        if command.network:
+            request = self._network_mode(name, request, through_zygote=True)
+        link = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if request.egress_proxy else None
+        fds = [theirs.fileno(), err_write, *([link[1].fileno()] if link else [])]
         try:
-            pid, group = await self._fork_child(request, [theirs.fileno(), err_write])
+            pid, group = await self._fork_child(request, fds)
         except BaseException:
             ours.close()
             os.close(err_read)
+            if link is not None:
+                link[0].close()
             with trio.CancelScope(shield=True):
                 await self._give_back_temp(temp, identity.uid, reusable=False)
             raise
         finally:
             theirs.close()
             os.close(err_write)
+            if link is not None:
+                link[1].close()
+        if link is not None and self._nursery is not None:
+            # the server's connections are judged by the rules; nobody is asked for a server
+            egress = trio.socket.from_stdlib_socket(link[0])
+            self._nursery.start_soon(self.egress.serve, egress)
+            self.egress.register(token, egress, ctx)
+        elif link is not None:
+            link[0].close()
         return StdioChild(_Child(pid, -1, token, temp, identity.uid, group), ours, err_read)
 
     async def stop_stdio(self, started: StdioChild) -> None:
         """Kill a program ``start_stdio`` started, everything it started, and clean up."""
         started.channel.close()
         with trio.CancelScope(shield=True):
+            await self.egress.forget(started.child.token)
             await self._kill(started.child)
 
     async def _fork_child(self, request: SpawnRequest, write_end: int | list[int]) -> tuple[int, str]:

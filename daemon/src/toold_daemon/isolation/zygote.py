@@ -24,7 +24,7 @@ import time
 
 import msgspec
 
-from ..egress.process import EgressListen, proxy_environment
+from ..egress.process import listen_through_the_proxy
 from .child import start_command
 from .roots import roots_identity
 from .supervisor import Supervisor
@@ -35,7 +35,7 @@ Started = tuple[SpawnRequest, int, int, dict[int, str], float]  # request, chann
 
 
 def serve(
-    sock_fd: int, layers: dict[str, str], roots: list[str], egress: tuple[socket.socket, socket.socket] | None
+    sock_fd: int, layers: dict[str, str], roots: list[str], egress: tuple[socket.socket, socket.socket | None] | None
 ) -> None:
     """Announce the layers (with the runner's end of the link to the egress process, in
     proxy mode), then start commands until the runner closes the socket; returns once
@@ -43,7 +43,7 @@ def serve(
     identity = roots_identity(roots)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a call's reader may go away mid-write
     sock = socket.socket(fileno=sock_fd)
-    if egress is not None:
+    if egress is not None and egress[1] is not None:
         socket.send_fds(sock, [frame(Outcome(ok=True, layers=layers))], [egress[1].fileno()])
         egress[1].close()
     else:
@@ -85,22 +85,9 @@ def _start(
     try:
         os.chdir(request.cwd or "/")
         if to_egress is not None and request.egress_proxy:
-            request = _through_the_proxy(request, to_egress)
+            request = listen_through_the_proxy(request, to_egress)
         pid, pipes = start_command(request, setsid=True)
     except OSError as exc:
         os.close(channel)
         return Spawned(error=f"cannot start {request.argv[0]}: {exc.strerror or exc}"), None
     return Spawned(pid=pid), (request, channel, pid, pipes, started)
-
-
-def _through_the_proxy(request: SpawnRequest, to_egress: socket.socket) -> SpawnRequest:
-    """A listening socket on this namespace's loopback for the command's connections,
-    handed to the egress process (which accepts on it from outside the namespace); the
-    command's environment points its HTTP clients at it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(64)
-        port = listener.getsockname()[1]
-        listen = EgressListen(token=request.token, budget=request.egress_budget)
-        socket.send_fds(to_egress, [frame(listen)], [listener.fileno()])
-    return msgspec.structs.replace(request, env={**request.env, **proxy_environment(port)})
