@@ -176,3 +176,22 @@ def test_an_always_answer_is_kept_for_the_workspace(daemon: DaemonProcess, unkno
         again = c.call("shell", {"command": command}, on_confirm=lambda r: asked.append(r) or DENY_ALL)
     assert first.ok and again.ok, again.content
     assert not asked and "this workspace" in again.data["network"][0]["allowed_by"]
+
+
+def test_journal_show_lists_a_calls_connections(daemon: DaemonProcess, allowed_web: Server) -> None:
+    import os
+    import subprocess
+
+    from tests.conftest import BIN
+
+    with daemon.client(timeout=30) as c:
+        assert c.call("shell", {"command": f"curl -sS {allowed_web.url('/json')}"}).ok
+        batch_id = c.list_batches()[0].batch_id
+    shown = subprocess.run(
+        [str(BIN / "toolctl"), "journal", "show", batch_id],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TOOLD_ENDPOINT": daemon.endpoint},
+        check=True,
+    ).stdout
+    assert f"-> 127.0.0.2:{allowed_web.port} (http) allowed: 127.0.0.2 is in [tools.network] allowed_domains" in shown

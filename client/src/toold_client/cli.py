@@ -411,6 +411,8 @@ def _journal(client: Client, args: argparse.Namespace) -> int:
                 r = results.get(c.call_id)
                 state = "pending" if r is None else ("ok" if r.ok else f"error {r.error.code if r.error else ''}")
                 print(f"  {c.index:>3} {sanitize_for_terminal(c.call_id):<20} {c.name:<16} {state}")
+                for line in connection_lines(r):
+                    print(f"        {sanitize_for_terminal(line)}")
         return EXIT_OK
     removed = client.prune(args.older_than)
     print(f"pruned {removed} batches")
@@ -468,6 +470,19 @@ def _tools(client: Client, fmt: str) -> int:
     listing = client.tools("toold" if fmt == "json" else fmt)
     print(json.dumps(msgspec.to_builtins(listing), indent=2, ensure_ascii=False))
     return EXIT_OK
+
+
+def connection_lines(result: ToolResult | None) -> list[str]:
+    """A command's network connections through the egress proxy, one line each."""
+    records = (result.data or {}).get("network") if result is not None else None
+    lines = []
+    for record in records if isinstance(records, list) else []:
+        if not isinstance(record, dict):
+            continue
+        where = f"{record.get('host')}:{record.get('port')} ({record.get('protocol')})"
+        verdict = f"refused: {record['refused']}" if record.get("refused") else f"allowed: {record.get('allowed_by')}"
+        lines.append(f"-> {where} {verdict}; sent {record.get('sent', 0)} B, received {record.get('received', 0)} B")
+    return lines
 
 
 def result_json(result: ToolResult) -> dict[str, Any]:
