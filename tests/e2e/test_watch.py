@@ -161,3 +161,21 @@ def test_watch_scrolls_back_through_a_calls_output_for_real(daemon: DaemonProces
         wait_for(session, lambda t: "│ 1500" in t and "following" in t)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+
+
+def test_the_approver_sees_a_commands_connections_when_it_finishes() -> None:
+    """The egress proxy's records of a call (``data.network``) are listed under it, and a
+    host name carrying escape sequences is neutralised like everything else."""
+    state = WatchState()
+    planned = p.PlannedCall(index=0, call_id="c", name="shell", disposition="run", summary="Run: curl")
+    state.apply(p.BatchStatus(id=0, batch_id="b", state="running", calls=[planned], results=[]))
+    network = [
+        {"host": "pypi.org", "port": 443, "protocol": "connect", "allowed_by": "pypi.org is in allowed_domains",
+         "refused": "", "sent": 900, "received": 21000},
+        {"host": "evil\x1b[2J.example", "port": 80, "protocol": "http", "refused": "denied by uid 1000"},
+    ]  # fmt: skip
+    result = p.ToolResult(call_id="c", ok=True, content="", data={"network": network})
+    state.apply(p.CallFinished(batch_id="b", index=0, result=result))
+    screen = "\n".join(state.render(200, 40))
+    assert "-> pypi.org:443 (connect) allowed: pypi.org is in allowed_domains; sent 900 B, received 21000 B" in screen
+    assert "refused: denied by uid 1000" in screen and "\x1b[2J" not in screen

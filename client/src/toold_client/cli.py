@@ -19,6 +19,7 @@ from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, 
 
 from . import _notes_cli
 from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
+from ._connections import connection_lines
 from ._errors import DaemonUnavailable, TooldError
 from ._requests import CallSpec
 
@@ -470,19 +471,6 @@ def _tools(client: Client, fmt: str) -> int:
     listing = client.tools("toold" if fmt == "json" else fmt)
     print(json.dumps(msgspec.to_builtins(listing), indent=2, ensure_ascii=False))
     return EXIT_OK
-
-
-def connection_lines(result: ToolResult | None) -> list[str]:
-    """A command's network connections through the egress proxy, one line each."""
-    records = (result.data or {}).get("network") if result is not None else None
-    lines = []
-    for record in records if isinstance(records, list) else []:
-        if not isinstance(record, dict):
-            continue
-        where = f"{record.get('host')}:{record.get('port')} ({record.get('protocol')})"
-        verdict = f"refused: {record['refused']}" if record.get("refused") else f"allowed: {record.get('allowed_by')}"
-        lines.append(f"-> {where} {verdict}; sent {record.get('sent', 0)} B, received {record.get('received', 0)} B")
-    return lines
 
 
 def result_json(result: ToolResult) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from toold_protocol import (
 )
 
 from ._client import APPROVE_ALL, Client, Decision
+from ._connections import connection_lines
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 RISK_COLOURS = {"low": "\x1b[32m", "medium": "\x1b[33m", "high": "\x1b[31m"}
@@ -39,6 +40,7 @@ OUTPUT_LINES = 1000  # kept per batch, for scrolling back
 OUTPUT_SHOWN = 50  # rendered at a time
 BATCHES_SHOWN = 6
 TODOS_SHOWN = 20
+CONNECTIONS_SHOWN = 5
 TODO_MARKS = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
 
 
@@ -50,6 +52,7 @@ class CallView:
     state: str = "pending"  # pending, running, ok, error, denied
     note: str = ""
     awaiting_result: bool = False  # parse-only: a person supplies the result
+    connections: list[str] = field(default_factory=list)  # through the egress proxy, when it finished
 
 
 @dataclass
@@ -114,6 +117,7 @@ class WatchState:
                         result.ok, result.error
                     )
                     batch.calls[message.index].awaiting_result = False
+                    batch.calls[message.index].connections = connection_lines(result)[:CONNECTIONS_SHOWN]
                     self._keep_todos(message.batch_id, batch.calls[message.index].name, message.result.data)
                 self._drop_requests_of(message.batch_id)
             case BatchFinished():
@@ -163,6 +167,7 @@ class WatchState:
                 glyph = {"pending": "·", "running": spinner, "ok": "✓", "error": "✗", "denied": "⊘"}[call.state]
                 note = f" — {s(call.note)}" if call.note else ""
                 lines.append(f"  {glyph} {s(call.call_id)} {s(call.name)}: {s(call.summary)}{note}")
+                lines.extend(f"      {s(connection)}" for connection in call.connections)
             for call in batch.calls:
                 if call.awaiting_result:
                     lines.append(
