@@ -195,3 +195,30 @@ def test_journal_show_lists_a_calls_connections(daemon: DaemonProcess, allowed_w
         check=True,
     ).stdout
     assert f"-> 127.0.0.2:{allowed_web.port} (http) allowed: 127.0.0.2 is in [tools.network] allowed_domains" in shown
+
+
+def test_commands_started_without_a_zygote_go_through_the_proxy_too(tmp_path: Path, allowed_web: Server) -> None:
+    """``zygotes = false``: each command's own child forks the egress process."""
+    from tests.conftest import start_daemon as start
+
+    root = tmp_path / "root"
+    root.mkdir()
+    config = f"""
+[tools.approval]
+allowlist = ["shell"]
+[tools.isolation]
+zygotes = false
+[tools.network]
+allowed_domains = ["127.0.0.2"]
+allowed_networks = ["127.0.0.0/8"]
+allowed_ports = [{allowed_web.port}]
+"""
+    d = start(tmp_path, root, config=config)
+    try:
+        with d.client(timeout=30) as c:
+            fetched = c.call("shell", {"command": f"curl -sS {allowed_web.url('/json')}"})
+            refused = c.call("shell", {"command": "curl -sS -i http://127.0.0.3/"})
+    finally:
+        d.stop()
+    assert fetched.ok and '"toold"' in fetched.content and fetched.data["network"][0]["received"] > 0
+    assert "403" in refused.content and refused.data["network"][0]["refused"]

@@ -111,7 +111,7 @@ class _Call:
     token: str
     scope: trio.CancelScope
     done: trio.Event = field(default_factory=trio.Event)
-    records: list[EgressRecord] = field(default_factory=list)  # sent when the call is forgotten
+    records: list[EgressRecord] = field(default_factory=list)  # not sent to the runner yet
     used: bool = False  # the runner knows the call made a connection
 
 
@@ -184,6 +184,7 @@ class EgressServer:
 
         def record(connection: Connection) -> None:
             call.records.append(_record_of(token, connection))
+            self._nursery.start_soon(self._flush, call)  # at once: the process may not outlive its call
 
         proxy = Proxy(decide, record, self._allowed_networks, Budget(listen.budget))
         try:
@@ -214,9 +215,13 @@ class EgressServer:
         if call is not None:
             call.scope.cancel()
             await call.done.wait()  # every connection of the call has recorded itself
-            for record in call.records:
-                await self._send(record)
+            await self._flush(call)
         await self._send(EgressForgotten(token=token))
+
+    async def _flush(self, call: _Call) -> None:
+        """Send the call's records not sent yet, each once."""
+        while call.records:
+            await self._send(call.records.pop(0))
 
 
 def _record_of(token: str, connection: Connection) -> EgressRecord:

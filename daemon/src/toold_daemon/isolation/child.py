@@ -60,6 +60,10 @@ def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: in
 
             serve_tools(channel, layers, work)
             os._exit(0)
+        links = egress_links()
+        if links is not None and request.argv:  # a command of its own in proxy mode
+            request = listen_through_the_proxy(request, links[0])
+            links[0].close()
         os.environ.clear()
         os.environ.update(request.env)
         if request.argv:

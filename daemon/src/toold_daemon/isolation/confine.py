@@ -66,9 +66,13 @@ def confine(
     layers["processes"] = processes_report(request.uid)
     layers["privilege"] = _drop_identity(request.uid, request.gid, request.drop_groups)
     guarded = guarded_pids(parent_pid, protected, zygote=request.zygote)
-    proxied = request.egress_proxy and (request.zygote or request.stdio) and not request.network
-    # a stdio server's link to the runner came as its third fd; a zygote hands one over
-    runner_fd = keep_fds[2] if request.stdio and len(keep_fds) > 2 else None
+    proxied = request.egress_proxy and not request.network
+    # A zygote makes the link to the runner and hands it over; a stdio server or a command
+    # started on its own got it as its last fd (after the channel, and a server's stderr).
+    own_fds = 2 if request.stdio else 1
+    runner_fd = keep_fds[own_fds] if not request.zygote and len(keep_fds) > own_fds else None
+    if proxied and not request.zygote and runner_fd is None:
+        proxied = False  # no link to judge connections by: no network
     links = _start_egress(request, landlock, guarded, runner_fd) if proxied else None  # before the network is cut
     namespace = _cut_network(request) if not request.network else ""
     if links is not None:

@@ -376,15 +376,12 @@ class SpawnRunner:
             if preview:
                 request = msgspec.structs.replace(request, preview=True)
             if command is not None and command.network:
-                request = self._network_mode(tool.name, request, through_zygote=via_zygote)
+                request = self._network_mode(tool.name, request)
             left = None
             if self._zygotes is not None and via_zygote:
-                pid, group, left = await self._start_command(self._zygotes, request, write_end)
-                link = self._zygotes.egress_of(request) if request.egress_proxy else None
-                if link is not None:
-                    self.egress.register(token, link, ctx)
+                pid, group, left = await self._start_command(self._zygotes, request, write_end, ctx)
             else:
-                pid, group = await self._fork_child(request, write_end)
+                pid, group = await self._fork_with_egress(request, [write_end], ctx)
         except BaseException:
             os.close(read_end)
             with trio.CancelScope(shield=True):
@@ -394,16 +391,14 @@ class SpawnRunner:
             os.close(write_end)
         return _Child(pid, read_end, token, temp, identity.uid, group, left)
 
-    def _network_mode(self, tool_name: str, request: SpawnRequest, *, through_zygote: bool) -> SpawnRequest:
+    def _network_mode(self, tool_name: str, request: SpawnRequest) -> SpawnRequest:
         """A command that wants the network gets its tool's mode: the host's network, none,
-        or the filtering proxy (from a zygote, or for an MCP server, whose ``tool_name`` is
-        ``mcp:NAME``). A command started without a zygote has no proxy: proxy mode then
-        means no network."""
+        or the filtering proxy (an MCP server's ``tool_name`` is ``mcp:NAME``)."""
         network = self.config.tools.network
         mode = network.mode_of(tool_name)
         if mode == "host":
             return request
-        proxied = mode == "proxy" and through_zygote
+        proxied = mode == "proxy"
         return msgspec.structs.replace(
             request, network=False, egress_proxy=proxied, egress_budget=network.max_bytes_per_call
         )
@@ -436,31 +431,19 @@ class SpawnRunner:
         )
         request = msgspec.structs.replace(request, stdio=True, readable=readable, hidden_patterns=[])
         if command.network:
-            request = self._network_mode(name, request, through_zygote=True)
-        link = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if request.egress_proxy else None
-        fds = [theirs.fileno(), err_write, *([link[1].fileno()] if link else [])]
+            request = self._network_mode(name, request)
         try:
-            pid, group = await self._fork_child(request, fds)
+            # the server's connections are judged by the rules; nobody is asked for a server
+            pid, group = await self._fork_with_egress(request, [theirs.fileno(), err_write], ctx)
         except BaseException:
             ours.close()
             os.close(err_read)
-            if link is not None:
-                link[0].close()
             with trio.CancelScope(shield=True):
                 await self._give_back_temp(temp, identity.uid, reusable=False)
             raise
         finally:
             theirs.close()
             os.close(err_write)
-            if link is not None:
-                link[1].close()
-        if link is not None and self._nursery is not None:
-            # the server's connections are judged by the rules; nobody is asked for a server
-            egress = trio.socket.from_stdlib_socket(link[0])
-            self._nursery.start_soon(self.egress.serve, egress)
-            self.egress.register(token, egress, ctx)
-        elif link is not None:
-            link[0].close()
         return StdioChild(_Child(pid, -1, token, temp, identity.uid, group), ours, err_read)
 
     async def stop_stdio(self, started: StdioChild) -> None:
@@ -469,6 +452,24 @@ class SpawnRunner:
         with trio.CancelScope(shield=True):
             await self.egress.forget(started.child.token)
             await self._kill(started.child)
+
+    async def _fork_with_egress(self, request: SpawnRequest, fds: list[int], ctx: ToolContext) -> tuple[int, str]:
+        """A fresh child (not a zygote); in proxy mode with one more fd, the link its
+        egress process talks to the daemon on, served and registered for the call."""
+        if not request.egress_proxy or self._nursery is None:
+            return await self._fork_child(msgspec.structs.replace(request, egress_proxy=False), fds)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            started = await self._fork_child(request, [*fds, theirs.fileno()])
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        link = trio.socket.from_stdlib_socket(ours)
+        self._nursery.start_soon(self.egress.serve, link)
+        self.egress.register(request.token, link, ctx)
+        return started
 
     async def _fork_child(self, request: SpawnRequest, write_end: int | list[int]) -> tuple[int, str]:
         """A fresh child from the spawner, which joins a new call cgroup first thing:
@@ -487,19 +488,23 @@ class SpawnRunner:
         return pid, group
 
     async def _start_command(
-        self, zygotes: Zygotes, request: SpawnRequest, write_end: int
+        self, zygotes: Zygotes, request: SpawnRequest, write_end: int, ctx: ToolContext
     ) -> tuple[int, str, trio.Event | None]:
         """Through the zygote of the call's kind (a posix_spawn, in the cgroup the zygote
         prepared); should that fail, through a fresh child as before, after sweeping
         anything a dying zygote may have started: (pid, the call's cgroup)."""
         try:
-            return await zygotes.spawn(request, write_end)
+            started = await zygotes.spawn(request, write_end)
+            link = zygotes.egress_of(request) if request.egress_proxy else None
+            if link is not None:  # the zygote's egress process serves the command
+                self.egress.register(request.token, link, ctx)
+            return started
         except CommandNotStarted as exc:
             log.debug("zygote could not start %s (%s); a fresh child will say why", request.argv[:1], exc)
         except ZygoteUnavailable as exc:
             log.warning("zygote unavailable (%s); starting a fresh child", exc)
             sweeping.sweep(self.spawner_pid, 0, request.token)
-        pid, group = await self._fork_child(request, write_end)
+        pid, group = await self._fork_with_egress(request, [write_end], ctx)
         return pid, group, None
 
     def _request(

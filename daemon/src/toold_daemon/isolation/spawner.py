@@ -170,8 +170,9 @@ def _loop(control: socket.socket, preparer: Preparer, admission: Admission, temp
             why = f"refused: {exc}" if isinstance(exc, Refused) else f"bad spawn request: {exc}"
             control.sendall(frame(Spawned(error=why)))
             continue
-        # a server's stdio: its channel and its stderr, and in proxy mode its egress link
-        expected = (3 if request.egress_proxy else 2) if request.stdio else 1
+        # the channel (and a server's stderr), and in proxy mode, for a child that is not a
+        # zygote (which makes its own), the link its egress process will talk to the daemon on
+        expected = (2 if request.stdio else 1) + (1 if request.egress_proxy and not request.zygote else 0)
         if len(fds) != expected or (request.stdio and not request.argv):
             close_fds(fds)
             control.sendall(frame(Spawned(error=f"this spawn request carries exactly {expected} fd(s) and argv")))
