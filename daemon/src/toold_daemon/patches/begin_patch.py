@@ -57,6 +57,11 @@ def parse(patch: str) -> list[Operation]:
 
 
 def _parse_line(line: str, number: int, operations: list[Operation]) -> None:
+    # Blanks before a file header are accepted where no body line can be meant: before
+    # the first file, and after an added file's '+' lines or a deletion (as Codex does).
+    # Inside an update, a line starting with a blank is context, whatever follows.
+    if line[:1].isspace() and (not operations or operations[-1].action != "update"):
+        line = line.lstrip()
     for prefix, action in ((ADD, "add"), (DELETE, "delete"), (UPDATE, "update")):
         if line.startswith(prefix):
             path = line[len(prefix) :].strip()

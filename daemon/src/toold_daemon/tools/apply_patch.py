@@ -129,8 +129,18 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
                     check_fresh(ctx, path, originals[change.path], dir_fd=dir_fd, name=name, shown=change.path)
                 if change.move_to and change.move_to != change.path:
                     _, dst_fd, dst_name = dirs[change.move_to]
-                    if read_existing(dst_fd, dst_name, shown=change.move_to, sandbox=ctx.sandbox) is not None:
+                    # (dst_fd < 0: its directory does not exist yet, so neither does the file)
+                    existing = (
+                        read_existing(dst_fd, dst_name, shown=change.move_to, sandbox=ctx.sandbox)
+                        if dst_fd >= 0
+                        else None
+                    )
+                    if existing is not None:
                         raise _patch_failed(change.move_to, "Move to a file that exists")
+            if not changes:
+                raise _patch_failed("", "the patch has no file operations")
+            if all(_unchanged(change) for change in changes):
+                return ToolOutput("No changes applied.", "No changes applied.", {"changes": {}})
             for raw, (path, dir_fd, _) in list(dirs.items()):
                 if dir_fd < 0:
                     dirs[raw] = (path, *stack.enter_context(parent_dir(ctx.sandbox, path, create=True, shown=raw)))
@@ -167,6 +177,17 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
         diff = "".join(diffs)
         listing = "\n".join(f"{kind} {path}" for path, kind in summary.items())
         return ToolOutput(f"Patch applied:\n{listing}\n{diff}", diff or listing, {"changes": summary}, records=records)
+
+
+def _unchanged(change: patches.FileChange) -> bool:
+    """An update whose hunks leave the file as it was, and that moves nothing."""
+    return (
+        change.action == "update"
+        and change.before is not None
+        and change.after is not None
+        and change.before.encode() == change.after.encode()
+        and (change.move_to is None or change.move_to == change.path)
+    )
 
 
 def _mode_of(dir_fd: int, name: str) -> int:
