@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from toold_protocol import Identity, ToolCall, ToolErrorType
+from toold_protocol import Identity, ToolCall, ToolErrorType, ToolResult
 
 from . import policy, results
 from .batches import PreparedCall
@@ -65,7 +65,7 @@ class Planner:
                     )
                 self._check(item, call, seen=seen)
             except ToolError as exc:
-                item.result = results.failure(call.call_id, exc)
+                item.result = self._failure(call.call_id, exc)
             seen.add(call.call_id)
             prepared.append(item)
         return prepared
@@ -94,7 +94,12 @@ class Planner:
             self._check(item, call, seen=set(), approved=True)
         except ToolError as exc:
             item.result = None
-            item.denial = results.failure(call.call_id, exc)
+            item.denial = self._failure(call.call_id, exc)
+
+    def _failure(self, call_id: str, exc: ToolError) -> ToolResult:
+        """A call refused while planning, within the configured output limits."""
+        limits = self.config.tools.output
+        return results.failure(call_id, exc, max_bytes=limits.max_bytes, max_lines=limits.max_lines)
 
     def _check(self, item: PreparedCall, call: ToolCall, *, seen: set[str], approved: bool = False) -> None:
         tools = self.config.tools

@@ -68,7 +68,10 @@ def failure(
     failing, or before its timeout), bounded by the same limits as a success, error line
     and exit code included: the model needs both."""
     info = error.info() if isinstance(error, ToolError) else error
-    message = truncate(info.message, max_chars=_MAX_ERROR_CHARS).text
+    original = info.message
+    message = truncate(original, max_chars=_MAX_ERROR_CHARS).text
+    if len(message.encode()) > max_bytes // 2:  # the error line must leave room, and fit, in max_bytes
+        message = truncate(message, max_bytes=max_bytes // 2, max_lines=max_lines).text
     details = dict(info.details)
     output = output or str(details.get("output") or "")
     tail = str(details.get("output_tail") or "")
@@ -81,7 +84,9 @@ def failure(
         cut = truncate(output, max_bytes=max_bytes, max_lines=max_lines, unseen=unseen, head=head + "\n\n", tail=tail)
         text, truncated = cut.text, cut.truncated
     else:
-        text, truncated = head, False
+        text, truncated = head, message != original  # a cut message is a cut result
+    if len(text.encode()) > max_bytes:  # a cut message plus its prefix, or a long head
+        text, truncated = truncate(text, max_bytes=max_bytes, max_lines=max_lines).text, True
     return ToolResult(
         call_id=call_id,
         ok=False,
