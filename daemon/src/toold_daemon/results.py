@@ -43,13 +43,14 @@ def success(
     else:
         shown_cut = truncate(display, max_bytes=max_bytes, max_lines=max_lines)
         shown, shown_truncated = shown_cut.text, shown_cut.truncated
+    cut_by_tool = isinstance(data, dict) and data.get("truncated") is True  # the tool cut its own content
     return ToolResult(
         call_id=call_id,
         ok=True,
         content=content,
         display=sanitize_for_terminal(shown),
         data=data,
-        truncated=truncated or shown_truncated,
+        truncated=truncated or shown_truncated or cut_by_tool,
         duration_ms=round(duration_ms, 3),
     )
 

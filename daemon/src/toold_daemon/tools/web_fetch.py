@@ -20,7 +20,7 @@ from toold_protocol import ToolErrorType
 
 from ..config import Config, WebConfig
 from ..errors import ToolError, bad_args, sandbox_violation
-from ..output import NOTHING_UNSEEN, Unseen, truncate
+from ..output import NOTHING_UNSEEN, Truncation, Unseen, truncate
 from ..web.addresses import Reach, Refused, check_target, host_matches, normal_host
 from ..web.fetch import FORBIDDEN_HEADERS, FetchFailed, Request, Response, fetch, warm_up
 from ..web.pages import SelectorError, decode, html_text, media_type, pretty_json
@@ -30,6 +30,10 @@ MAX_TIMEOUT_S = 300.0
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
 _SECRET_NAME = re.compile(r"(?i)(key|token|secret|pass|auth|sig|session|cred|code|jwt|bearer)")
 _SECRET_VALUE = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-+/=.]{20,}$")
+
+
+#: A cut that would keep less text than this (or a quarter of the limit) drops its marker.
+_KEPT_MIN_CHARS = 20
 
 
 class WebFetchArgs(ToolArgs, frozen=True):
@@ -152,6 +156,10 @@ class WebFetch(Tool[WebFetchArgs]):
         unread = max(1, (response.declared or response.size) - len(response.body))
         unseen = Unseen(unread, 0, exact=False) if response.cut and response.kind != "binary" else NOTHING_UNSEEN
         cut = truncate(content, max_chars=limit, unseen=unseen)
+        if cut.truncated and _kept(cut.text, content) < min(limit // 4, _KEPT_MIN_CHARS):
+            # The marker would fill (nearly) all of so short a limit: the text itself, cut
+            # plainly (``truncated`` says so)
+            cut = Truncation(content[:limit], True)
         data = {
             "status": response.status,
             "url": response.url,
@@ -173,6 +181,11 @@ class WebFetch(Tool[WebFetchArgs]):
                 output=cut.text,
             )
         return ToolOutput(cut.text, data=data)
+
+
+def _kept(cut: str, content: str) -> int:
+    """How much of ``content`` a cut still shows."""
+    return next((i for i, (a, b) in enumerate(zip(cut, content, strict=False)) if a != b), min(len(cut), len(content)))
 
 
 def reach_of(web: WebConfig) -> Reach:
