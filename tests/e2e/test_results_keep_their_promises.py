@@ -52,3 +52,37 @@ allowed_ports = [{site.port}]
     assert result.ok and len(whole.content) > max_length, result.content
     assert result.content == whole.content[:max_length]  # text, not a marker alone
     assert result.truncated and result.data["truncated"] is True and not whole.truncated
+
+
+def test_deleting_a_missing_file_fails_at_planning_without_asking(daemon: DaemonProcess) -> None:
+    asked: list[object] = []
+    with daemon.client(timeout=30) as c:
+        result = c.call("delete_file", {"path": "never-was.txt"}, on_confirm=lambda r: asked.append(r))
+    assert not result.ok and result.error.code == "FILE_NOT_FOUND" and not asked
+
+
+def test_commands_name_where_they_act_in_their_confirmation(daemon: DaemonProcess) -> None:
+    seen: list[list[str]] = []
+
+    def look(request: object) -> object:
+        from toold_client import DENY_ALL
+
+        seen.extend(item.locations for item in request.calls)  # type: ignore[attr-defined]
+        return DENY_ALL
+
+    (daemon.root / "sub").mkdir(exist_ok=True)
+    with daemon.client(timeout=30) as c:
+        c.call("shell", {"command": "true"}, on_confirm=look)
+        c.call("shell", {"command": "true", "cwd": "sub"}, on_confirm=look)
+        c.call("run_code", {"language": "python", "code": "pass"}, on_confirm=look)
+    assert seen == [["."], ["sub"], ["."]]
+
+
+def test_a_denylisted_tool_is_not_offered(tmp_path_factory: pytest.TempPathFactory) -> None:
+    config = '[tools.approval]\ndenylist = ["shell", "run_code"]\n'
+    with module_daemon(tmp_path_factory, "denylisted", config) as d, d.client(timeout=30) as c:
+        names = {t.name for t in c.tools()}  # type: ignore[union-attr]
+        openai = c.tools(format="openai")
+    assert "read_file" in names and not names & {"shell", "run_code"}
+    exported = {(item.get("function") or item).get("name") for item in openai}  # type: ignore[union-attr]
+    assert "read_file" in exported and not exported & {"shell", "run_code"}

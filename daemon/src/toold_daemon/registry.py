@@ -8,6 +8,7 @@ the schema the model sees and the validation the daemon applies cannot drift.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -92,11 +93,12 @@ class Registry:
             ]
         return self._definitions
 
-    def export(self, fmt: str) -> builtins.list[dict[str, Any]]:
-        """The definitions as one provider expects its function declarations."""
+    def export(self, fmt: str, *, hidden: Collection[str] = ()) -> builtins.list[dict[str, Any]]:
+        """The definitions (but ``hidden``) as one provider expects its function declarations."""
         out: builtins.list[dict[str, Any]] = []
         for d in self.definitions():
-            out.append(msgspec.to_builtins(d) if fmt == "toold" else declaration(fmt, d))
+            if d.name not in hidden:
+                out.append(msgspec.to_builtins(d) if fmt == "toold" else declaration(fmt, d))
         return out
 
 

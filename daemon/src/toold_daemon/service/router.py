@@ -287,9 +287,16 @@ class Service:
         if not discovered and self.shared.discovery_due(session, None):
             self.shared.discover_then(session, lambda: self._list_tools(session, message, discovered=True))
             return
-        advertised = self.shared.config.tools.mode != "disabled"
-        definitions = self.shared.registry.definitions() if advertised else []
-        formatted = self.shared.registry.export(message.format) if advertised and message.format != "toold" else []
+        approval = self.shared.config.tools.approval
+        advertised = self.shared.config.tools.mode != "disabled" and approval.enabled
+        # a tool the policy refuses outright is not offered to a model
+        hidden = set(approval.denylist)
+        definitions = [d for d in self.shared.registry.definitions() if d.name not in hidden] if advertised else []
+        formatted = (
+            self.shared.registry.export(message.format, hidden=hidden)
+            if advertised and message.format != "toold"
+            else []
+        )
         self.shared.reply(
             session, ToolList(id=message.id, format=message.format, tools=definitions, formatted=formatted)
         )

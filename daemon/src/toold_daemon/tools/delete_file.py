@@ -8,6 +8,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
+from ..config import Config
 from ..errors import bad_args, file_not_found
 from ..sandbox.writes import delete, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
@@ -37,6 +38,20 @@ class DeleteFile(Tool[DeleteFileArgs]):
 
     def paths(self, args: DeleteFileArgs) -> list[str]:
         return [args.path]
+
+    def precheck(self, args: DeleteFileArgs, resolved: dict[str, Path], config: Config) -> None:
+        """A file that is not there fails now, before anyone is asked to approve deleting it.
+        Only a definite "no such file" counts: where the daemon may not look (another user's
+        workspace), the tool decides when it runs."""
+        path = resolved.get(args.path)
+        if path is None:
+            return
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            raise file_not_found(args.path) from None
+        except OSError:
+            return
 
     def summary(self, args: DeleteFileArgs) -> str:
         return f"Delete {args.path[:150]}{' recursively' if args.recursive else ''}"

@@ -54,6 +54,10 @@ class RunCode(Tool[RunCodeArgs]):
         if any(not k or "=" in k or "\0" in k + v for k, v in args.env.items()):
             raise bad_args("env names must be non-empty, without '=' or NUL")
 
+    def locations(self, args: RunCodeArgs) -> list[str]:
+        """Where the snippet acts: the workspace root (its working directory)."""
+        return ["."]
+
     def summary(self, args: RunCodeArgs) -> str:
         first = next((line for line in args.code.splitlines() if line.strip()), "")
         net = ", network on" if args.network else ""

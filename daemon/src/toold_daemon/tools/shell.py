@@ -49,6 +49,10 @@ class Shell(Tool[ShellArgs]):
     def paths(self, args: ShellArgs) -> list[str]:
         return [args.cwd] if args.cwd else []
 
+    def locations(self, args: ShellArgs) -> list[str]:
+        """Where the command acts: its cwd, or the workspace root (".")."""
+        return [args.cwd or "."]
+
     def summary(self, args: ShellArgs) -> str:
         where = f" (in {args.cwd[:60]})" if args.cwd else ""
         where += " in the background" if args.background else ""
