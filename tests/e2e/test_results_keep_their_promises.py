@@ -86,3 +86,16 @@ def test_a_denylisted_tool_is_not_offered(tmp_path_factory: pytest.TempPathFacto
     assert "read_file" in names and not names & {"shell", "run_code"}
     exported = {(item.get("function") or item).get("name") for item in openai}  # type: ignore[union-attr]
     assert "read_file" in exported and not exported & {"shell", "run_code"}
+
+
+def test_network_errors_name_the_url_and_give_details_a_program_can_use(daemon: DaemonProcess) -> None:
+    from toold_client import APPROVE_ALL
+
+    url = "http://no-such-host.invalid/some/page?token=secret-value"
+    with daemon.client(timeout=30) as c:
+        result = c.call("web_fetch", {"url": url}, on_confirm=lambda r: APPROVE_ALL)
+    assert not result.ok and result.error.code == "DNS_FAILED"
+    assert "GET http://no-such-host.invalid/some/page" in result.error.message
+    assert "secret-value" not in result.content
+    details = result.error.details
+    assert details["kind"] == "dns_failed" and details["host"] == "no-such-host.invalid" and details["port"] == 80

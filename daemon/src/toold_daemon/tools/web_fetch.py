@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 import httpx
@@ -149,7 +149,7 @@ class WebFetch(Tool[WebFetchArgs]):
                 proxy=web.proxy,
             )
         except FetchFailed as exc:
-            raise _error_of(exc) from None
+            raise _error_of(exc, args.method) from None
         content, matches = _content(response, args)
         limit = args.max_length or web.max_length
         # A download cut at max_download_bytes left at least this much unread.
@@ -212,14 +212,20 @@ def _content(response: Response, args: WebFetchArgs) -> tuple[str, int]:
     return text, 1
 
 
-def _error_of(failure: FetchFailed) -> ToolError:
+def _error_of(failure: FetchFailed, method: str) -> ToolError:
+    """The call's error: the request (method and URL, credentials hidden), why it failed,
+    and details a program can use (kind, url, host, port)."""
+    where = f"{method} {shown_url(failure.url)}: " if failure.url else ""
+    details: dict[str, Any] = {"kind": failure.code.lower()}
+    if failure.url:
+        details |= {"url": shown_url(failure.url), "host": failure.host, "port": failure.port}
     if failure.timeout:
-        return ToolError(ToolErrorType.TIMEOUT, "TIMEOUT", f"web_fetch timed out: {failure.message}")
+        return ToolError(ToolErrorType.TIMEOUT, "TIMEOUT", f"web_fetch timed out: {where}{failure.message}", **details)
     if failure.code == "URL_REFUSED":
-        return sandbox_violation("URL_REFUSED", failure.message)
+        return sandbox_violation("URL_REFUSED", where + failure.message, **details)
     if failure.code == "BAD_URL":
-        return bad_args(failure.message)
-    return ToolError(ToolErrorType.EXECUTION_FAILED, failure.code, failure.message)
+        return bad_args(where + failure.message, **details)
+    return ToolError(ToolErrorType.EXECUTION_FAILED, failure.code, where + failure.message, **details)
 
 
 def _split(url: str) -> SplitResult:

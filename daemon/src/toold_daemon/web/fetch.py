@@ -39,6 +39,11 @@ class FetchFailed(Exception):
         self.code = code
         self.message = message
         self.timeout = timeout
+        #: The URL of the request that failed (a redirect's target, for a later hop), its
+        #: host and port, when known: for the error's details.
+        self.url = ""
+        self.host = ""
+        self.port = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +250,16 @@ def _lower(headers: dict[str, str]) -> dict[str, str]:
 
 
 def _failure(exc: BaseException, url: httpx.URL) -> FetchFailed:
-    """The error a call reports for an exception of the HTTP stack, by cause."""
+    """The error a call reports for an exception of the HTTP stack, by cause, with the URL,
+    host and port it was about."""
+    failure = _cause_of(exc, url)
+    if not failure.url:
+        failure.url, failure.host = str(url), url.host
+        failure.port = url.port or DEFAULT_PORTS.get(url.scheme, 0)
+    return failure
+
+
+def _cause_of(exc: BaseException, url: httpx.URL) -> FetchFailed:
     host = url.host
     if isinstance(exc, FetchFailed):
         return exc
