@@ -276,9 +276,11 @@ def test_a_gigabyte_of_output_is_truncated_and_the_daemon_stays_small(client: Cl
     assert elapsed < 60
 
 
-def test_binary_output_is_summarized(client: Client) -> None:
+def test_binary_output_is_shown_as_base64(client: Client) -> None:
     result = shell(client, "head -c 5000 /dev/urandom")
-    assert result.ok and "[binary output: 5000 bytes, not shown]" in result.content
+    assert result.ok and "[binary output: 5000 bytes as base64]" in result.content
+    encoded = result.content.split("]\n", 1)[1].split("\n", 1)[0]
+    assert len(__import__("base64").b64decode(encoded)) == 5000  # the bytes themselves, not a summary
 
 
 def test_cwd_must_be_inside_the_roots(client: Client, daemon: DaemonProcess) -> None:

@@ -14,6 +14,7 @@ command is killed and reaped, and the runner kills its group.
 
 from __future__ import annotations
 
+import base64
 import codecs
 import os
 import selectors
@@ -65,10 +66,13 @@ class Captured:
         return looks_binary(self.head)
 
     def text(self) -> str:
-        """The kept head as text (a character cut at the end is left out), or a summary
-        of output that is mostly binary."""
+        """The kept head as text (a character cut at the end is left out); output that is
+        mostly binary as base64 after a line that says so (as much of it as ``keep``
+        holds once encoded)."""
         if self.binary:
-            return f"[binary output: {self.total} bytes, not shown]"
+            raw = bytes(self.head[: self.keep * 3 // 4])
+            shown = f", the first {len(raw)} shown" if len(raw) < self.total else ""
+            return f"[binary output: {self.total} bytes as base64{shown}]\n{base64.b64encode(raw).decode()}"
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         return decoder.decode(bytes(self.head), final=self.total == len(self.head))
 
