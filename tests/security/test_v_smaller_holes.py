@@ -54,3 +54,32 @@ def test_a_workspace_made_anew_is_usable_by_commands(tmp_path: Path, root: Path)
         assert (root / "b.txt").read_text() == "two\n"
     finally:
         d.stop()
+
+
+def test_a_snippet_reads_what_programs_need_of_etc_and_nothing_else(tmp_path: Path, root: Path) -> None:
+    """run_code: accounts and the host's name are out of reach; the interpreter, time
+    zones, certificates and name resolution still work. A shell command is the user's own
+    and keeps /etc."""
+    code = (
+        "import datetime, json, ssl, socket\n"
+        "for p in ['/etc/passwd', '/etc/hostname', '/etc/shadow', '/etc/ssl/certs', '/etc/resolv.conf']:\n"
+        "    try:\n"
+        "        import os; os.listdir(p) if os.path.isdir(p) else open(p).read(1); print('read', p)\n"
+        "    except OSError as e:\n"
+        "        print('refused', p)\n"
+        "print(ssl.create_default_context().cert_store_stats()['x509_ca'] > 0)"
+    )
+    d = start_daemon(tmp_path, root, config='[tools.approval]\nallowlist = ["shell", "run_code"]\n')
+    try:
+        with d.client(timeout=30) as c:
+            snippet = c.call("run_code", {"language": "python", "code": code})
+            bash = c.call("run_code", {"language": "bash", "code": "cat /etc/hostname /etc/passwd"})
+            shell = c.call("shell", {"command": "head -c 4 /etc/passwd"})
+    finally:
+        d.stop()
+    assert snippet.ok, snippet.content
+    for path in ("/etc/passwd", "/etc/hostname", "/etc/shadow"):
+        assert f"refused {path}" in snippet.content
+    assert "read /etc/ssl/certs" in snippet.content and "True" in snippet.content
+    assert not bash.ok and "Permission denied" in bash.content
+    assert shell.ok and shell.content.startswith("root")

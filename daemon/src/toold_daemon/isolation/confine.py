@@ -31,6 +31,23 @@ class ConfinementFailed(Exception):
 
 SYSTEM_READ_EXEC = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/nix/store")
 SYSTEM_READ = ("/etc", "/proc", "/sys/devices/system/cpu", "/run/systemd/resolve")
+# What a snippet (``run_code``) may read of /etc: the dynamic linker's cache, time zones,
+# certificates, name resolution, MIME types and the interpreters' own configuration; not
+# the accounts, the host's name or anything else about the machine.
+SNIPPET_READ = (
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/ssl", "/etc/ca-certificates",
+    "/etc/pki", "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/host.conf",
+    "/etc/mime.types", "/etc/inputrc", "/etc/alternatives",
+)  # fmt: skip
+
+
+def snippet_reads() -> list[str]:
+    """``SNIPPET_READ`` and the interpreters' configuration directories (``/etc/python3.11``)."""
+    import glob
+
+    return [*SNIPPET_READ, *glob.glob("/etc/python3*"), *glob.glob("/etc/perl")]
+
+
 DEVICES_RW = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx", "/dev/shm")
 # Not /dev/stdin and friends: they resolve to the *spawner's* streams when the rule is made.
 DEVICES_READ = ("/dev/urandom", "/dev/random")
@@ -447,16 +464,23 @@ def _set_limits(limits: Limits) -> None:
 
 
 def landlock_ruleset(
-    roots: list[str], writable: list[str], *, network: bool, tools_only: bool = False, readable: Sequence[str] = ()
+    roots: list[str],
+    writable: list[str],
+    *,
+    network: bool,
+    tools_only: bool = False,
+    readable: Sequence[str] = (),
+    narrow: bool = False,
 ) -> int | str:
     """Build the ruleset for these roots (in the spawner, cached): a fd, or why not.
     ``tools_only``: the narrower set of a tool worker (``tool_worker_rules``);
-    ``readable``: more read+execute places (an MCP server's install directory)."""
+    ``readable``: more read+execute places (an MCP server's install directory);
+    ``narrow``: of /etc only ``SNIPPET_READ`` (``run_code``)."""
     abi = kernel.landlock_abi()
     if abi == 0:
         return "off: the kernel has no Landlock (needs Linux 5.13 with landlock in the LSM list)"
     try:
-        rules = tool_worker_rules(roots, abi) if tools_only else landlock_rules(roots, writable, abi)
+        rules = tool_worker_rules(roots, abi) if tools_only else landlock_rules(roots, writable, abi, narrow=narrow)
         rules += [(path, kernel.READ_EXEC) for path in readable if os.path.exists(path)]
         return kernel.landlock_ruleset(rules, abi, deny_tcp=landlock_cuts_tcp(network))
     except OSError as exc:
@@ -475,13 +499,15 @@ def _apply_landlock(ruleset: int | str) -> str:
     return f"on (ABI {kernel.landlock_abi()})"
 
 
-def landlock_rules(roots: list[str], writable: list[str], abi: int) -> list[tuple[str, int]]:
+def landlock_rules(roots: list[str], writable: list[str], abi: int, *, narrow: bool = False) -> list[tuple[str, int]]:
     """Read-write on the roots and the private temp dirs; read+execute on system
-    directories and the interpreter; read on /etc and /proc; the usual devices."""
+    directories and the interpreter; read on /etc (``narrow``: only what programs need of
+    it) and /proc; the usual devices."""
     rw = _read_write(abi)
     rules: list[tuple[str, int]] = [(root, rw) for root in [*roots, *writable]]
     rules += [(p, kernel.READ_EXEC) for p in (*SYSTEM_READ_EXEC, *_interpreter_paths())]
-    rules += [(p, kernel.READ) for p in SYSTEM_READ]
+    system = [p for p in SYSTEM_READ if p != "/etc"] + snippet_reads() if narrow else list(SYSTEM_READ)
+    rules += [(p, kernel.READ) for p in system]
     rules += [(p, kernel.READ | kernel.FS_WRITE_FILE | kernel.FS_TRUNCATE) for p in DEVICES_RW]
     rules += [(p, kernel.READ) for p in DEVICES_READ]
     return rules

@@ -68,6 +68,7 @@ class Preparer:
             request.readable,
             request.network or request.egress_proxy,  # commands reach the proxy by TCP on loopback
             tools_only=request.worker,
+            narrow=request.narrow_reads,
         )
         return Work(tool, args, config, sandbox, ruleset, self.tools if request.worker else {})
 
@@ -84,11 +85,19 @@ class Preparer:
         return _cached(self._sandboxes, (key, tuple(roots)), build)
 
     def _ruleset(
-        self, roots: list[str], writable: list[str], readable: list[str], network: bool, *, tools_only: bool
+        self,
+        roots: list[str],
+        writable: list[str],
+        readable: list[str],
+        network: bool,
+        *,
+        tools_only: bool,
+        narrow: bool = False,
     ) -> int | str:
         # The roots' identities too: a root removed and made again is another directory,
         # which a ruleset made for the old one would refuse.
-        key = (tuple(roots), tuple(writable), tuple(readable), (str(network), str(tools_only)), roots_identity(roots))
+        flags = (str(network), str(tools_only), str(narrow))
+        key = (tuple(roots), tuple(writable), tuple(readable), flags, roots_identity(roots))
         if key not in self._rulesets and len(self._rulesets) >= _CACHE_SIZE:
             _, old = self._rulesets.popitem(last=False)
             if isinstance(old, int):
@@ -96,7 +105,9 @@ class Preparer:
         return _cached(
             self._rulesets,
             key,
-            lambda: landlock_ruleset(roots, writable, network=network, tools_only=tools_only, readable=readable),
+            lambda: landlock_ruleset(
+                roots, writable, network=network, tools_only=tools_only, readable=readable, narrow=narrow
+            ),
         )
 
 

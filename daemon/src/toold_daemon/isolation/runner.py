@@ -556,6 +556,7 @@ class SpawnRunner:
             temp=temp,
             limits=limits,
             idle_timeout_s=command.idle_timeout_s if command else 0.0,
+            narrow_reads=command.narrow_reads if command else False,
             stream_limit_bytes=isolation.stream_limit_bytes,
             keep_bytes=self.config.tools.output.max_bytes,
             require=[] if probe else list(isolation.require),

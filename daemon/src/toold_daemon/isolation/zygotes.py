@@ -45,8 +45,8 @@ _outcome_decoder = msgspec.msgpack.Decoder(Outcome)
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
 
 Kind = tuple[
-    int, int, tuple[str, ...], tuple[str, ...], bool, bool, bool, tuple[str, ...], tuple[str, ...], tuple[str, ...],
-    tuple[str, ...], bool,
+    int, int, tuple[str, ...], tuple[str, ...], bool, bool, bool, bool, tuple[str, ...], tuple[str, ...],
+    tuple[str, ...], tuple[str, ...], bool,
 ]  # fmt: skip
 # (request for the zygote itself, its socket end to hand over) -> the zygote's pid
 StartChild = Callable[[SpawnRequest, int], Awaitable[int]]
@@ -74,6 +74,7 @@ def kind_of(request: SpawnRequest) -> Kind:
         request.network,
         request.network_namespace,
         request.egress_proxy,
+        request.narrow_reads,
         tuple(request.require),
         tuple(request.readonly_paths),
         tuple(request.hidden_patterns),

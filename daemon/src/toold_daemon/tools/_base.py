@@ -60,6 +60,9 @@ class Command:
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     background: bool = False  # return at once with a job id; the runner keeps reading
+    #: Read only what a program needs outside the workspace (libraries, certificates, name
+    #: resolution), not the rest of /etc (``run_code``: a snippet, not a user's command).
+    narrow_reads: bool = False
 
 
 @dataclass(slots=True)

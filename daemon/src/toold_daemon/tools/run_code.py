@@ -75,6 +75,7 @@ class RunCode(Tool[RunCodeArgs]):
             network=args.network,
             env=dict(args.env),
             files={_FILES[args.language]: args.code},
+            narrow_reads=True,
         )
 
     def run(self, args: RunCodeArgs, ctx: ToolContext) -> ToolOutput:
