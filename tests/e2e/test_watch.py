@@ -179,3 +179,27 @@ def test_the_approver_sees_a_commands_connections_when_it_finishes() -> None:
     screen = "\n".join(state.render(200, 40))
     assert "-> pypi.org:443 (connect) allowed: pypi.org is in allowed_domains; sent 900 B, received 21000 B" in screen
     assert "refused: denied by uid 1000" in screen and "\x1b[2J" not in screen
+
+
+def test_a_watcher_that_starts_late_sees_the_batches_already_waiting(tmp_path: Path) -> None:
+    """Parse-only: the batch waits for a person's result before the watcher connects."""
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config='[tools]\nmode = "parse_only"\n')
+    state = WatchState()
+    try:
+        with d.client() as agent:
+            read = p.ToolCall(call_id="c0", name="read_file", arguments=msgspec.Raw(p.encode_value({"path": "a"})))
+            accepted = submit_raw(agent, [read], batch_id="early")
+            with d.client() as watcher:
+                watcher.watch()
+                deadline = time.monotonic() + 10
+                while accepted.batch_id not in state.batches and time.monotonic() < deadline:
+                    message = watcher.next_event(timeout=0.5)
+                    if message is not None:
+                        state.apply(message)
+            screen = "\n".join(state.render(200, 50))
+            assert f"toolctl result c0 --batch {accepted.batch_id} --content TEXT" in screen, screen
+            agent.supply_result(accepted.batch_id, "c0", "done")
+    finally:
+        d.stop()

@@ -228,6 +228,12 @@ class ConfirmationFlow:
         then the ``ack``; new ones follow as they are made."""
         self.shared.confirmations.subscribe(session.peer, session.identity)
         approval = self.shared.config.tools.approval
+        # batches already waiting for a person's result (parse-only), so a watcher that
+        # starts late still sees them and how to answer
+        for batch in list(self.shared.batches.values()):
+            waiting = not batch.done.is_set() and any(c.awaiting_result and c.supplied is None for c in batch.calls)
+            if waiting and self.shared.confirmations.may_watch(session.peer, batch.identity, approval.approver_gids):
+                self.shared.reply(session, batch.status(0))
         for pending in self.shared.confirmations.visible_to(session.peer, session.identity, approval.approver_gids):
             self.shared.reply(
                 session,
