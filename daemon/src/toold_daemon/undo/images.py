@@ -56,7 +56,7 @@ def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tu
     used = 0
     seen: set[str] = set()
     for path in paths:
-        for found in _below(path, denied):
+        for found in [*_missing_parents(path), *_below(path, denied)]:
             if found.path in seen:
                 continue
             seen.add(found.path)
@@ -66,6 +66,17 @@ def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tu
             used += len(image.data)
             images.append(image)
     return images, used
+
+
+def _missing_parents(path: Path) -> list[Image]:
+    """The directories above ``path`` that do not exist yet, outermost first: a call that
+    writes ``a/b/c.txt`` makes them, and its undo must take them away again."""
+    missing: list[Image] = []
+    parent = path.parent
+    while parent != parent.parent and not os.path.lexists(parent):
+        missing.append(Image(path=str(parent), kind="absent"))
+        parent = parent.parent
+    return missing[::-1]
 
 
 def _below(path: Path, denied: Callable[[str], bool]) -> list[Image]:
@@ -114,9 +125,28 @@ def image_of(path: str) -> Image:
 
 
 def state_of(path: str) -> tuple[Kind, str]:
-    """A path's kind and content hash now (a directory's hash is empty)."""
+    """A path's kind and content hash now; a directory's hash covers the names, kinds and
+    contents of everything below it ("" past ``MAX_ENTRIES``: not compared)."""
     image = image_of(path)
+    if image.kind == "dir":
+        return "dir", tree_digest(path)
     return image.kind, image.hash
+
+
+def tree_digest(path: str) -> str:
+    """One hash of a directory tree: each entry's relative path, kind, mode and content."""
+    h = hashlib.sha256()
+    count = 0
+    for directory, dirs, files in os.walk(path, followlinks=False):
+        dirs.sort()
+        for name in [*sorted(files), *dirs]:
+            count += 1
+            if count > MAX_ENTRIES:
+                return ""
+            full = os.path.join(directory, name)
+            entry = image_of(full)
+            h.update(f"{os.path.relpath(full, path)}\0{entry.kind}\0{entry.mode}\0{entry.hash}\n".encode())
+    return h.hexdigest()
 
 
 def changes_after(before: list[Image]) -> list[Change]:

@@ -51,9 +51,11 @@ class UndoLedger:
         whether a tool's effects are beyond pre-images (commands)."""
         first: dict[str, StoredChange] = {}
         last: dict[str, StoredChange] = {}
-        for change in self.journal.changes(stored.batch_id):
+        changes = self.journal.changes(stored.batch_id)
+        for change in changes:
             first.setdefault(change.path, change)
             last[change.path] = change
+        stale = _stale_tree_hashes(changes)
         removals = [p for p in first if first[p].kind == "absent"]
         restorations = [p for p in first if first[p].kind != "absent"]
         # Children are removed before their parents, parents made before their children.
@@ -62,7 +64,7 @@ class UndoLedger:
             {
                 "path": path,
                 "expect_kind": last[path].after_kind,
-                "expect_hash": last[path].after_hash,
+                "expect_hash": "" if path in stale else last[path].after_hash,
                 "kind": first[path].kind,
                 "mode": first[path].mode,
                 "hash": first[path].hash,
@@ -95,6 +97,20 @@ class UndoLedger:
     def collect(self) -> int:
         """Remove pre-images of batches the journal no longer holds."""
         return self.store.collect(self.journal.kept_hashes())
+
+
+def _stale_tree_hashes(changes: list[StoredChange]) -> set[str]:
+    """Directories whose recorded tree hash a later change below them outdated (a file
+    written into a directory an earlier call made): their contents are checked against
+    the plan instead."""
+    stale: set[str] = set()
+    for position, change in enumerate(changes):
+        if change.after_kind != "dir":
+            continue
+        prefix = change.path.rstrip(os.sep) + os.sep
+        if any(later.path.startswith(prefix) for later in changes[position + 1 :]):
+            stale.add(change.path)
+    return stale
 
 
 def _depth(path: str) -> int:

@@ -21,7 +21,7 @@ from msgspec import Meta
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError
-from ..sandbox.writes import atomic_write, parent_dir
+from ..sandbox.writes import atomic_write, delete, parent_dir
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
 from .images import Kind, state_of
 
@@ -66,6 +66,7 @@ class RestoreFiles(Tool[RestoreArgs]):
     def run(self, args: RestoreArgs, ctx: ToolContext) -> ToolOutput:
         usable = [entry for entry in args.entries if not entry.note]
         conflicts = [entry.path for entry in usable if _changed_since(entry, ctx)]
+        conflicts += _unplanned_contents(usable, ctx)
         if conflicts and not args.force:
             raise ToolError(
                 ToolErrorType.EXECUTION_FAILED,
@@ -75,7 +76,7 @@ class RestoreFiles(Tool[RestoreArgs]):
                 conflicts=conflicts,
             )
         restored: list[str] = []
-        for entry in usable:
+        for entry in usable:  # in the plan's order: removals deepest first, then outermost first
             ctx.check_cancelled()
             _put_back(entry, ctx)
             restored.append(entry.path)
@@ -98,11 +99,36 @@ class RestoreFiles(Tool[RestoreArgs]):
         return ToolOutput("\n".join(lines), data=data)
 
 
+def _unplanned_contents(entries: list[Entry], ctx: ToolContext) -> list[str]:
+    """Entries now inside a directory the batch made (and the undo takes away) that the
+    plan does not account for, where no tree hash could tell: someone else's files,
+    which must not be removed unasked."""
+    removed = {entry.path for entry in entries if entry.kind == "absent"}
+    trees = [entry.path + "/" for entry in entries if entry.kind == "absent" and entry.expect_hash]
+    found: list[str] = []
+    for entry in entries:
+        if entry.kind != "absent" or entry.expect_kind != "dir" or entry.expect_hash:
+            continue
+        try:
+            names = os.listdir(ctx.resolve(entry.path, follow_last=False))
+        except OSError:
+            continue
+        for name in names:
+            child = f"{entry.path.rstrip('/')}/{name}"
+            if child not in removed and not any(child.startswith(t) for t in trees):
+                found.append(child)
+    return found
+
+
 def _changed_since(entry: Entry, ctx: ToolContext) -> bool:
+    """Whether the path is no longer as the undone batch left it (a directory: anything
+    below it too, when the batch's record has its tree's hash)."""
     kind, digest = state_of(str(ctx.resolve(entry.path, follow_last=False)))
     if kind != entry.expect_kind:
         return True
-    return kind != "dir" and digest != entry.expect_hash
+    if kind == "dir":
+        return bool(entry.expect_hash) and digest != entry.expect_hash
+    return digest != entry.expect_hash
 
 
 def _put_back(entry: Entry, ctx: ToolContext) -> None:
@@ -110,7 +136,10 @@ def _put_back(entry: Entry, ctx: ToolContext) -> None:
     with parent_dir(ctx.sandbox, path, create=True, shown=entry.path) as (dir_fd, name):
         current = _lstat(dir_fd, name)
         if entry.kind == "absent":
-            _remove(dir_fd, name, current)
+            # a directory the batch made goes with what is in it: it was checked to be as
+            # the batch left it (or --force said to take it anyway)
+            tree = entry.expect_kind == "dir" and bool(entry.expect_hash)
+            _remove(dir_fd, name, current, tree=tree, shown=entry.path)
         elif entry.kind == "dir":
             if current is not None and not stat.S_ISDIR(current.st_mode):
                 os.unlink(name, dir_fd=dir_fd)
@@ -147,9 +176,15 @@ def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
-def _remove(dir_fd: int, name: str, current: os.stat_result | None) -> None:
-    """Remove a file or symlink; a directory only when empty (its entries come first)."""
+def _remove(
+    dir_fd: int, name: str, current: os.stat_result | None, *, tree: bool = False, shown: str = ""
+) -> None:
+    """Remove a file or symlink; a directory only when empty (its entries come first),
+    or with ``tree`` everything in it (never following a symlink)."""
     if current is None:
+        return
+    if stat.S_ISDIR(current.st_mode) and tree:
+        delete(dir_fd, name, recursive=True, shown=shown or name, prefix=shown or name)
         return
     if stat.S_ISDIR(current.st_mode):
         try:

@@ -1,0 +1,117 @@
+"""Undo puts trees back exactly: a moved directory, files made in directories the batch
+made, a deleted tree, and a mix of them in one batch. And it refuses, changing nothing,
+when something below a directory the batch made has changed since."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import start_daemon
+from toold_client import CallSpec
+
+CONFIG = """
+[tools.approval]
+preset = "all"
+
+[[tools.approval.rules]]
+tool = "*"
+decision = "allow"
+conditions = [{ param = "path", operator = "matches", value = ".*" }]
+"""
+
+
+def tree(root: Path) -> dict[str, tuple[str, int, bytes]]:
+    """Every entry below ``root``: kind, mode and content (a symlink's target)."""
+    found: dict[str, tuple[str, int, bytes]] = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        rel = str(path.relative_to(root))
+        if stat.S_ISLNK(st.st_mode):
+            found[rel] = ("link", 0, os.fsencode(os.readlink(path)))
+        elif stat.S_ISDIR(st.st_mode):
+            found[rel] = ("dir", stat.S_IMODE(st.st_mode), b"")
+        else:
+            found[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
+    return found
+
+
+def seed(root: Path) -> None:
+    (root / "src/pkg/deep").mkdir(parents=True)
+    (root / "src/pkg/a.py").write_text("a = 1\n")
+    (root / "src/pkg/deep/b.bin").write_bytes(bytes(range(256)))
+    os.chmod(root / "src/pkg/deep/b.bin", 0o640)
+    (root / "src/pkg/link").symlink_to("a.py")
+    (root / "old").mkdir()
+    (root / "old/gone.txt").write_text("bye\n")
+    (root / "old/inner").mkdir(mode=0o750)
+    (root / "old/inner/c.txt").write_text("c\n")
+
+
+BATCHES = {
+    "move a directory": [CallSpec("move_file", {"source": "src/pkg", "destination": "lib/pkg"}, "m")],
+    "write into directories that did not exist": [
+        CallSpec("write_file", {"path": "new/a/b/c.txt", "content": "nested\n"}, "w")
+    ],
+    "delete a tree": [CallSpec("delete_file", {"path": "old", "recursive": True}, "d")],
+    "all of them": [
+        CallSpec("write_file", {"path": "new/x/y.txt", "content": "y\n"}, "w"),
+        CallSpec("move_file", {"source": "src/pkg", "destination": "new/x/pkg"}, "m"),
+        CallSpec("delete_file", {"path": "old", "recursive": True}, "d"),
+        CallSpec("write_file", {"path": "src/readme.md", "content": "r\n"}, "w2"),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", BATCHES)
+def test_undo_restores_the_tree_exactly(tmp_path: Path, root: Path, name: str) -> None:
+    seed(root)
+    before = tree(root)
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=60) as c:
+            outcome = c.submit(BATCHES[name], batch_id=f"b-{len(name)}")
+            assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
+            assert tree(root) != before
+            c.undo(outcome.batch_id)
+    finally:
+        d.stop()
+    assert tree(root) == before
+
+
+def test_a_change_below_a_directory_the_batch_made_is_a_conflict(tmp_path: Path, root: Path) -> None:
+    """Someone added a file inside the moved directory after the batch: undo must not
+    take it away unasked; nothing is restored."""
+    seed(root)
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=60) as c:
+            outcome = c.submit(BATCHES["move a directory"], batch_id="conflict")
+            (root / "lib/pkg/mine.txt").write_text("keep me\n")
+            after = tree(root)
+            undone = c.undo(outcome.batch_id)
+            (result,) = undone.results
+            assert not result.ok and result.error.code == "UNDO_CONFLICT", result.content
+            assert tree(root) == after
+    finally:
+        d.stop()
+
+
+def test_a_file_added_to_a_directory_an_earlier_call_made_is_a_conflict(tmp_path: Path, root: Path) -> None:
+    """The directory's recorded tree is outdated by the batch's own later calls: its
+    contents are checked against the plan instead, and a stranger is a conflict."""
+    seed(root)
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=60) as c:
+            outcome = c.submit(BATCHES["all of them"], batch_id="stranger")
+            (root / "new/x/stranger.txt").write_text("not the batch's\n")
+            after = tree(root)
+            (result,) = c.undo(outcome.batch_id).results
+    finally:
+        d.stop()
+    assert not result.ok and result.error.code == "UNDO_CONFLICT" and "new/x/stranger.txt" in result.content
+    assert tree(root) == after
