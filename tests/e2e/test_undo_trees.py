@@ -115,3 +115,32 @@ def test_a_file_added_to_a_directory_an_earlier_call_made_is_a_conflict(tmp_path
         d.stop()
     assert not result.ok and result.error.code == "UNDO_CONFLICT" and "new/x/stranger.txt" in result.content
     assert tree(root) == after
+
+
+def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, root: Path) -> None:
+    """The saved bytes of one file are gone when the undo runs: it fails on that file,
+    after it had already taken away a file and a tree the batch made. Both come back:
+    the workspace is exactly as before the undo, and the result says so."""
+    seed(root)
+    (root / "kept.txt").write_text("original\n")
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=60) as c:
+            calls = [
+                CallSpec("write_file", {"path": "made/deep/new.txt", "content": "new\n"}, "w"),
+                CallSpec("move_file", {"source": "src/pkg", "destination": "lib/pkg"}, "m"),
+                CallSpec("write_file", {"path": "kept.txt", "content": "changed\n", "overwrite": True}, "o"),
+            ]
+            outcome = c.submit(calls, batch_id="midway")
+            assert all(r.ok for r in outcome.results)
+            for blob in (tmp_path / "state").rglob("*"):
+                if blob.is_file() and blob.read_bytes() == b"original\n":
+                    blob.unlink()  # the pre-image of kept.txt is lost
+            after = tree(root)
+            (result,) = c.undo(outcome.batch_id).results
+    finally:
+        d.stop()
+    assert not result.ok and result.error.code == "UNDO_FAILED", result.content
+    assert "nothing was changed" in result.content
+    assert tree(root) == after
+    assert not [p for p in root.rglob(".toold-undo-*")]

@@ -104,11 +104,11 @@ def _stale_tree_hashes(changes: list[StoredChange]) -> set[str]:
     written into a directory an earlier call made): their contents are checked against
     the plan instead."""
     stale: set[str] = set()
-    for position, change in enumerate(changes):
+    for change in changes:
         if change.after_kind != "dir":
             continue
         prefix = change.path.rstrip(os.sep) + os.sep
-        if any(later.path.startswith(prefix) for later in changes[position + 1 :]):
+        if any(later.index > change.index and later.path.startswith(prefix) for later in changes):
             stale.add(change.path)
     return stale
 

@@ -23,7 +23,7 @@ from toold_protocol import ToolErrorType
 from ..errors import ToolError
 from ..sandbox.writes import atomic_write, delete, parent_dir
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
-from .images import Kind, state_of
+from .images import Image, Kind, image_of, state_of
 
 
 class Entry(ToolArgs, frozen=True):
@@ -76,10 +76,31 @@ class RestoreFiles(Tool[RestoreArgs]):
                 conflicts=conflicts,
             )
         restored: list[str] = []
-        for entry in usable:  # in the plan's order: removals deepest first, then outermost first
-            ctx.check_cancelled()
-            _put_back(entry, ctx)
-            restored.append(entry.path)
+        undo = Rollback(ctx)
+        try:
+            for entry in usable:  # in the plan's order: removals deepest first, then outermost first
+                ctx.check_cancelled()
+                undo.remember(entry)
+                _put_back(entry, ctx, undo)
+                restored.append(entry.path)
+        except BaseException as exc:
+            left = undo.back()
+            if isinstance(exc, ToolError):
+                why = exc.message
+            elif isinstance(exc, OSError):
+                why = f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or 'a path'})"
+            else:
+                raise
+            state = "nothing was changed" if not left else f"could not put back: {', '.join(left[:20])}"
+            raise ToolError(
+                ToolErrorType.EXECUTION_FAILED,
+                "UNDO_FAILED",
+                f"undoing batch {args.undoes} failed after {len(restored)} of {len(usable)} path(s) ({why}); "
+                f"every path it had changed was put back as it was, so {state}",
+                restored_before_failure=restored,
+                not_rolled_back=left,
+            ) from None
+        undo.commit()
         not_undoable = [f"{entry.path} ({entry.note})" for entry in args.entries if entry.note]
         lines = [f"Restored {len(restored)} path(s) changed by batch {args.undoes}."]
         if conflicts:
@@ -131,15 +152,110 @@ def _changed_since(entry: Entry, ctx: ToolContext) -> bool:
     return digest != entry.expect_hash
 
 
-def _put_back(entry: Entry, ctx: ToolContext) -> None:
+class Rollback:
+    """What the undo changed so far, to put back if a later step fails: each path's state
+    before the undo touched it (bytes of files and symlinks, in memory), and the trees it
+    took away, set aside under a temporary name beside them until the undo completes."""
+
+    def __init__(self, ctx: ToolContext) -> None:
+        self.ctx = ctx
+        self.before: list[tuple[Entry, Image]] = []
+        self.aside: list[tuple[str, str]] = []  # (path shown, its temporary name's path)
+
+    def remember(self, entry: Entry) -> None:
+        path = self.ctx.resolve(entry.path, follow_last=False)
+        self.before.append((entry, image_of(str(path)) if not _is_dir(path) else Image(path=str(path), kind="dir")))
+
+    def set_aside(self, dir_fd: int, name: str, shown: str) -> None:
+        """Move a tree out of the way (one rename) instead of removing it yet."""
+        aside = f".toold-undo-{os.getpid()}-{len(self.aside)}-{name}"[:200]
+        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        self.aside.append((shown, os.path.join(os.path.dirname(shown), aside) if "/" in shown else aside))
+
+    def holds_only_set_aside(self, dir_fd: int, name: str) -> bool:
+        """Whether directory ``name`` is empty but for trees this undo set aside in it."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            return False
+        try:
+            entries = os.listdir(fd)
+        finally:
+            os.close(fd)
+        return bool(entries) and all(entry.startswith(f".toold-undo-{os.getpid()}-") for entry in entries)
+
+    def commit(self) -> None:
+        """Remove the trees set aside, outermost first (one set aside inside another goes
+        with it)."""
+        for _shown, aside in reversed(self.aside):
+            try:
+                path = self.ctx.resolve(aside, follow_last=False)
+                with parent_dir(self.ctx.sandbox, path, shown=aside) as (dir_fd, name):
+                    delete(dir_fd, name, recursive=True, shown=aside, prefix=aside)
+            except ToolError as exc:
+                if exc.type != ToolErrorType.FILE_NOT_FOUND:
+                    raise
+
+    def back(self) -> list[str]:
+        """Put every touched path back as it was before the undo; the paths that could not be."""
+        left: list[str] = []
+        # The trees set aside first, outermost first (one may hold another); a directory
+        # that existed before the undo was only ever set aside, so it is back after this.
+        for shown, aside in reversed(self.aside):
+            try:
+                src = self.ctx.resolve(aside, follow_last=False)
+                with parent_dir(self.ctx.sandbox, src, shown=aside) as (dir_fd, name):
+                    os.rename(name, os.path.basename(shown), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except (OSError, ToolError):
+                left.append(shown)
+        for entry, image in reversed(self.before):
+            if image.kind == "dir":
+                continue
+            try:
+                self._restore(entry.path, image)
+            except (OSError, ToolError):
+                left.append(entry.path)
+        return left
+
+    def _restore(self, shown: str, image: Image) -> None:
+        path = self.ctx.resolve(shown, follow_last=False)
+        with parent_dir(self.ctx.sandbox, path, create=True, shown=shown) as (dir_fd, name):
+            current = _lstat(dir_fd, name)
+            if current is not None and stat.S_ISDIR(current.st_mode):
+                delete(dir_fd, name, recursive=True, shown=shown, prefix=shown)
+                current = None
+            if image.kind == "absent":
+                if current is not None:
+                    os.unlink(name, dir_fd=dir_fd)
+            elif image.kind == "symlink":
+                if current is not None:
+                    os.unlink(name, dir_fd=dir_fd)
+                os.symlink(image.data, name, dir_fd=dir_fd)
+            elif image.kind == "file":
+                atomic_write(dir_fd, name, image.data, mode=image.mode, shown=shown)
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
     path = ctx.resolve(entry.path, follow_last=False)
     with parent_dir(ctx.sandbox, path, create=True, shown=entry.path) as (dir_fd, name):
         current = _lstat(dir_fd, name)
         if entry.kind == "absent":
             # a directory the batch made goes with what is in it: it was checked to be as
-            # the batch left it (or --force said to take it anyway)
-            tree = entry.expect_kind == "dir" and bool(entry.expect_hash)
-            _remove(dir_fd, name, current, tree=tree, shown=entry.path)
+            # the batch left it (or --force said to take it anyway); set aside until the
+            # whole undo has succeeded
+            is_dir = current is not None and stat.S_ISDIR(current.st_mode)
+            made_tree = entry.expect_kind == "dir" and bool(entry.expect_hash)
+            if is_dir and (made_tree or undo.holds_only_set_aside(dir_fd, name)):
+                undo.set_aside(dir_fd, name, entry.path)
+                return
+            _remove(dir_fd, name, current)
         elif entry.kind == "dir":
             if current is not None and not stat.S_ISDIR(current.st_mode):
                 os.unlink(name, dir_fd=dir_fd)
@@ -176,15 +292,9 @@ def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
-def _remove(
-    dir_fd: int, name: str, current: os.stat_result | None, *, tree: bool = False, shown: str = ""
-) -> None:
-    """Remove a file or symlink; a directory only when empty (its entries come first),
-    or with ``tree`` everything in it (never following a symlink)."""
+def _remove(dir_fd: int, name: str, current: os.stat_result | None) -> None:
+    """Remove a file or symlink; a directory only when empty (its entries come first)."""
     if current is None:
-        return
-    if stat.S_ISDIR(current.st_mode) and tree:
-        delete(dir_fd, name, recursive=True, shown=shown or name, prefix=shown or name)
         return
     if stat.S_ISDIR(current.st_mode):
         try:
