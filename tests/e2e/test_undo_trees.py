@@ -5,12 +5,16 @@ when something below a directory the batch made has changed since."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tests.conftest import start_daemon
+from tests.conftest import DaemonProcess, start_daemon
 from toold_client import CallSpec
 
 CONFIG = """
@@ -144,3 +148,68 @@ def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, ro
     assert "nothing was changed" in result.content
     assert tree(root) == after
     assert not [p for p in root.rglob(".toold-undo-*")]
+
+
+NAMES = st.sampled_from(["a", "b", "c", "d"])
+PATHS = st.lists(NAMES, min_size=1, max_size=3).map("/".join)
+CONTENT = st.binary(max_size=64).map(lambda b: b.decode("latin-1"))
+OPERATIONS = st.one_of(
+    st.builds(
+        lambda p, t: CallSpec("write_file", {"path": p + ".txt", "content": t, "overwrite": True}), PATHS, CONTENT
+    ),
+    st.builds(lambda p: CallSpec("delete_file", {"path": p, "recursive": True}), PATHS),
+    st.builds(lambda s, d: CallSpec("move_file", {"source": s, "destination": d}), PATHS, PATHS),
+    st.builds(lambda s, d: CallSpec("move_file", {"source": s + ".txt", "destination": d + ".txt"}), PATHS, PATHS),
+)
+TREES = st.dictionaries(
+    PATHS.map(lambda p: p + ".txt"), st.tuples(CONTENT, st.sampled_from([0o600, 0o644, 0o755])), max_size=6
+)
+
+
+@pytest.fixture(scope="module")
+def undoing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    from tests.conftest import module_daemon
+
+    with module_daemon(tmp_path_factory, "undo-property", CONFIG) as d:
+        yield d
+
+
+@settings(max_examples=150, deadline=None)
+@given(files=TREES, calls=st.lists(OPERATIONS, min_size=1, max_size=5))
+def test_any_batch_undone_leaves_the_tree_as_it_was(
+    undoing: DaemonProcess, files: dict[str, tuple[str, int]], calls: list[CallSpec]
+) -> None:
+    """Hypothesis draws a tree and a batch of writes, deletes (files and whole trees) and
+    moves (files and directories); whatever of it succeeded, undoing it restores every
+    entry's kind, mode and bytes."""
+    root = undoing.root
+    shutil.rmtree(root)
+    root.mkdir()
+    for name, (text, mode) in files.items():
+        path = root / name
+        if any(parent.is_file() for parent in path.parents if root in parent.parents or parent == root):
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            continue
+        path.write_text(text, encoding="latin-1")
+        os.chmod(path, mode)
+    before = tree(root)
+    with undoing.client(timeout=60) as c:
+        numbered = [CallSpec(call.name, call.arguments, f"c{i}") for i, call in enumerate(calls)]
+        outcome = c.submit(numbered)
+        if any(r.ok for r in outcome.results):
+            (result,) = c.undo(outcome.batch_id).results
+            assert result.ok, result.content
+    assert tree(root) == before
+
+
+def test_a_move_that_cannot_happen_leaves_no_directory_behind(undoing: DaemonProcess) -> None:
+    """Found by the property above: moving a missing source to ``a/b`` made ``a`` first."""
+    with undoing.client(timeout=30) as c:
+        missing = c.call("move_file", {"source": "nothing-here", "destination": "made/for/it"})
+        (undoing.root / "dir").mkdir(exist_ok=True)
+        into_itself = c.call("move_file", {"source": "dir", "destination": "dir/inside"})
+    assert not missing.ok and missing.error.code == "FILE_NOT_FOUND"
+    assert not (undoing.root / "made").exists()
+    assert not into_itself.ok and not (undoing.root / "dir/inside").exists()

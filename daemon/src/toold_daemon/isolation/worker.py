@@ -24,6 +24,7 @@ import msgspec
 from ..sandbox import Sandbox
 from .child import run_tool
 from .prepare import Work
+from .roots import roots_identity
 from .wire import Outcome, SpawnRequest, close_fds, receive_with_fds, write_frame
 
 _decoder = msgspec.msgpack.Decoder(SpawnRequest)
@@ -40,6 +41,7 @@ def serve(sock_fd: int, layers: dict[str, str], work: Work) -> None:
     assert isinstance(work.sandbox, Sandbox)
     roots = [str(root) for root in work.sandbox.roots]  # canonical, as the spawner resolved them
     write_frame(sock_fd, Outcome(ok=True, layers=layers, data={"roots": roots}))
+    identity = roots_identity(roots)
     sock = socket.socket(fileno=sock_fd)
     while True:
         received = receive_with_fds(sock)
@@ -47,7 +49,15 @@ def serve(sock_fd: int, layers: dict[str, str], work: Work) -> None:
             return
         body, fds = received
         close_fds(fds)  # a call carries none
+        if roots_identity(roots) != identity:  # a root made anew: our Landlock rules hold the old one
+            write_frame(sock_fd, Outcome(ok=False, error_code=STALE, error_message="the workspace was made anew"))
+            return
         write_frame(sock_fd, _answer(body, sock_fd, work))
+
+
+#: The answer of a worker whose roots were removed and made again: it exits, and the call
+#: goes to a fresh worker.
+STALE = "WORKER_STALE"
 
 
 def _unreachable_root(work: Work) -> str:

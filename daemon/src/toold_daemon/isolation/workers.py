@@ -32,6 +32,7 @@ import trio
 from .cgroup import Cgroups
 from .sockets import PeerGone, receive_frame
 from .wire import Chunk, FrameBuffer, Outcome, SpawnRequest, child_decoder, frame
+from .worker import STALE
 
 log = logging.getLogger(__name__)
 MAX_CALLS = 10_000
@@ -149,6 +150,15 @@ class Workers:
         """Run one call (``request`` without argv or config) in a worker of its kind, which
         is started with ``config`` (the daemon's, encoded) if none is idle: its outcome.
         Raises ``WorkerFailed`` when the worker dies or misbehaves."""
+        for attempt in range(2):
+            outcome = await self._run_once(request, config, on_chunk)
+            if outcome.error_code != STALE or attempt:
+                return outcome
+        raise AssertionError("unreachable")
+
+    async def _run_once(self, request: SpawnRequest, config: bytes, on_chunk: OnChunk) -> Outcome:
+        """One try: a worker whose workspace was made anew answers ``STALE`` and exits, and
+        the call is tried once more on a fresh one."""
         worker = await self._take(request, config)
         clean = False
         self._in_flight += 1
@@ -158,7 +168,7 @@ class Workers:
                 alone = self._in_flight == 1 and _SPARE_CORE  # nobody else waits for the loop's time
                 message = await worker.receive(SPIN_SECONDS if alone else 0.0)
                 if isinstance(message, Outcome):
-                    clean = True
+                    clean = message.error_code != STALE
                     return message
                 on_chunk(message)
         except (PeerGone, ConnectionResetError, BrokenPipeError):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -70,8 +72,13 @@ class MoveFile(Tool[MoveFileArgs]):
     def run(self, args: MoveFileArgs, ctx: ToolContext) -> ToolOutput:
         source = ctx.resolve(args.source, follow_last=False)
         destination = ctx.resolve(args.destination, follow_last=False)
+        if destination == source or str(destination).startswith(str(source).rstrip("/") + "/"):
+            raise bad_args(f"cannot move {args.source} into itself ({args.destination})")
         with (
             parent_dir(ctx.sandbox, source, shown=args.source) as (src_fd, src_name),
+            # a move that cannot happen must leave no trace: the source is looked for before
+            # any directory is made for the destination
+            _existing(src_fd, src_name, args.source),
             parent_dir(ctx.sandbox, destination, create=True, shown=args.destination) as (dst_fd, dst_name),
         ):
             move(
@@ -90,3 +97,13 @@ class MoveFile(Tool[MoveFileArgs]):
             {"changes": {args.source: "deleted", args.destination: "moved"}},
             records={**gone(source), **gone(destination)},
         )
+
+
+@contextmanager
+def _existing(dir_fd: int, name: str, shown: str) -> Iterator[None]:
+    """Raise FileNotFound unless ``name`` is there (a symlink counts: it is what moves)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise file_not_found(shown) from None
+    yield
