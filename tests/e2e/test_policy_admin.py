@@ -38,6 +38,7 @@ def test_explain_names_the_deciding_rule(tmp_path: Path, root: Path) -> None:
             plain = client.explain("read_file", {"path": "notes.txt"})
             unknown = client.explain("format_disk", {})
             outside = client.explain("read_file", {"path": "../../etc/passwd"})
+        (root / "x").write_text("x")  # a missing file would be refused while planning, before any policy
         as_json = json.loads(toolctl(d, "policy", "explain", "delete_file", "--args", '{"path": "x"}', "--json").stdout)
     finally:
         d.stop()
