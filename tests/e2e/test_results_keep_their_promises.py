@@ -99,3 +99,20 @@ def test_network_errors_name_the_url_and_give_details_a_program_can_use(daemon: 
     assert "secret-value" not in result.content
     details = result.error.details
     assert details["kind"] == "dns_failed" and details["host"] == "no-such-host.invalid" and details["port"] == 80
+
+
+def test_a_delete_of_what_an_earlier_call_makes_is_not_refused_at_planning(daemon: DaemonProcess) -> None:
+    """Planning looks at the disk as it is: after a call that may change it, the later
+    calls are checked when they run, not before."""
+    from toold_client import APPROVE_ALL, CallSpec
+
+    with daemon.client(timeout=30) as c:
+        outcome = c.submit(
+            [
+                CallSpec("write_file", {"path": "later/x.txt", "content": "x"}, "w"),
+                CallSpec("delete_file", {"path": "later", "recursive": True}, "d"),
+            ],
+            on_confirm=lambda r: APPROVE_ALL,
+        )
+    assert [r.ok for r in outcome.results] == [True, True], [r.content for r in outcome.results]
+    assert not (daemon.root / "later").exists()

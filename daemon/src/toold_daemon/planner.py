@@ -54,6 +54,7 @@ class Planner:
         seen: set[str] = set()
         prepared: list[PreparedCall] = []
         max_iterations = self.config.tools.max_tool_iterations_per_user_turn
+        changes_before = False
         for index, call in enumerate(calls):
             item = PreparedCall(index=index, call_id=call.call_id, name=call.name, tool=None, args=None)
             try:
@@ -63,11 +64,14 @@ class Planner:
                         f"max_tool_iterations_per_user_turn={max_iterations}; this call was not run",
                         limit=max_iterations,
                     )
-                self._check(item, call, seen=seen)
+                # once an earlier call may change the files, the disk as it is now says
+                # nothing certain about this one: its tool checks when it runs
+                self._check(item, call, seen=seen, precheck=not changes_before)
             except ToolError as exc:
                 item.result = self._failure(call.call_id, exc)
             seen.add(call.call_id)
             prepared.append(item)
+            changes_before = changes_before or (item.tool is not None and item.tool.side_effecting)
         return prepared
 
     def explain(self, call: ToolCall) -> tuple[str, str, str, int | None]:
@@ -91,7 +95,7 @@ class Planner:
         call = ToolCall(call_id=item.call_id, name=item.name, arguments=arguments)
         item.resolved = {}
         try:
-            self._check(item, call, seen=set(), approved=True)
+            self._check(item, call, seen=set(), approved=True, precheck=False)
         except ToolError as exc:
             item.result = None
             item.denial = self._failure(call.call_id, exc)
@@ -101,7 +105,9 @@ class Planner:
         limits = self.config.tools.output
         return results.failure(call_id, exc, max_bytes=limits.max_bytes, max_lines=limits.max_lines)
 
-    def _check(self, item: PreparedCall, call: ToolCall, *, seen: set[str], approved: bool = False) -> None:
+    def _check(
+        self, item: PreparedCall, call: ToolCall, *, seen: set[str], approved: bool = False, precheck: bool = True
+    ) -> None:
         tools = self.config.tools
         if item.index >= tools.max_tool_calls_per_batch:
             raise limits_exceeded(
@@ -151,7 +157,8 @@ class Planner:
         if tools.mode == "parse_only":
             item.awaiting_result = True  # nothing runs: a person supplies the result (supply_result)
             return
-        tool.precheck(item.args, item.resolved, self.config)  # never ask about a call certain to fail
+        if precheck:
+            tool.precheck(item.args, item.resolved, self.config)  # never ask about a call certain to fail
         facts = policy.Facts(
             tool=tool.name,
             arguments=msgspec.to_builtins(item.args),
