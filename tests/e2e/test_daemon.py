@@ -348,3 +348,25 @@ def test_iterations_per_user_turn_are_limited(tmp_path: Path, root: Path) -> Non
             assert layers["process"].available
     finally:
         daemon.stop()
+
+
+def test_a_tcp_endpoint_is_refused_at_start_with_the_reason(tmp_path: Path) -> None:
+    """A TCP peer has no kernel credentials: the daemon would refuse every client, so it
+    does not start there (from the command line or the configuration)."""
+    import subprocess
+
+    from tests.conftest import BIN
+
+    state = tmp_path / "state"
+    state.mkdir()
+    done = subprocess.run(
+        [str(BIN / "toold"), "serve", "--endpoint", "tcp://127.0.0.1:5555", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and "only ipc://" in done.stderr, done.stderr
+    config = tmp_path / "c.toml"
+    config.write_text('[daemon]\nendpoint = "tcp://127.0.0.1:5555"\n')
+    checked = subprocess.run([str(BIN / "toold"), "check-config", str(config)], capture_output=True, text=True)
+    assert checked.returncode != 0 and "only ipc://" in checked.stdout + checked.stderr

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import __version__, logs
 from .activation import ActivationError, take_activated_socket
-from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, load_file
+from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, endpoint_refusal, load_file
 from .hardening import harden_process
 from .isolation.admission import Admission
 from .isolation.probe import Probe
@@ -199,6 +199,10 @@ def run_serve(
             "(a test setting: only the kernel layer of the tool workers confines paths)",
             file=sys.stderr,
         )
+    refused = endpoint_refusal(args.endpoint or config.daemon.endpoint)
+    if refused and activated_fd is None:
+        print(f"toold: {refused}", file=sys.stderr)
+        return 2
     options = ServeOptions(
         roots=args.root,
         endpoint=args.endpoint,

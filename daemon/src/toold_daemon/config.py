@@ -229,6 +229,17 @@ def _check_networks(cidrs: list[str]) -> None:
             raise ValueError(f"allowed_networks: {cidr!r} is not a network (like 10.0.0.0/8)") from None
 
 
+def endpoint_refusal(endpoint: str) -> str:
+    """Why the daemon cannot serve on ``endpoint`` ("" when it can): clients are known by
+    the kernel's credentials of a Unix socket, which a TCP peer does not have."""
+    if not endpoint or endpoint.startswith("ipc://"):
+        return ""
+    return (
+        f"cannot serve on {endpoint!r}: toold serves only ipc:// (a Unix socket), where the kernel "
+        "tells who each client is; a TCP client could not be identified and would be refused"
+    )
+
+
 NetworkMode = Literal["none", "proxy", "host"]
 
 
@@ -424,6 +435,9 @@ class DaemonConfig(_Section, frozen=True):
     disabled_plugins: list[str] = []
 
     def __post_init__(self) -> None:
+        refused = endpoint_refusal(self.endpoint)
+        if refused:
+            raise ValueError(f"endpoint: {refused}")
         if self.spawner_socket and not self.spawner_socket.startswith("/"):
             raise ValueError(f"spawner_socket: {self.spawner_socket!r} is not an absolute path")
 
