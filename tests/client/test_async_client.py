@@ -212,3 +212,76 @@ def test_a_send_by_one_task_never_strands_the_reading_task_under_asyncio(daemon:
                 await asyncio.gather(*(forty() for _ in range(12)))
 
     asyncio.run(main())
+
+
+WORKSPACE_CONFIG = """
+[daemon]
+max_batches_per_session = 64
+
+[tools.sandbox]
+allowed_roots = ["{shared}"]
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProcess, Path]]:
+    shared = tmp_path_factory.mktemp("workspaces")
+    with module_daemon(tmp_path_factory, "async-hello", WORKSPACE_CONFIG.format(shared=shared)) as d:
+        yield d, shared
+
+
+async def first_calls_at_once(endpoint: str, workspace: Path, spawn: Any) -> list[bool]:
+    """32 tasks make their first call together on a new client for a workspace; returns
+    whether each succeeded, then how many hellos the client sent."""
+    from toold_client import _async_client
+
+    results: list[bool] = []
+    sent = 0
+    real_hello = _async_client.requests.hello
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal sent
+        sent += 1
+        return real_hello(*args, **kwargs)
+
+    _async_client.requests.hello = counted  # type: ignore[assignment]
+    try:
+        async with AsyncClient(endpoint, workspace=workspace, timeout=30) as client:
+
+            async def one() -> None:
+                results.append((await client.call("list_directory", {"path": "."})).ok)
+
+            await spawn([one for _ in range(32)])
+    finally:
+        _async_client.requests.hello = real_hello  # type: ignore[assignment]
+    return [*results, sent == 1]
+
+
+def test_many_first_calls_share_one_hello_under_trio(workspace_daemon: tuple[DaemonProcess, Path]) -> None:
+    daemon, shared = workspace_daemon
+
+    async def spawn(tasks: list[Any]) -> None:
+        async with trio.open_nursery() as nursery:
+            for task in tasks:
+                nursery.start_soon(task)
+
+    for run in range(50):
+        workspace = shared / f"t{run}"
+        workspace.mkdir()
+        assert (
+            trio.run(first_calls_at_once, daemon.endpoint, workspace, spawn) == [True] * 33
+        )  # every call, and one hello
+
+
+def test_many_first_calls_share_one_hello_under_asyncio(workspace_daemon: tuple[DaemonProcess, Path]) -> None:
+    daemon, shared = workspace_daemon
+
+    async def spawn(tasks: list[Any]) -> None:
+        await asyncio.gather(*(task() for task in tasks))
+
+    for run in range(50):
+        workspace = shared / f"a{run}"
+        workspace.mkdir()
+        assert (
+            asyncio.run(first_calls_at_once(daemon.endpoint, workspace, spawn)) == [True] * 33
+        )  # every call, and one hello

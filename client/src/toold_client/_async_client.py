@@ -75,6 +75,10 @@ class AsyncClient:
         self._kick_read = self._kick_write = -1
         self._arrived: _aio.Event | None = None
         self._welcome: Welcome | None = None
+        # Set while one task's hello is on its way: the others wait for it instead of
+        # sending their own (a second hello for the same workspace is refused while the
+        # first still opens it).
+        self._greeting: _aio.Event | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -99,7 +103,18 @@ class AsyncClient:
             os.close(self._kick_write)
 
     async def hello(self) -> Welcome:
-        self._welcome = expect(await self._request(requests.hello(self.client_name, self.workspace)), Welcome)
+        """Send ``hello`` (opening the workspace); tasks asking at once share one."""
+        while self._greeting is not None:  # another task's hello is on its way
+            greeting = self._greeting
+            await greeting.wait()
+            if self._welcome is not None:
+                return self._welcome
+        self._greeting = greeting = _aio.new_event()
+        try:
+            self._welcome = expect(await self._request(requests.hello(self.client_name, self.workspace)), Welcome)
+        finally:
+            self._greeting = None
+            greeting.set()  # the waiting tasks go on: with the welcome, or (it failed) to try themselves
         return self._welcome
 
     async def welcome(self) -> Welcome:

@@ -71,7 +71,9 @@ class Planner:
                 item.result = self._failure(call.call_id, exc)
             seen.add(call.call_id)
             prepared.append(item)
-            changes_before = changes_before or (item.tool is not None and item.tool.side_effecting)
+            # a call refused while planning (denied, invalid) changes nothing
+            may_change = item.tool is not None and item.tool.side_effecting and item.result is None
+            changes_before = changes_before or may_change
         return prepared
 
     def explain(self, call: ToolCall) -> tuple[str, str, str, int | None]:
