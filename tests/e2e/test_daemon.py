@@ -16,7 +16,7 @@ import zmq
 
 import toold_protocol as p
 from tests.conftest import BIN, DaemonProcess, start_daemon
-from toold_client import Client, DaemonUnavailable, RemoteError
+from toold_client import Client, RemoteError
 from toold_client._requests import Request
 
 
@@ -113,31 +113,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_peer_without_kernel_credentials_is_refused_by_zap(tmp_path: Path, root: Path) -> None:
-    port = free_port()
-    (tmp_path / "s").mkdir()
-    proc = subprocess.Popen(
-        [
-            str(BIN / "toold"),
-            "serve",
-            "--root",
-            str(root),
-            "--endpoint",
-            f"tcp://127.0.0.1:{port}",
-            "--state-dir",
-            str(tmp_path / "s"),
-        ],
-        stderr=subprocess.PIPE,
-    )
-    try:
-        time.sleep(0.5)
-        assert proc.poll() is None
-        # Refused by ZAP: the connection is closed, which the client notices at once.
-        with Client(f"tcp://127.0.0.1:{port}", timeout=1.0) as client, pytest.raises(DaemonUnavailable):
-            client.ping()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+def test_peer_without_kernel_credentials_is_refused_by_zap() -> None:
+    """A daemon no longer starts on TCP (see the test below), but the ZAP handler still
+    refuses any peer whose address carries no kernel credentials, as a second line."""
+    from toold_daemon.ipc import _zap_reply
+
+    refused = _zap_reply([b"1.0", b"7", b"toold", b"127.0.0.1", b"", b"NULL"])
+    assert refused[2] == b"400" and b"credentials" in refused[3]
+    accepted = _zap_reply([b"1.0", b"8", b"toold", b"localhost:1000:1000:4242", b"", b"NULL"])
+    assert accepted[2] == b"200" and accepted[4] == b"1000:1000:4242"
 
 
 def test_second_daemon_on_the_same_endpoint_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:

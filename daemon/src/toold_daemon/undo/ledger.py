@@ -56,8 +56,9 @@ class UndoLedger:
             first.setdefault(change.path, change)
             last[change.path] = change
         stale = _stale_tree_hashes(changes)
-        removals = [p for p in first if first[p].kind == "absent"]
-        restorations = [p for p in first if first[p].kind != "absent"]
+        born = _born_in_the_batch(first)
+        removals = [p for p in first if first[p].kind == "absent" or p in born]
+        restorations = [p for p in first if first[p].kind != "absent" and p not in born]
         # Children are removed before their parents, parents made before their children.
         ordered = sorted(removals, key=_depth, reverse=True) + sorted(restorations, key=_depth)
         entries = [
@@ -65,10 +66,10 @@ class UndoLedger:
                 "path": path,
                 "expect_kind": last[path].after_kind,
                 "expect_hash": "" if path in stale else last[path].after_hash,
-                "kind": first[path].kind,
+                "kind": "absent" if path in born else first[path].kind,
                 "mode": first[path].mode,
-                "hash": first[path].hash,
-                "note": first[path].note,
+                "hash": "" if path in born else first[path].hash,
+                "note": "" if path in born else first[path].note,
             }
             for path in ordered
         ]
@@ -97,6 +98,23 @@ class UndoLedger:
     def collect(self) -> int:
         """Remove pre-images of batches the journal no longer holds."""
         return self.store.collect(self.journal.kept_hashes())
+
+
+def _born_in_the_batch(first: dict[str, StoredChange]) -> set[str]:
+    """Paths first seen existing below a directory the batch had already made (a file
+    moved there with its directory): before the batch they did not exist at all."""
+    born: set[str] = set()
+    for path, change in first.items():
+        if change.kind == "absent":
+            continue
+        parent = os.path.dirname(path.rstrip(os.sep))
+        while parent and parent != os.path.dirname(parent):
+            made = first.get(parent)
+            if made is not None and made.kind == "absent" and made.index <= change.index:
+                born.add(path)
+                break
+            parent = os.path.dirname(parent)
+    return born
 
 
 def _stale_tree_hashes(changes: list[StoredChange]) -> set[str]:
