@@ -138,7 +138,7 @@ def _peer_of_accepted(fd: int, listen_path: bytes | None) -> tuple[int, int] | N
     listening socket; None otherwise. Reads through the fd without taking it over."""
     try:
         sock = socket.socket(fileno=fd)
-    except OSError:
+    except (OSError, ValueError):  # closed, not a socket, or no fd at all
         return None
     try:
         if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
@@ -156,7 +156,10 @@ def _peer_of_accepted(fd: int, listen_path: bytes | None) -> tuple[int, int] | N
 def _shut_down(fd: int) -> None:
     """End the stream on ``fd`` without closing the descriptor, which is libzmq's: it
     reads the end and closes the connection itself."""
-    sock = socket.socket(fileno=fd)
+    try:
+        sock = socket.socket(fileno=fd)
+    except (OSError, ValueError):
+        return  # closed meanwhile (and perhaps no longer a socket): nothing to end
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

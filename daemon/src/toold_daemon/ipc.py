@@ -440,10 +440,13 @@ class IpcServer:
                 if len(frames[0]) < _MONITOR_EVENT.size:
                     continue
                 event, conn_fd = _MONITOR_EVENT.unpack_from(frames[0])
-                if event == zmq.EVENT_ACCEPTED:
-                    guard.accepted(conn_fd)
-                elif event == zmq.EVENT_DISCONNECTED:
-                    guard.disconnected(conn_fd)
+                try:
+                    if event == zmq.EVENT_ACCEPTED:
+                        guard.accepted(conn_fd)
+                    elif event == zmq.EVENT_DISCONNECTED:
+                        guard.disconnected(conn_fd)
+                except Exception:  # counting must never end the daemon (this task's failure would)
+                    log.exception("connection accounting failed for fd %d", conn_fd)
             if trio.current_time() >= next_audit:
                 guard.audit()
                 next_audit = trio.current_time() + _AUDIT_SECONDS
