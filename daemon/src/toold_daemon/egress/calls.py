@@ -24,6 +24,8 @@ from .process import EgressAnswer, EgressAsk, EgressForget, EgressForgotten, Egr
 log = logging.getLogger(__name__)
 FORGET_SECONDS = 2.0
 IDLE_FORGET_SECONDS = 1.0
+_REGISTER_SECONDS = 2.0
+_EARLY_TOKENS = 1024
 #: What a link whose egress process is gone (or that was closed) raises.
 _GONE = (OSError, trio.ClosedResourceError, trio.BrokenResourceError)
 
@@ -49,14 +51,25 @@ class EgressCalls:
         #: Per link, calls that made no connection: their listeners are closed in one
         #: message a moment later, so a command without network costs no wake-up there.
         self._idle: dict[int, list[str]] = {}
+        # A command may connect before the runner has registered its call (the spawn's
+        # reply and the first connection race): what arrives for an unknown token waits
+        # here, a little while, instead of being lost or refused.
+        self._early: dict[str, list[msgspec.Struct]] = {}
+        self._arrived: dict[str, trio.Event] = {}
 
     def register(self, token: str, link: trio.socket.SocketType, context: Any) -> EgressCall:
         call = EgressCall(token, link, context)
         self._calls[token] = call
+        for message in self._early.pop(token, []):
+            self._apply(call, message)
+        arrived = self._arrived.pop(token, None)
+        if arrived is not None:
+            arrived.set()
         return call
 
     async def forget(self, token: str) -> list[EgressRecord]:
         """End the call's connections and return their records (waiting a moment for them)."""
+        self._early.pop(token, None)
         call = self._calls.get(token)
         if call is None:
             return []
@@ -116,9 +129,15 @@ class EgressCalls:
         if isinstance(message, EgressAsk):
             nursery.start_soon(self._answer, link, message)
             return
-        call = self._calls.get(getattr(message, "token", ""))
+        token = getattr(message, "token", "")
+        call = self._calls.get(token)
         if call is None:
+            if len(self._early) < _EARLY_TOKENS:
+                self._early.setdefault(token, []).append(message)
             return
+        self._apply(call, message)
+
+    def _apply(self, call: EgressCall, message: msgspec.Struct) -> None:
         if isinstance(message, EgressUsed):
             call.asked = True
         elif isinstance(message, EgressRecord):
@@ -127,6 +146,11 @@ class EgressCalls:
             call.forgotten.set()
 
     async def _answer(self, link: trio.socket.SocketType, ask: EgressAsk) -> None:
+        if ask.token not in self._calls:  # perhaps not registered yet: wait a moment
+            arrived = self._arrived.setdefault(ask.token, trio.Event())
+            with trio.move_on_after(_REGISTER_SECONDS):
+                await arrived.wait()
+            self._arrived.pop(ask.token, None)
         call = self._calls.get(ask.token)
         if call is not None:
             call.asked = True
