@@ -15,7 +15,8 @@ import pytest
 import trio
 
 from tests.webserver import Server, serving
-from toold_daemon.egress.proxy import Budget, Connection, Proxy
+from toold_daemon.egress.proxy import Connection, Proxy
+from toold_daemon.egress.relay import Budget
 from toold_daemon.egress.rules import EgressRules
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)

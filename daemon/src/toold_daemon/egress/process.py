@@ -27,7 +27,8 @@ import msgspec
 import trio
 
 from ..isolation.wire import FrameBuffer, SpawnRequest, close_fds, frame, receive_with_fds
-from .proxy import Budget, Connection, Proxy
+from .proxy import Connection, Proxy
+from .relay import Budget
 from .rules import EgressRules
 
 log = logging.getLogger(__name__)

@@ -17,17 +17,16 @@ past its byte budget has its connections closed.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import logging
-import os
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
 
 from ..web.addresses import IPAddress, IPNetwork, Refused, address_refusal, literal_address
+from .relay import Budget, relay
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +34,6 @@ MAX_HEAD_BYTES = 64 * 1024
 FIRST_BYTE_SECONDS = 30.0
 CONNECT_SECONDS = 15.0
 _CHUNK = 64 * 1024
-_PIPE_BYTES = 1024 * 1024  # the pipe each direction moves through (what one splice moves at most)
-_SPLICE_MOVE, _SPLICE_NONBLOCK = 1, 2
-_F_SETPIPE_SZ = 1031
 
 #: (host, port) -> (allowed, why). Called once per client connection.
 Decide = Callable[[str, int], Awaitable[tuple[bool, str]]]
@@ -45,17 +41,6 @@ Decide = Callable[[str, int], Awaitable[tuple[bool, str]]]
 
 class Denied(Exception):
     """The destination may not be reached; the message says why."""
-
-
-@dataclass(slots=True)
-class Budget:
-    """Bytes a call may still move through the proxy, both ways together."""
-
-    remaining: int
-
-    def spend(self, count: int) -> bool:
-        self.remaining -= count
-        return self.remaining >= 0
 
 
 @dataclass(slots=True)
@@ -208,69 +193,22 @@ class Proxy:
     async def _relay(
         self, client: trio.SocketStream, upstream: trio.SocketStream, first: bytes, connection: Connection
     ) -> None:
-        async with upstream, trio.open_nursery() as nursery:
-
-            async def pump(source: trio.SocketStream, sink: trio.SocketStream, outbound: bool) -> None:
-                """Copy one way until its end (passed on as a half close); a broken side or
-                a spent budget ends both ways."""
-                try:
-                    async for count in _spliced(source, sink, self.budget):
-                        if count < 0:
-                            connection.refused = "the call's network byte budget is spent"
-                            nursery.cancel_scope.cancel()
-                            return
-                        if outbound:
-                            connection.sent += count
-                        else:
-                            connection.received += count
-                    await sink.send_eof()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    nursery.cancel_scope.cancel()
-
+        async with upstream:
             if first:
                 if not self.budget.spend(len(first)):
                     connection.refused = "the call's network byte budget is spent"
                     return
                 await upstream.send_all(first)
                 connection.sent += len(first)
-            nursery.start_soon(pump, client, upstream, True)
-            nursery.start_soon(pump, upstream, client, False)
 
+            def count(outbound: bool, moved: int) -> None:
+                if outbound:
+                    connection.sent += moved
+                else:
+                    connection.received += moved
 
-async def _spliced(source: trio.SocketStream, sink: trio.SocketStream, budget: Budget) -> AsyncIterator[int]:
-    """Move bytes from ``source`` to ``sink`` through a pipe with ``splice`` (the kernel
-    copies, Python never sees them), yielding each count moved, never more than the
-    budget has left (then -1); ends at end of stream."""
-    reader, writer = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        capacity = fcntl.fcntl(writer, _F_SETPIPE_SZ, _PIPE_BYTES)
-    except OSError:  # above /proc/sys/fs/pipe-max-size for an unprivileged user
-        capacity = 64 * 1024
-    flags = _SPLICE_NONBLOCK | _SPLICE_MOVE
-    src, dst = source.socket.fileno(), sink.socket.fileno()
-    try:
-        while True:
-            if budget.remaining <= 0:
-                yield -1
-                return
-            try:
-                moved = os.splice(src, writer, min(capacity, budget.remaining), flags=flags)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(src)
-                continue
-            if moved == 0:
-                return
-            budget.spend(moved)
-            left = moved
-            while left:
-                try:
-                    left -= os.splice(reader, dst, left, flags=flags)
-                except BlockingIOError:
-                    await trio.lowlevel.wait_writable(dst)
-            yield moved
-    finally:
-        os.close(reader)
-        os.close(writer)
+            if await relay(client, upstream, self.budget, count) == "budget":
+                connection.refused = "the call's network byte budget is spent"
 
 
 async def connect_checked(
@@ -299,10 +237,22 @@ async def connect_checked(
     error: OSError | None = None
     for address in addresses:
         try:
-            return await trio.open_tcp_stream(str(address), port), address
+            return await _connect(address, port), address
         except OSError as exc:
             error = exc
     raise error or OSError(f"{host} has no address")
+
+
+async def _connect(address: IPAddress, port: int) -> trio.SocketStream:
+    """A TCP connection to an address already checked (no resolving, no racing)."""
+    family = trio.socket.AF_INET6 if address.version == 6 else trio.socket.AF_INET
+    sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+    try:
+        await sock.connect((str(address), port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
 
 
 # ---- small pieces -------------------------------------------------------------------------

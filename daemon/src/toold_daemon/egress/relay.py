@@ -1,0 +1,314 @@
+"""Moving a proxied connection's bytes both ways, counted against the call's budget.
+
+The bytes never enter Python: each direction moves through a pipe with ``splice`` (the
+kernel hands the pages on). Where it can, a direction runs in a thread of its own that
+waits with ``poll`` and splices in a tight loop: a transfer then costs two system calls
+per chunk, not a trip through the event loop for every wait. There are only so many
+such threads (``RELAY_THREADS`` directions at once, and a process limit may refuse a
+thread); a connection that finds none free relays on the event loop instead, slower
+and otherwise the same.
+
+Either way: the end of one direction is passed on as a half close; a broken side or a
+spent budget ends both directions; cancelling the relay (the call is over) shuts both
+sockets down, which wakes a waiting thread, and returns only once the threads are done
+with the descriptors (a descriptor closed under a running thread could be reused).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import trio
+
+#: Directions relayed by threads at once (two per connection); the rest use the event loop.
+RELAY_THREADS = 64
+_PIPE_BYTES = 1024 * 1024  # the pipe each direction moves through (what one splice moves at most)
+_SPLICE_MOVE, _SPLICE_NONBLOCK = 1, 2
+_F_SETPIPE_SZ = 1031
+_BUDGET_WAIT_SECONDS = 0.001  # while another direction holds the rest of the budget
+
+#: How a direction ended: the source's end of stream, a spent budget, a broken side.
+Ending = Literal["eof", "budget", "broken"]
+
+_threads = trio.CapacityLimiter(RELAY_THREADS)
+
+
+class Budget:
+    """Bytes a call may still move through the proxy, both ways together, shared by the
+    call's connections and their threads. A direction reserves before it moves (at most
+    what is left) and settles after; a reservation held by another direction is not
+    spent yet, so a direction that finds nothing left but reservations open waits."""
+
+    def __init__(self, remaining: int) -> None:
+        self._remaining = remaining
+        self._reserved = 0
+        self._lock = threading.Lock()
+
+    @property
+    def remaining(self) -> int:
+        return self._remaining
+
+    def reserve(self, most: int) -> int | None:
+        """Up to ``most`` bytes; 0 when the budget is spent, None while others hold the rest."""
+        with self._lock:
+            if self._remaining <= 0:
+                return None if self._reserved else 0
+            granted = min(most, self._remaining)
+            self._remaining -= granted
+            self._reserved += granted
+            return granted
+
+    def settle(self, granted: int, used: int) -> None:
+        with self._lock:
+            self._reserved -= granted
+            self._remaining += granted - used
+
+    def spend(self, count: int) -> bool:
+        """Spend ``count`` bytes already moved; False if that went past the budget."""
+        with self._lock:
+            self._remaining -= count
+            return self._remaining >= 0
+
+
+async def relay(
+    client: trio.SocketStream,
+    upstream: trio.SocketStream,
+    budget: Budget,
+    count: Callable[[bool, int], None],
+) -> Ending:
+    """Relay until both directions end; ``count(outbound, n)`` is told of every move.
+    Returns ``"budget"`` if the budget ended it, ``"broken"`` for a broken side."""
+    try:
+        _threads.acquire_on_behalf_of_nowait(client)
+    except trio.WouldBlock:
+        return await _relay_on_loop(client, upstream, budget, count)
+    try:
+        _threads.acquire_on_behalf_of_nowait(upstream)
+    except trio.WouldBlock:
+        _threads.release_on_behalf_of(client)
+        return await _relay_on_loop(client, upstream, budget, count)
+    try:
+        return await _relay_in_threads(client, upstream, budget, count)
+    finally:
+        _threads.release_on_behalf_of(client)
+        _threads.release_on_behalf_of(upstream)
+
+
+async def _relay_on_loop(
+    client: trio.SocketStream, upstream: trio.SocketStream, budget: Budget, count: Callable[[bool, int], None]
+) -> Ending:
+    """The event-loop path; like the threads, it shuts both sockets down when it ends
+    other than by both ends of stream (or is cancelled), so both peers see the end."""
+    fds = (client.socket.fileno(), upstream.socket.fileno())
+    ending: Ending = "broken"
+    try:
+        ending = await _both_ways_on_loop(client, upstream, budget, count)
+        return ending
+    finally:
+        if ending != "eof":
+            _shut_down(fds)
+
+
+# ---- in threads -----------------------------------------------------------------------------
+
+
+async def _relay_in_threads(
+    client: trio.SocketStream, upstream: trio.SocketStream, budget: Budget, count: Callable[[bool, int], None]
+) -> Ending:
+    fds = (client.socket.fileno(), upstream.socket.fileno())
+    for stream in (client, upstream):
+        _unthrottle(stream)
+    endings: list[Ending] = []
+    finished = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def direction(source: int, sink: int, outbound: bool) -> None:
+        ending = _pump_blocking(source, sink, budget, lambda moved: count(outbound, moved))
+        if ending != "eof":
+            _shut_down(fds)  # ends the other direction too
+        endings.append(ending)
+        if len(endings) == 2:
+            token.run_sync_soon(finished.set)
+
+    started: list[threading.Thread] = []
+    try:
+        for source, sink, outbound in ((fds[0], fds[1], True), (fds[1], fds[0], False)):
+            thread = threading.Thread(target=direction, args=(source, sink, outbound), daemon=True)
+            thread.start()
+            started.append(thread)
+    except RuntimeError:  # a process limit refused the thread
+        if not started:
+            return await _relay_on_loop(client, upstream, budget, count)
+        _shut_down(fds)
+        endings.append("broken")
+        if len(endings) == 2:
+            finished.set()
+    try:
+        await finished.wait()
+    finally:
+        if not finished.is_set():  # cancelled: wake the threads, wait until they let go
+            _shut_down(fds)
+            with trio.CancelScope(shield=True):
+                await finished.wait()
+    return _worst(endings)
+
+
+def _pump_blocking(source: int, sink: int, budget: Budget, moved: Callable[[int], None]) -> Ending:
+    """One direction in a thread: wait for data with ``poll``, reserve budget for it,
+    splice it through a pipe."""
+    reader, writer, capacity = _pipe()
+    readable, writable = select.poll(), select.poll()
+    readable.register(source, select.POLLIN)
+    writable.register(sink, select.POLLOUT)
+    flags = _SPLICE_NONBLOCK | _SPLICE_MOVE
+    try:
+        while True:
+            readable.poll()
+            granted = budget.reserve(capacity)
+            if granted is None:
+                time.sleep(_BUDGET_WAIT_SECONDS)
+                continue
+            if not granted:
+                return "budget"
+            try:
+                got = os.splice(source, writer, granted, flags=flags)
+            except BlockingIOError:
+                budget.settle(granted, 0)
+                continue
+            except OSError:
+                budget.settle(granted, 0)
+                return "broken"
+            budget.settle(granted, got)
+            if got == 0:
+                _half_close(sink)
+                return "eof"
+            left = got
+            while left:
+                try:
+                    left -= os.splice(reader, sink, left, flags=flags)
+                except BlockingIOError:
+                    writable.poll()
+                except OSError:
+                    return "broken"
+            moved(got)
+    finally:
+        os.close(reader)
+        os.close(writer)
+
+
+# ---- on the event loop ----------------------------------------------------------------------
+
+
+async def _both_ways_on_loop(
+    client: trio.SocketStream, upstream: trio.SocketStream, budget: Budget, count: Callable[[bool, int], None]
+) -> Ending:
+    endings: list[Ending] = []
+    async with trio.open_nursery() as nursery:
+
+        async def direction(source: trio.SocketStream, sink: trio.SocketStream, outbound: bool) -> None:
+            try:
+                ending = await _pump_on_loop(source, sink, budget, lambda moved: count(outbound, moved))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                ending = "broken"
+            endings.append(ending)
+            if ending != "eof":
+                nursery.cancel_scope.cancel()
+
+        nursery.start_soon(direction, client, upstream, True)
+        nursery.start_soon(direction, upstream, client, False)
+    return _worst(endings)
+
+
+async def _pump_on_loop(
+    source: trio.SocketStream, sink: trio.SocketStream, budget: Budget, moved: Callable[[int], None]
+) -> Ending:
+    reader, writer, capacity = _pipe()
+    flags = _SPLICE_NONBLOCK | _SPLICE_MOVE
+    src, dst = source.socket.fileno(), sink.socket.fileno()
+    try:
+        while True:
+            await trio.lowlevel.wait_readable(src)
+            granted = budget.reserve(capacity)
+            if granted is None:
+                await trio.sleep(_BUDGET_WAIT_SECONDS)
+                continue
+            if not granted:
+                return "budget"
+            try:
+                got = os.splice(src, writer, granted, flags=flags)
+            except BlockingIOError:
+                budget.settle(granted, 0)
+                continue
+            budget.settle(granted, got)
+            if got == 0:
+                await sink.send_eof()
+                return "eof"
+            left = got
+            while left:
+                try:
+                    left -= os.splice(reader, dst, left, flags=flags)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(dst)
+            moved(got)
+    finally:
+        os.close(reader)
+        os.close(writer)
+
+
+# ---- small pieces ---------------------------------------------------------------------------
+
+
+def _pipe() -> tuple[int, int, int]:
+    reader, writer = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        capacity = fcntl.fcntl(writer, _F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:  # above /proc/sys/fs/pipe-max-size for an unprivileged user
+        capacity = 64 * 1024
+    return reader, writer, capacity
+
+
+def _unthrottle(stream: trio.SocketStream) -> None:
+    """Let a socket queue as much unsent data as its buffer holds: trio's small
+    ``TCP_NOTSENT_LOWAT`` suits interactive streams, but makes a relay wait on every
+    16 KiB."""
+    try:
+        stream.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, -1)  # unlimited
+    except (OSError, AttributeError):
+        pass
+
+
+def _half_close(fd: int) -> None:
+    try:
+        _shutdown(fd, socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _shut_down(fds: tuple[int, int]) -> None:
+    for fd in fds:
+        try:
+            _shutdown(fd, socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _shutdown(fd: int, how: int) -> None:
+    """``shutdown(2)`` on a bare descriptor (the socket object stays the event loop's)."""
+    probe = socket.socket(fileno=fd)
+    try:
+        probe.shutdown(how)
+    finally:
+        probe.detach()
+
+
+def _worst(endings: list[Ending]) -> Ending:
+    if "budget" in endings:
+        return "budget"
+    return "broken" if "broken" in endings else "eof"
