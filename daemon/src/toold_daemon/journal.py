@@ -18,8 +18,10 @@ therefore be unknown; submitting it again under its id runs the reads again, whi
 no effect beyond reading.
 
 A call with a ``started`` mark and no result was running when the daemon died: on
-the next start it gets an "interrupted" error result and is never run again
-Calls that never started wait for ``resume`` or ``discard``.
+the next start it gets an "interrupted" error result and is never run again, except
+an undo's: an undo the daemon died in is run again at the next start, resuming, so that
+it finishes (``undos_to_finish``). Calls that never started wait for ``resume`` or
+``discard``.
 
 ``synchronous = "normal"`` (default) survives a daemon crash (WAL: a committed
 transaction is in the log before the call returns); ``"full"`` also fsyncs each
@@ -232,6 +234,7 @@ class Journal:
         self._lock_fd: int | None = None
         self._writer: JournalWriter | None = None
         self.interrupted_calls = 0  # by the last recover()
+        self.undos_to_finish: list[str] = []  # undos a crash cut short, by the last recover()
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -568,9 +571,15 @@ class Journal:
                 "SELECT batch_id FROM batches WHERE state IN ('planned', 'awaiting_confirmation', 'running')"
             )
         ]
+        self.undos_to_finish = []
         for batch_id in unfinished:
             with self._transaction() as db:
                 db.execute("BEGIN IMMEDIATE")
+                if _is_undo(db, batch_id) and _without_result(db, batch_id, started_only=True):
+                    # an undo that had started is finished, not given up: its call runs
+                    # again, resuming (one still waiting for approval waits as any batch)
+                    self.undos_to_finish.append(batch_id)
+                    db.execute("UPDATE calls SET started = NULL WHERE batch_id = ?", (batch_id,))
                 for index, call_id in _without_result(db, batch_id, started_only=True):
                     _insert_result(db, batch_id, index, _error_result(call_id, "INTERRUPTED", INTERRUPTED), now)
                     self.interrupted_calls += 1
@@ -652,6 +661,12 @@ def _result_row(batch_id: str, index: int, result: ToolResult, now: float) -> tu
         now,
         int(same),
     )
+
+
+def _is_undo(db: sqlite3.Connection, batch_id: str) -> bool:
+    """Whether the batch is an undo (its calls are ``restore_files`` and nothing else)."""
+    tools = {row[0] for row in db.execute("SELECT tool FROM calls WHERE batch_id = ?", (batch_id,))}
+    return tools == {"restore_files"}
 
 
 def _without_result(db: sqlite3.Connection, batch_id: str, *, started_only: bool = False) -> list[tuple[int, str]]:

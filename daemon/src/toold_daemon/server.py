@@ -276,6 +276,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                     gateway.bind_nursery(nursery)
                     nursery.start_soon(gateway.retire_idle_forever)
                 await nursery.start(ipc.serve, service.handle)
+                service.finish_interrupted_undos()
                 log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
                 if ready is not None:
                     ready(endpoint)

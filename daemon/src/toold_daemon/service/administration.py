@@ -36,7 +36,7 @@ from ..journal import Journal, StoredBatch
 from ..tools import Tool
 from ..workspaces import WorkspaceRefused
 from .running import BatchRuns
-from .sessions import Session
+from .sessions import NO_PEER, Session
 from .shared import Shared
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,51 @@ class Administration:
         self.shared.reply(session, BatchAccepted(id=message.id, batch_id=batch.batch_id, calls=stored.plan()))
         self.runs.start(session, batch, all_events=True)
 
+    def finish_interrupted_undos(self) -> list[str]:
+        """At start: run again every undo the last daemon died in, resuming (what it had
+        put back stays, the rest is put back, what it had set aside is removed), as the
+        undo's owner in its workspace, with no client to tell. Its result, like any
+        other, is journaled: ``journal show`` says it finished after a restart, or why
+        it could not. Returns the batch ids started."""
+        journal = self.shared.journal
+        if journal is None:
+            return []
+        started: list[str] = []
+        for batch_id in journal.undos_to_finish:
+            stored = journal.load(batch_id)
+            if stored is None or stored.state != "interrupted":
+                continue
+            try:
+                sandbox = (
+                    self.shared.workspaces.choose(stored.identity.uid, stored.workspace) if stored.workspace else None
+                )
+            except WorkspaceRefused as exc:
+                log.error("cannot finish undo %s: workspace refused: %s", batch_id, exc)
+                continue
+            owner = planner.Planner(
+                self.shared.registry, sandbox or self.shared.sandbox, self.shared.config, stored.identity, "recovery"
+            )
+            calls = owner.plan([_resuming(c.tool_call()) for c in stored.calls])
+            for call in calls:
+                call.needs_confirmation = False  # approved before the daemon stopped, and running
+            session = Session(session_id=f"recovery-{batch_id}"[:64], peer=NO_PEER, identity=stored.identity)
+            batch = Batch(
+                batch_id=stored.batch_id,
+                identity=stored.identity,
+                session_id=session.session_id,
+                calls=calls,
+                results=list(stored.results),
+                digest=stored.fingerprint,
+                sandbox=sandbox,
+            )
+            journal.set_state(stored.batch_id, "running")
+            self.runs.remember(batch)
+            self.runs.start(session, batch, all_events=False)
+            started.append(batch_id)
+            log.warning("finishing undo %s, which the daemon stopped in", batch_id)
+        journal.undos_to_finish = []
+        return started
+
     def undo(self, session: Session, message: UndoBatch) -> None:
         """Undo a finished batch: one ``restore_files`` call, submitted as a batch of this
         session (journaled, judged by the policy, itself undoable)."""
@@ -258,3 +303,11 @@ class Administration:
         self.shared.config = msgspec.structs.replace(self.shared.config, tools=tools)
         log.info("policy reloaded from %s (%d rules)", self.shared.config_path, len(fresh.tools.approval.rules))
         return None
+
+
+def _resuming(call: ToolCall) -> ToolCall:
+    """An undo's ``restore_files`` call, marked to resume."""
+    arguments = msgspec.msgpack.decode(call.arguments)
+    if isinstance(arguments, dict):
+        arguments["resume"] = True
+    return ToolCall(call_id=call.call_id, name=call.name, arguments=msgspec.Raw(msgspec.msgpack.encode(arguments)))

@@ -37,7 +37,7 @@ from ..held_accepts import HeldAccepts, SendAcceptance
 from ..journal import Submission, fingerprint
 from ..journal_writer import Commit, JournalWriteFailed
 from .confirming import ConfirmationFlow
-from .sessions import Session
+from .sessions import NO_PEER, Session
 from .shared import Shared, own_batch_id
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,8 @@ class BatchRuns:
         """Run ``batch`` in a task of its own. With ``commit``, the batch's record must be
         durable first: only then is ``accepted`` sent and anything run. ``ended``: what
         to journal of a batch journaled when it ends."""
-        batch.listeners.append((session.peer, all_events))
+        if session.peer != NO_PEER:
+            batch.listeners.append((session.peer, all_events))
         session.running += 1
         self.shared.tasks.start_soon(self._run_batch, session, batch, accepted, commit, ended)
 

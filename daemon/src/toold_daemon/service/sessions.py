@@ -15,6 +15,10 @@ from toold_protocol import PROTOCOL_VERSION, Identity
 
 from ..sandbox import Sandbox
 
+#: The peer of a session the daemon runs for itself (finishing an undo at start): nothing
+#: is sent to it.
+NO_PEER = b""
+
 
 @dataclass(slots=True)
 class Session:

@@ -7,10 +7,18 @@ what the batch left: one that changed since is a conflict, and without ``force``
 nothing at all is restored. Then each path is put back in order, through the same
 symlink-refusing walk from the root as every write. The daemon offers this tool to no
 model: it is not listed, and only an undo request builds its calls.
+
+An undo cut short by a crash is finished at the daemon's next start (``resume``): a
+path already in the state the undo puts back is done; one still as the batch left it is
+put back; trees the undo had set aside (``.toold-undo-<token>-…``, the token stable for
+the undone batch) and temporary files of a write cut short are removed. A path in
+neither state was changed by someone in between: then nothing more is restored and the
+result names what was and what was not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -41,6 +49,7 @@ class RestoreArgs(ToolArgs, frozen=True):
     entries: list[Entry]
     force: bool = False
     irreversible: tuple[str, ...] = ()  # the undone batch's calls nothing can reverse (commands)
+    resume: bool = False  # finishing an undo a crash cut short (the daemon's start sets it)
 
 
 class RestoreFiles(Tool[RestoreArgs]):
@@ -51,7 +60,7 @@ class RestoreFiles(Tool[RestoreArgs]):
     follows_last_symlink = False
     risk = "medium"
     internal: ClassVar[bool] = True
-    output = "data: {undoes, restored, conflicts, not_undoable, irreversible, forced}"
+    output = "data: {undoes, restored, conflicts, not_undoable, irreversible, forced, resumed, already_restored}"
 
     def paths(self, args: RestoreArgs) -> list[str]:
         return [entry.path for entry in args.entries if not entry.note]  # the others are only reported
@@ -64,19 +73,31 @@ class RestoreFiles(Tool[RestoreArgs]):
         return [ctx.resolve(entry.path, follow_last=False) for entry in args.entries if not entry.note]
 
     def run(self, args: RestoreArgs, ctx: ToolContext) -> ToolOutput:
+        token = aside_token(args.undoes)
         usable = [entry for entry in args.entries if not entry.note]
-        conflicts = [entry.path for entry in usable if _changed_since(entry, ctx)]
+        already: list[str] = []
+        if args.resume:
+            _clear_leftovers(usable, ctx, token)
+            already = [entry.path for entry in usable if _put_back_already(entry, ctx)]
+            usable = [entry for entry in usable if entry.path not in already]
+        conflicts = [
+            entry.path
+            for entry in usable
+            if _changed_since(entry, ctx) and not (args.resume and _midway(entry, ctx))
+        ]
         conflicts += _unplanned_contents(usable, ctx)
         if conflicts and not args.force:
+            done = f"{len(already)} path(s) were put back before the daemon stopped; " if args.resume else ""
             raise ToolError(
                 ToolErrorType.EXECUTION_FAILED,
                 "UNDO_CONFLICT",
-                f"{len(conflicts)} path(s) changed since batch {args.undoes} (nothing was restored; "
-                f"--force restores anyway): {', '.join(conflicts[:20])}",
+                f"{len(conflicts)} path(s) changed since batch {args.undoes} ({done}nothing {'more ' * args.resume}"
+                f"was restored; --force restores anyway): {', '.join(conflicts[:20])}",
                 conflicts=conflicts,
+                already_restored=already,
             )
         restored: list[str] = []
-        undo = Rollback(ctx)
+        undo = Rollback(ctx, token)
         try:
             for entry in usable:  # in the plan's order: removals deepest first, then outermost first
                 ctx.check_cancelled()
@@ -103,6 +124,11 @@ class RestoreFiles(Tool[RestoreArgs]):
         undo.commit()
         not_undoable = [f"{entry.path} ({entry.note})" for entry in args.entries if entry.note]
         lines = [f"Restored {len(restored)} path(s) changed by batch {args.undoes}."]
+        if args.resume:
+            lines[0] = (
+                f"Finished undoing batch {args.undoes} after the daemon restarted: {len(already)} path(s) "
+                f"had been put back before it stopped, {len(restored)} now."
+            )
         if conflicts:
             lines.append(f"Forced over {len(conflicts)} path(s) changed since: {', '.join(conflicts[:20])}")
         if not_undoable:
@@ -116,6 +142,8 @@ class RestoreFiles(Tool[RestoreArgs]):
             "not_undoable": not_undoable,
             "irreversible": list(args.irreversible),
             "forced": args.force,
+            "resumed": args.resume,
+            "already_restored": already,
         }
         return ToolOutput("\n".join(lines), data=data)
 
@@ -157,8 +185,9 @@ class Rollback:
     before the undo touched it (bytes of files and symlinks, in memory), and the trees it
     took away, set aside under a temporary name beside them until the undo completes."""
 
-    def __init__(self, ctx: ToolContext) -> None:
+    def __init__(self, ctx: ToolContext, token: str) -> None:
         self.ctx = ctx
+        self.prefix = f"{ASIDE_PREFIX}{token}-"
         self.before: list[tuple[Entry, Image]] = []
         self.aside: list[tuple[str, str]] = []  # (path shown, its temporary name's path)
 
@@ -168,7 +197,7 @@ class Rollback:
 
     def set_aside(self, dir_fd: int, name: str, shown: str) -> None:
         """Move a tree out of the way (one rename) instead of removing it yet."""
-        aside = f".toold-undo-{os.getpid()}-{len(self.aside)}-{name}"[:200]
+        aside = f"{self.prefix}{len(self.aside)}-{name}"[:200]
         os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         self.aside.append((shown, os.path.join(os.path.dirname(shown), aside) if "/" in shown else aside))
 
@@ -182,7 +211,7 @@ class Rollback:
             entries = os.listdir(fd)
         finally:
             os.close(fd)
-        return bool(entries) and all(entry.startswith(f".toold-undo-{os.getpid()}-") for entry in entries)
+        return bool(entries) and all(entry.startswith(self.prefix) for entry in entries)
 
     def commit(self) -> None:
         """Remove the trees set aside, outermost first (one set aside inside another goes
@@ -233,6 +262,63 @@ class Rollback:
                 os.symlink(image.data, name, dir_fd=dir_fd)
             elif image.kind == "file":
                 atomic_write(dir_fd, name, image.data, mode=image.mode, shown=shown)
+
+
+ASIDE_PREFIX = ".toold-undo-"
+
+
+def aside_token(undoes: str) -> str:
+    """The mark of one batch's undo in the names of the trees it sets aside: the same in
+    a run the crash cut short and in the run that finishes it."""
+    return hashlib.sha256(undoes.encode()).hexdigest()[:12]
+
+
+def _put_back_already(entry: Entry, ctx: ToolContext) -> bool:
+    """Whether the path is already in the state the undo puts back."""
+    path = str(ctx.resolve(entry.path, follow_last=False))
+    kind, digest = state_of(path)
+    if kind != entry.kind:
+        return False
+    if kind in ("file", "dir"):
+        try:
+            if stat.S_IMODE(os.lstat(path).st_mode) != entry.mode:
+                return False
+        except OSError:
+            return False
+    return kind in ("absent", "dir") or digest == entry.hash
+
+
+def _midway(entry: Entry, ctx: ToolContext) -> bool:
+    """Whether the path is as putting it back leaves it between two steps: removed before
+    its old self is made again, or a directory made before its mode is set."""
+    kind, _digest = state_of(str(ctx.resolve(entry.path, follow_last=False)))
+    return kind == "absent" or kind == entry.kind == "dir"
+
+
+def _clear_leftovers(entries: list[Entry], ctx: ToolContext, token: str) -> None:
+    """Remove what a run cut short left beside the entries: trees it had set aside (its
+    token in their names) and temporary files of a write in progress."""
+    prefix = f"{ASIDE_PREFIX}{token}-"
+    parents = {os.path.dirname(entry.path.rstrip("/")) for entry in entries}
+    names = {entry.path: os.path.basename(entry.path.rstrip("/")) for entry in entries}
+    for parent in sorted(parents, key=len, reverse=True):
+        shown_parent = parent or "."
+        try:
+            listing = os.listdir(ctx.resolve(shown_parent, follow_last=False))
+        except OSError:
+            continue
+        temps = {f".{names[p][:200]}.toold-" for p in names if os.path.dirname(p.rstrip("/")) == parent}
+        for name in listing:
+            is_temp = name.endswith(".tmp") and any(name.startswith(t) for t in temps)
+            if not (name.startswith(prefix) or is_temp):
+                continue
+            shown = f"{parent}/{name}" if parent else name
+            try:
+                with parent_dir(ctx.sandbox, ctx.resolve(shown, follow_last=False), shown=shown) as (dir_fd, leaf):
+                    delete(dir_fd, leaf, recursive=True, shown=shown, prefix=shown)
+            except ToolError as exc:
+                if exc.type != ToolErrorType.FILE_NOT_FOUND:
+                    raise
 
 
 def _is_dir(path: Path) -> bool:
