@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from jsonschema import Draft202012Validator
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import McpError
@@ -99,6 +100,9 @@ def test_tools_are_listed_with_schemas_and_hints(daemon: DaemonProcess) -> None:
     assert read.annotations.destructiveHint is False
     assert write.annotations is not None and write.annotations.readOnlyHint is False
     assert delete.annotations is not None and delete.annotations.destructiveHint is True
+    for name, tool in tools.items():  # every tool's data schema, as MCP's output schema
+        assert tool.outputSchema == definitions[name].data_schema, name
+        assert tool.outputSchema is not None and tool.outputSchema["type"] == "object", name
 
 
 def test_call_returns_text_structured_data_and_is_error(daemon: DaemonProcess) -> None:
@@ -112,6 +116,11 @@ def test_call_returns_text_structured_data_and_is_error(daemon: DaemonProcess) -
     ok, missing, bad, unknown = run_session(daemon, body)
     assert not ok.isError and "hello over MCP" in text_of(ok)
     assert ok.structuredContent is not None and ok.structuredContent["path"] == "hello.txt"
+    # the SDK itself checks structured content against the tool's outputSchema; checked here too
+    with daemon.client() as client:
+        schema = {d.name: d for d in client.tools()}["read_file"].data_schema
+    assert Draft202012Validator(schema).is_valid(ok.structuredContent)
+    assert missing.structuredContent is None  # an error carries no structured content
     assert missing.isError and "FileNotFound" in text_of(missing)
     assert bad.isError and "BadArgs" in text_of(bad)
     assert unknown.isError and "UnknownTool" in text_of(unknown)

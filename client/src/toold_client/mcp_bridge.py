@@ -120,6 +120,7 @@ def mcp_tool(definition: ToolDefinition) -> types.Tool:
         name=definition.name,
         description=definition.description,
         inputSchema=definition.parameters,
+        outputSchema=definition.data_schema or None,
         annotations=types.ToolAnnotations(
             readOnlyHint=not definition.side_effecting,
             destructiveHint=definition.side_effecting and definition.risk != "low",
@@ -136,7 +137,7 @@ def mcp_result(result: ToolResult, asking: Asking) -> types.CallToolResult:
         text += f"\n[approval was asked: {how}; {_verdict(result)}]"
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
-        structuredContent=result.data if result.data else None,
+        structuredContent=result.data if result.ok and result.data is not None else None,
         isError=not result.ok,
     )
 

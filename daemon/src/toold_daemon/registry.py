@@ -17,6 +17,7 @@ from toold_protocol import ToolDefinition, ToolErrorType, declaration
 
 from .errors import ToolError
 from .tools._base import Tool
+from .tools._data import data_schema
 
 AnyTool = Tool[Any]
 
@@ -86,6 +87,7 @@ class Registry:
                     side_effecting=tool.side_effecting,
                     aliases=list(tool.aliases),
                     output=tool.output,
+                    data_schema=data_schema(tool.data_type),
                     open_world=tool.network,
                 )
                 for tool in self.list()

@@ -98,6 +98,8 @@ class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
     aliases: list[str] = []
     #: What a result's ``data`` holds ("" when the tool returns text only).
     output: str = ""
+    #: The JSON Schema of a successful result's ``data`` ({} when the tool declares none).
+    data_schema: dict[str, Any] = {}
     #: The tool reaches outside this machine (the network, a third-party server).
     open_world: bool = False
 

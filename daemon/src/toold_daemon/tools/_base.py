@@ -122,6 +122,8 @@ class Tool(Generic[A]):
     risk: ClassVar[RiskLevel] = "low"
     #: What a result's ``data`` holds, for the model and for clients (tool definitions).
     output: ClassVar[str] = ""
+    #: The type of a result's ``data`` (``tools/_data.py``); its JSON Schema is advertised.
+    data_type: ClassVar[type[Any] | None] = None
     #: The parameters' JSON Schema when the tool was not written with an argument struct
     #: (tools from the configuration); otherwise derived from ``args_type``.
     json_schema: ClassVar[dict[str, Any] | None] = None

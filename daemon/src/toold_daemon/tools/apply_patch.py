@@ -22,6 +22,7 @@ from ..config import Config
 from ..errors import ToolError, limits_exceeded
 from ..sandbox.writes import atomic_write, delete, parent_dir, read_existing
 from ._base import RiskLevel, Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import ApplyPatchData
 from ._mutate import check_fresh, gone, written
 from ._text import Text, decode, unified_diff
 
@@ -46,6 +47,7 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
     args_type = ApplyPatchArgs
     side_effecting = True
     risk = "medium"
+    data_type = ApplyPatchData
     output = "data: {changes: {path: created|modified|deleted|moved}}"
 
     def validate(self, args: ApplyPatchArgs) -> None:

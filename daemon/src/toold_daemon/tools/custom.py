@@ -25,6 +25,7 @@ from ..config import CommandToolConfig, DefinitionConfig, ToolsConfig
 from ..errors import ToolError, bad_args
 from ..isolation.environment import DEFAULT_PATH, acceptable
 from ._base import Command, Tool, ToolContext, ToolOutput
+from ._data import CommandData
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MAX_ERRORS_SHOWN = 3
@@ -57,6 +58,7 @@ class DefinedTool(SchemaTool):
 
 
 class CommandTool(SchemaTool):
+    data_type = CommandData
     entry: ClassVar[CommandToolConfig]
     timeout_kind = "shell"
 

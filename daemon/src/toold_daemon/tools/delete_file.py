@@ -12,6 +12,7 @@ from ..config import Config
 from ..errors import bad_args, file_not_found
 from ..sandbox.writes import delete, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import DeleteFileData
 from ._mutate import gone
 
 PREVIEW_PATHS = 200
@@ -34,6 +35,7 @@ class DeleteFile(Tool[DeleteFileArgs]):
     side_effecting = True
     follows_last_symlink = False
     risk = "high"
+    data_type = DeleteFileData
     output = "data: {changes: {path: deleted}, deleted: [path]}"
 
     def paths(self, args: DeleteFileArgs) -> list[str]:

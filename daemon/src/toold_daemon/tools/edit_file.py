@@ -12,6 +12,7 @@ from toold_protocol import ToolErrorType
 from ..errors import ToolError, bad_args
 from ..sandbox.writes import atomic_write, parent_dir, read_existing
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import EditFileData
 from ._mutate import check_fresh, written
 from ._text import Text, decode, unified_diff
 
@@ -95,6 +96,7 @@ class EditFile(Tool[EditFileArgs]):
     args_type = EditFileArgs
     side_effecting = True
     risk = "medium"
+    data_type = EditFileData
     output = "data: {changes: {path: modified}}"
 
     def validate(self, args: EditFileArgs) -> None:

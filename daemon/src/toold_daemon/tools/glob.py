@@ -11,6 +11,7 @@ from toold_protocol import ToolErrorType
 from ..errors import ToolError, bad_args
 from ..globmatch import compile_glob, literal_prefix
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import GlobData
 from ._walk import Walker
 
 
@@ -30,6 +31,7 @@ class GlobArgs(ToolArgs, frozen=True):
 
 class Glob(Tool[GlobArgs]):
     name = "glob"
+    data_type = GlobData
     output = "data: {matches: [path], count, truncated}"
     description = (
         "Find files whose path (relative to `path`) matches a glob pattern. Results are sorted workspace-relative "

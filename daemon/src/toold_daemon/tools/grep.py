@@ -30,6 +30,7 @@ from ..errors import ToolError, bad_args
 from ..globmatch import compile_glob
 from ..sandbox import Sandbox
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import GrepData
 from ._walk import Walker
 
 MAX_LINE_CHARS = 500
@@ -61,6 +62,7 @@ class Hit:
 
 class Grep(Tool[GrepArgs]):
     name = "grep"
+    data_type = GrepData
     output = "data: {matches: number of matching lines, truncated, engine: ripgrep|python}"
     description = (
         "Search file contents for a regular expression. Output lines are `path:line: text` (context lines "

@@ -15,6 +15,7 @@ from toold_protocol import ToolErrorType
 from ..errors import ToolError
 from ..sandbox import Sandbox
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import ListDirectoryData
 from ._walk import Walker
 
 
@@ -34,6 +35,7 @@ class ListDirectoryArgs(ToolArgs, frozen=True):
 
 class ListDirectory(Tool[ListDirectoryArgs]):
     name = "list_directory"
+    data_type = ListDirectoryData
     output = "data: {path, entries: [{name, path, type: file|dir|symlink|other, size, modified, target}], truncated}"
     aliases = ("ls",)
     description = (

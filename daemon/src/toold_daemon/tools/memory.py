@@ -17,6 +17,7 @@ from ..config import Config
 from ..errors import ToolError, bad_args, limits_exceeded
 from ..user_state import Full, UserState
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import MemoryData
 
 _PREVIEW_CHARS = 100
 
@@ -42,6 +43,7 @@ class Memory(Tool[MemoryArgs]):
     args_type = MemoryArgs
     side_effecting = True  # it changes stored state, but asks nobody under the default policy
     in_daemon = True
+    data_type = MemoryData
     output = "data: get {key, value, found}; set {key, created}; delete {key, deleted}; list {keys}"
 
     def validate(self, args: MemoryArgs) -> None:

@@ -14,6 +14,7 @@ from ..config import Config
 from ..errors import bad_args, file_exists, file_not_found
 from ..sandbox.writes import move, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import MoveFileData
 from ._mutate import gone
 
 
@@ -35,6 +36,7 @@ class MoveFile(Tool[MoveFileArgs]):
     side_effecting = True
     follows_last_symlink = False
     risk = "medium"
+    data_type = MoveFileData
     output = "data: {changes: {source: deleted, destination: moved}}"
 
     def validate(self, args: MoveFileArgs) -> None:

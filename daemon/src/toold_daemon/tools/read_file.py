@@ -18,6 +18,7 @@ from toold_protocol import ToolErrorType
 from ..errors import ToolError, bad_args, limits_exceeded
 from ..output import Unseen, count_lines
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import ReadFileData
 
 _MARKER_ROOM = 120  # the marker after a cut base64 body
 SNIFF_BYTES = 8192
@@ -54,6 +55,7 @@ def number_lines(text: str, first: int) -> str:
 
 class ReadFile(Tool[ReadFileArgs]):
     name = "read_file"
+    data_type = ReadFileData
     output = (
         "data: {path, size, modified, sha256 (whole-file reads), encoding: utf-8|base64, "
         "start_line, end_line, total_lines, binary, truncated}"

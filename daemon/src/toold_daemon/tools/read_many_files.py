@@ -8,6 +8,7 @@ from msgspec import Meta
 
 from ..errors import ToolError
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import ReadManyFilesData
 from .glob import Glob, GlobArgs
 from .read_file import ReadFile, ReadFileArgs
 
@@ -26,6 +27,7 @@ class ReadManyFilesArgs(ToolArgs, frozen=True):
 
 class ReadManyFiles(Tool[ReadManyFilesArgs]):
     name = "read_many_files"
+    data_type = ReadManyFilesData
     output = "data: {files: [{path, ok, size} | {path, ok: false, error, message}], skipped}"
     description = (
         "Read several files (paths or glob patterns such as src/**/*.py). Output has a '--- path ---' header "

@@ -12,6 +12,7 @@ from msgspec import Meta
 
 from ..errors import bad_args
 from ._base import Command, Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import CommandData
 
 _FILES = {"python": "main.py", "bash": "main.sh"}
 
@@ -45,6 +46,7 @@ class RunCode(Tool[RunCodeArgs]):
     args_type = RunCodeArgs
     side_effecting = True
     risk = "high"
+    data_type = CommandData
     output = "data: {stdout, stderr, exit_code, signal, duration_ms}"
     timeout_kind = "shell"
 

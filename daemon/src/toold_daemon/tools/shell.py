@@ -9,6 +9,7 @@ from msgspec import Meta
 from ..errors import bad_args
 from ..policy.engine import show_blanks
 from ._base import Command, Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import CommandData
 
 
 class ShellArgs(ToolArgs, frozen=True):
@@ -36,6 +37,7 @@ class Shell(Tool[ShellArgs]):
     args_type = ShellArgs
     side_effecting = True
     risk = "high"
+    data_type = CommandData
     output = (
         "data: {stdout, stderr, exit_code (negative: killed by that signal), signal, duration_ms}; "
         "background: {job_id, pid}"

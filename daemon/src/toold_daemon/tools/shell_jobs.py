@@ -10,6 +10,7 @@ from toold_protocol import ToolErrorType
 
 from ..errors import ToolError, bad_args
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import ShellJobsData
 
 
 class ShellJobsArgs(ToolArgs, frozen=True):
@@ -21,6 +22,7 @@ class ShellJobsArgs(ToolArgs, frozen=True):
 
 class ShellJobs(Tool[ShellJobsArgs]):
     name = "shell_jobs"
+    data_type = ShellJobsData
     output = (
         "data: list {jobs: [{job_id, state, pid, exit_code, command}]}; "
         "read {job_id, state, exit_code, total_chars}; kill {job_id}"

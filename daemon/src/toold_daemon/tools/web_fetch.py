@@ -25,6 +25,7 @@ from ..web.addresses import Reach, Refused, check_target, host_matches, normal_h
 from ..web.fetch import FORBIDDEN_HEADERS, FetchFailed, Request, Response, fetch, warm_up
 from ..web.pages import SelectorError, decode, html_text, media_type, pretty_json
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import WebFetchData
 
 MAX_TIMEOUT_S = 300.0
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
@@ -68,6 +69,7 @@ class WebFetch(Tool[WebFetchArgs]):
     risk = "medium"
     timeout_kind = "default"
     network = True
+    data_type = WebFetchData
     output = (
         "data: {status, url (after redirects), content_type, headers (no Set-Cookie), truncated, bytes, "
         "redirects, matches (with selector)}; an HTTP status >= 400 is an HTTP_STATUS error carrying the body"

@@ -20,6 +20,7 @@ from ..config import Config
 from ..errors import ToolError
 from ..web import search
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import WebSearchData
 
 MAX_RESULTS = 20
 
@@ -39,6 +40,7 @@ class WebSearch(Tool[WebSearchArgs]):
     args_type = WebSearchArgs
     timeout_kind = "default"
     network = True  # the command backend; the HTTP backends run in the daemon (runs_in_daemon)
+    data_type = WebSearchData
     output = "data: {results: [{title, url, snippet}], backend}"
 
     def unavailable(self, config: Config) -> str:

@@ -16,6 +16,7 @@ from ..config import Config
 from ..errors import ToolError, bad_args, file_exists
 from ..sandbox.writes import atomic_write, parent_dir, read_existing
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import WriteFileData
 from ._mutate import written
 from ._text import unified_diff
 
@@ -39,6 +40,7 @@ class WriteFile(Tool[WriteFileArgs]):
     args_type = WriteFileArgs
     side_effecting = True
     risk = "medium"
+    data_type = WriteFileData
     output = "data: {changes: {path: created|modified}, bytes}"
 
     def validate(self, args: WriteFileArgs) -> None:

@@ -18,6 +18,7 @@ from ..config import Config
 from ..errors import ToolError, bad_args, limits_exceeded
 from ..user_state import Full, Todo, UnknownTodo
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
+from ._data import WriteTodosData
 from .memory import _store, scope_of
 
 Status = Literal["pending", "in_progress", "completed", "cancelled"]
@@ -51,6 +52,7 @@ class WriteTodos(Tool[WriteTodosArgs]):
     args_type = WriteTodosArgs
     side_effecting = True
     in_daemon = True
+    data_type = WriteTodosData
     output = "data: {todos: [{id, task, status, created}]} (oldest first), and {id} for add"
 
     def validate(self, args: WriteTodosArgs) -> None:
