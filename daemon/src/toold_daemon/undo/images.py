@@ -150,9 +150,33 @@ def tree_digest(path: str) -> str:
 
 
 def changes_after(before: list[Image]) -> list[Change]:
-    """Each pre-image with its path's state now; bytes already stored are dropped."""
+    """Each pre-image with its path's state now. A directory that was not there before
+    (a moved directory's destination) also gets a change for every entry now below it,
+    each absent before: the undo then knows each of them by name and state, and can
+    tell what the batch brought from what someone added later."""
     changed: list[Change] = []
+    known = {image.path for image in before}
     for image in before:
         after_kind, after_hash = state_of(image.path)
         changed.append(Change(before=image, after_kind=after_kind, after_hash=after_hash))
+        if image.kind == "absent" and after_kind == "dir":
+            changed += _brought_below(image.path, known)
     return changed
+
+
+def _brought_below(path: str, known: set[str]) -> list[Change]:
+    """A change (absent before) for each entry below ``path`` not already known; none
+    past ``MAX_ENTRIES`` (the directory's tree hash still covers them)."""
+    brought: list[Change] = []
+    for directory, dirs, files in os.walk(path, followlinks=False):
+        dirs.sort()
+        for name in [*sorted(files), *dirs]:
+            full = os.path.join(directory, name)
+            if full in known:
+                continue
+            if len(brought) >= MAX_ENTRIES:
+                return []
+            known.add(full)
+            kind, hash_ = state_of(full)
+            brought.append(Change(before=Image(path=full, kind="absent"), after_kind=kind, after_hash=hash_))
+    return brought
