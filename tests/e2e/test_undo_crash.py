@@ -18,7 +18,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import DaemonProcess, start_daemon, wait_ready
-from tests.e2e.test_undo_trees import CONFIG, OPERATIONS, tree
+from tests.e2e.test_undo_trees import CONFIG, OPERATIONS, flat, tree
 from toold_client import CallSpec
 
 
@@ -148,7 +148,7 @@ def _undo_quietly(d: DaemonProcess, batch_id: str) -> None:
     delay=st.floats(min_value=0.0, max_value=0.6),
 )
 def test_an_undo_killed_at_any_point_ends_as_before_or_as_after_never_between(
-    extra: list[CallSpec], bulk: int, delay: float
+    extra: list[list[CallSpec]], bulk: int, delay: float
 ) -> None:
     """Hypothesis draws a batch (bulk writes plus writes, deletes and moves of files and
     directories) and a moment to kill the daemon during its undo. After the restart the
@@ -164,7 +164,7 @@ def test_an_undo_killed_at_any_point_ends_as_before_or_as_after_never_between(
         before = tree(root)
         d = start_daemon(tmp, root, config=CONFIG)
         with d.client(timeout=120) as c:
-            calls = [DELETE_BULK, *[CallSpec(x.name, x.arguments, f"x{i}") for i, x in enumerate(extra)]]
+            calls = [DELETE_BULK, *[CallSpec(x.name, x.arguments, f"x{i}") for i, x in enumerate(flat(extra))]]
             outcome = c.submit(calls)
         after = tree(root)
         undoing = threading.Thread(target=_undo_quietly, args=(d, outcome.batch_id), daemon=True)

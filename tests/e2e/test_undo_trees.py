@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import DaemonProcess, start_daemon
@@ -153,17 +153,59 @@ def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, ro
 NAMES = st.sampled_from(["a", "b", "c", "d"])
 PATHS = st.lists(NAMES, min_size=1, max_size=3).map("/".join)
 CONTENT = st.binary(max_size=64).map(lambda b: b.decode("latin-1"))
-OPERATIONS = st.one_of(
-    st.builds(
-        lambda p, t: CallSpec("write_file", {"path": p + ".txt", "content": t, "overwrite": True}), PATHS, CONTENT
-    ),
-    st.builds(lambda p: CallSpec("delete_file", {"path": p, "recursive": True}), PATHS),
-    st.builds(lambda s, d: CallSpec("move_file", {"source": s, "destination": d}), PATHS, PATHS),
-    st.builds(lambda s, d: CallSpec("move_file", {"source": s + ".txt", "destination": d + ".txt"}), PATHS, PATHS),
-)
+def operations(paths: st.SearchStrategy[str]) -> st.SearchStrategy[list[CallSpec]]:
+    """Writes, edits (after a read, as edits require), patches, deletes and moves, each
+    as the calls it takes; ``paths`` without a suffix (``p`` names a directory, ``p.txt``
+    a file), moves to fresh paths mostly."""
+    single = st.one_of(
+        st.builds(
+            lambda p, t: CallSpec("write_file", {"path": p + ".txt", "content": t, "overwrite": True}), paths, CONTENT
+        ),
+        st.builds(lambda p: CallSpec("delete_file", {"path": p, "recursive": True}), paths),
+        st.builds(lambda p: CallSpec("delete_file", {"path": p + ".txt"}), paths),
+        st.builds(lambda s, d: CallSpec("move_file", {"source": s, "destination": d}), paths, PATHS),
+        st.builds(lambda s, d: CallSpec("move_file", {"source": s + ".txt", "destination": d + ".txt"}), paths, PATHS),
+        st.builds(
+            lambda p, t: CallSpec(
+                "apply_patch", {"patch": f"*** Begin Patch\n*** Add File: {p}.txt\n+{t}\n*** End Patch\n"}
+            ),
+            paths,
+            st.sampled_from(["added", "line"]),
+        ),
+        st.builds(
+            lambda p, d: CallSpec(
+                "apply_patch",
+                {"patch": f"*** Begin Patch\n*** Update File: {p}.txt\n*** Move to: {d}.txt\n*** End Patch\n"},
+            ),
+            paths,
+            paths,
+        ),
+        st.builds(
+            lambda p: CallSpec("apply_patch", {"patch": f"*** Begin Patch\n*** Delete File: {p}.txt\n*** End Patch\n"}),
+            paths,
+        ),
+    ).map(lambda call: [call])
+    edit = st.builds(
+        lambda p, a, b: [
+            CallSpec("read_file", {"path": p + ".txt"}),
+            CallSpec("edit_file", {"path": p + ".txt", "edits": [{"target": a, "replacement": b}]}),
+        ],
+        paths,
+        st.sampled_from(["a", "\n", "x", "\x00"]),
+        st.sampled_from(["", "b\n", "zz"]),
+    )
+    return st.one_of(single, edit)
+
+
+def flat(groups: list[list[CallSpec]]) -> list[CallSpec]:
+    return [call for group in groups for call in group]
+
+
+OPERATIONS = operations(PATHS)
 TREES = st.dictionaries(
-    PATHS.map(lambda p: p + ".txt"), st.tuples(CONTENT, st.sampled_from([0o600, 0o644, 0o755])), max_size=6
+    PATHS.map(lambda p: p + ".txt"), st.tuples(CONTENT, st.sampled_from([0o600, 0o644, 0o755])), min_size=1, max_size=6
 )
+LINKS = st.dictionaries(PATHS.map(lambda p: p + ".lnk"), PATHS.map(lambda p: p + ".txt"), max_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -174,13 +216,14 @@ def undoing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]
         yield d
 
 
-@settings(max_examples=150, deadline=None)
-@given(files=TREES, calls=st.lists(OPERATIONS, min_size=1, max_size=5))
+@settings(max_examples=int(os.environ.get("TOOLD_UNDO_EXAMPLES", "150")), deadline=None)
+@given(files=TREES, links=LINKS, data=st.data())
 def test_any_batch_undone_leaves_the_tree_as_it_was(
-    undoing: DaemonProcess, files: dict[str, tuple[str, int]], calls: list[CallSpec]
+    undoing: DaemonProcess, files: dict[str, tuple[str, int]], links: dict[str, str], data: st.DataObject
 ) -> None:
-    """Hypothesis draws a tree and a batch of writes, deletes (files and whole trees) and
-    moves (files and directories); whatever of it succeeded, undoing it restores every
+    """Hypothesis draws a tree (files of several modes, symlinks) and a batch of writes,
+    edits, patches (adds, moves, deletes), deletes (files and whole trees) and moves
+    (files and directories); whatever of it succeeded, undoing it restores every
     entry's kind, mode and bytes, and is never refused."""
     root = undoing.root
     shutil.rmtree(root)
@@ -194,11 +237,21 @@ def test_any_batch_undone_leaves_the_tree_as_it_was(
             continue
         path.write_text(text, encoding="latin-1")
         os.chmod(path, mode)
+    for name, target in links.items():  # symlinks, dangling or not, moved and deleted like files
+        link = root / name
+        if link.parent.is_dir() and not os.path.lexists(link):
+            link.symlink_to(target)
     before = tree(root)
+    # paths mostly drawn from what exists (directories, and files without their suffix)
+    existing = sorted({name.removesuffix(".txt") for name in before if not name.endswith(".lnk")})
+    paths = st.one_of(*[st.sampled_from(existing)] * 3, PATHS) if existing else PATHS
+    calls = flat(data.draw(st.lists(operations(paths), min_size=1, max_size=4), label="calls"))
     with undoing.client(timeout=60) as c:
         numbered = [CallSpec(call.name, call.arguments, f"c{i}") for i, call in enumerate(calls)]
         outcome = c.submit(numbered)
         after = tree(root)
+        for call, result in zip(numbered, outcome.results, strict=True):
+            event(f"{call.name} {'ran' if result.ok else 'failed ' + (result.error.code if result.error else '')}")
         if not any(r.ok for r in outcome.results):
             assert after == before
             return
