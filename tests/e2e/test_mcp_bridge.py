@@ -136,6 +136,7 @@ def test_elicitation_accept_approves_and_decline_denies(daemon: DaemonProcess) -
 
     def elicit(params: types.ElicitRequestParams) -> types.ElicitResult:
         asked.append(params.message)
+        assert "remember_for_workspace" not in params.requestedSchema["properties"]  # for network hosts only
         action = next(answers)
         return types.ElicitResult(action=action, content={} if action == "accept" else None)  # type: ignore[arg-type]
 
@@ -268,3 +269,42 @@ def test_without_a_daemon_requests_fail_with_a_clear_error(tmp_path: Path) -> No
     ghost = DaemonProcess(f"ipc://{tmp_path}/none.sock", tmp_path, tmp_path / "none.sock", None, tmp_path)  # type: ignore[arg-type]
     with pytest.raises(McpError, match="no daemon socket"):
         run_session(ghost, lambda s: s.list_tools())
+
+
+def test_a_new_network_host_can_be_allowed_for_the_workspace_through_elicitation(tmp_path: Path) -> None:
+    """A command's connection to a host neither allowed nor denied is asked through MCP
+    elicitation, whose form then offers "always in this workspace"; chosen, a later
+    session (a new bridge) reaches the host without being asked."""
+    from tests.conftest import start_daemon
+    from tests.webserver import serving
+
+    with serving("127.0.0.3") as web:
+        root = tmp_path / "root"
+        root.mkdir()
+        config = f"""
+[tools.approval]
+allowlist = ["shell"]
+[tools.network]
+allowed_networks = ["127.0.0.3/32"]
+allowed_ports = [{web.port}]
+ask_timeout_seconds = 20
+"""
+        d = start_daemon(tmp_path, root, config=config)
+        asked: list[types.ElicitRequestParams] = []
+
+        def elicit(params: types.ElicitRequestParams) -> types.ElicitResult:
+            asked.append(params)
+            return types.ElicitResult(action="accept", content={"remember_for_workspace": True})
+
+        command = {"command": f"curl -sS {web.url('/json')}"}
+        try:
+            first = run_session(d, lambda s: s.call_tool("shell", command), elicit=elicit)
+            second = run_session(d, lambda s: s.call_tool("shell", command), elicit=elicit)
+        finally:
+            d.stop()
+    assert not first.isError and '"toold"' in text_of(first), text_of(first)
+    assert "approved through MCP elicitation for this workspace" in text_of(first)
+    assert len(asked) == 1, [p.message for p in asked]
+    assert "remember_for_workspace" in asked[0].requestedSchema["properties"]
+    assert f"127.0.0.3:{web.port}" in asked[0].message
+    assert not second.isError and '"toold"' in text_of(second), text_of(second)

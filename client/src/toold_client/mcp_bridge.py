@@ -95,11 +95,16 @@ class Bridge:
             if not _can_elicit(session):
                 asking.answers.append("left to an approver (toolctl watch or toolctl approve)")
                 return None
-            answer = await session.elicit(_approval_message(request), _APPROVAL_SCHEMA)
+            network = all(item.name == "network" for item in request.calls)
+            answer = await session.elicit(_approval_message(request), _NETWORK_SCHEMA if network else _APPROVAL_SCHEMA)
             if answer.action == "accept":
-                remember = (answer.content or {}).get("remember_for_session") is True  # a real boolean only
-                asking.answers.append("approved through MCP elicitation")
-                return Decision("approve_all", remember_for_session=remember) if remember else APPROVE_ALL
+                content = answer.content or {}
+                remember = content.get("remember_for_session") is True  # a real boolean only
+                always = network and content.get("remember_for_workspace") is True
+                asking.answers.append("approved through MCP elicitation" + (" for this workspace" if always else ""))
+                if remember or always:
+                    return Decision("approve_all", remember_for_session=remember, remember_for_workspace=always)
+                return APPROVE_ALL
             asking.answers.append(f"{answer.action}d through MCP elicitation")
             return DENY_ALL
 
@@ -158,6 +163,19 @@ _APPROVAL_SCHEMA: dict[str, Any] = {
             "title": "Allow the same again for this session",
             "default": False,
         }
+    },
+}
+
+#: A command's new network host: also "always, in this workspace" (stored by the daemon).
+_NETWORK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        **_APPROVAL_SCHEMA["properties"],
+        "remember_for_workspace": {
+            "type": "boolean",
+            "title": "Always allow this host in this workspace",
+            "default": False,
+        },
     },
 }
 
