@@ -8,6 +8,7 @@ pre-resolves that call with an error result; the rest of the batch goes on.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,7 +147,7 @@ class Planner:
         try:
             item.args = msgspec.msgpack.decode(call.arguments, type=tool.args_type)
         except msgspec.ValidationError as exc:
-            raise bad_args(f"invalid arguments for {tool.name}: {exc}") from None
+            raise bad_args(_invalid_arguments(tool.name, call.arguments, exc)) from None
         except msgspec.DecodeError as exc:
             raise bad_args(f"arguments of {tool.name} are not a MessagePack map: {exc}") from None
         except RecursionError:
@@ -248,3 +249,21 @@ def grant_key(item: PreparedCall) -> str:
         return f"shell:{program}" + (f" setting {variables}" if variables else "")
     paths = sorted(str(p) for p in item.resolved.values())
     return f"{item.tool.name}:" + "\0".join(paths) if paths else ""
+
+
+def _invalid_arguments(name: str, arguments: bytes, error: msgspec.ValidationError) -> str:
+    """Why arguments were refused; arguments that came as text (a provider's JSON the
+    client could not decode) say so, with where that JSON breaks."""
+    try:
+        given = msgspec.msgpack.decode(arguments)
+    except msgspec.DecodeError:
+        given = None
+    if not isinstance(given, str):
+        return f"invalid arguments for {name}: {error}"
+    try:
+        json.loads(given)
+        why = "it is JSON, but not an object"
+    except ValueError as exc:
+        why = f"it is not valid JSON ({exc})"
+    shown = given if len(given) <= 200 else given[:200] + "…"
+    return f"the arguments for {name} must be a JSON object; the model sent text instead, and {why}: {shown!r}"

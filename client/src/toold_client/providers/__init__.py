@@ -1,7 +1,8 @@
 """Adapters between model providers' tool-call shapes and toold batches.
 
 Each module (``openai``, ``anthropic``, ``gemini``, ``ollama``) offers three pure
-functions over plain dicts, with no provider SDK involved:
+functions; they need no provider SDK, and read the SDK's response objects as well as
+their dict forms:
 
 - ``tools(definitions)``: toold's tool definitions declared in the provider's format;
 - ``calls(response)``: the tool calls of a provider response, as batch calls (``id``,

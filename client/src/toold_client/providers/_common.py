@@ -26,6 +26,49 @@ def declarations(fmt: str, definitions: Definitions) -> list[dict[str, Any]]:
     return out
 
 
+class UnreadableResponse(ValueError):
+    """What was passed as a provider's response is none of the shapes the adapter reads
+    (a response, its message or content, in dict form or as the SDK's own object): an
+    error, not an empty list of calls that would end the turn silently."""
+
+
+def plain(value: Any) -> Any:
+    """A provider SDK's object as the dicts and lists its API sends: pydantic models
+    (``model_dump``, as the OpenAI, Anthropic, Ollama and Google SDKs build them) and
+    objects with ``to_dict``; plain values pass through, lists item by item."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_none=True)
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict) and not isinstance(value, Mapping):
+        return to_dict()
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def readable(response: Any, adapter: str, *, keys: tuple[str, ...]) -> Any:
+    """``response`` in plain form, if it has one of ``keys`` (or is a list, where the
+    adapter reads lists); else ``UnreadableResponse`` naming what was expected."""
+    response = plain(response)
+    if isinstance(response, Mapping) and any(key in response for key in keys):
+        return response
+    if isinstance(response, list) and "list" in keys:
+        return response
+    shape = f"a dict with keys {sorted(response)[:8]}" if isinstance(response, Mapping) else type(response).__name__
+    expected = ", ".join(f"'{key}'" for key in keys if key != "list")
+    raise UnreadableResponse(
+        f"{adapter}: cannot read tool calls from {shape}; expected the provider's response or message "
+        f"(a dict or the SDK's object with {expected})"
+    )
+
+
+def either(value: Mapping[str, Any], camel: str, snake: str) -> Any:
+    """A field in either spelling: the REST API's camelCase or the SDKs' snake_case."""
+    found = value.get(camel)
+    return found if found is not None else value.get(snake)
+
+
 def decode_arguments(arguments: Any) -> Any:
     """A provider's JSON-string arguments as an object; a malformed string stays a string,
     which the daemon answers with a BadArgs result for that call (no exception here)."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from ._common import Definitions, Results, answers, batch_call, declarations, items, mapping, nth_id
+from ._common import Definitions, Results, answers, batch_call, declarations, items, mapping, nth_id, readable
 
 
 def tools(definitions: Definitions) -> list[dict[str, Any]]:
@@ -13,9 +13,11 @@ def tools(definitions: Definitions) -> list[dict[str, Any]]:
     return declarations("anthropic", definitions)
 
 
-def calls(response: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The ``tool_use`` blocks of a response (or of its ``content`` list), in order."""
-    blocks = items(mapping(response).get("content")) if isinstance(response, Mapping) else items(list(response))
+def calls(response: Any) -> list[dict[str, Any]]:
+    """The ``tool_use`` blocks of a response (or of its ``content`` list; dicts or the
+    SDK's objects), in order."""
+    readable_response = readable(response, "anthropic.calls", keys=("content", "list"))
+    blocks = items(readable_response.get("content")) if isinstance(readable_response, Mapping) else readable_response
     uses = [mapping(block) for block in blocks if mapping(block).get("type") == "tool_use"]
     return [
         batch_call(nth_id(block.get("id"), index), block.get("name"), block.get("input", {}))

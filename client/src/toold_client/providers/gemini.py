@@ -6,10 +6,21 @@ names: pass the ``BatchOutcome`` (or result dicts with a ``name``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from ._common import Definitions, Results, answers, batch_call, declarations, first, items, mapping, nth_id
+from ._common import (
+    Definitions,
+    Results,
+    answers,
+    batch_call,
+    declarations,
+    either,
+    first,
+    items,
+    mapping,
+    nth_id,
+    readable,
+)
 
 
 def tools(definitions: Definitions) -> list[dict[str, Any]]:
@@ -17,12 +28,14 @@ def tools(definitions: Definitions) -> list[dict[str, Any]]:
     return [{"functionDeclarations": declarations("gemini", definitions)}]
 
 
-def calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The ``functionCall`` parts of the first candidate (or of a ``content``), in order."""
-    content = mapping(response)
+def calls(response: Any) -> list[dict[str, Any]]:
+    """The ``functionCall`` parts of the first candidate (or of a ``content``), in order:
+    the REST API's camelCase dicts, the SDK's snake_case ones (``model_dump``,
+    ``to_json_dict``) or the SDK's ``GenerateContentResponse`` itself."""
+    content = readable(response, "gemini.calls", keys=("candidates", "parts"))
     if "candidates" in content:
         content = mapping(first(content.get("candidates")).get("content"))
-    parts = [mapping(mapping(part).get("functionCall")) for part in items(content.get("parts"))]
+    parts = [mapping(either(mapping(part), "functionCall", "function_call")) for part in items(content.get("parts"))]
     function_parts = [call for call in parts if call]
     return [
         batch_call(nth_id(call.get("id"), index), call.get("name"), call.get("args", {}))

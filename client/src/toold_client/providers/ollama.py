@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from ._common import Definitions, Results, answers, declarations, function_calls, mapping
+from ._common import Definitions, Results, answers, declarations, function_calls, mapping, readable
 
 
 def tools(definitions: Definitions) -> list[dict[str, Any]]:
@@ -13,10 +12,11 @@ def tools(definitions: Definitions) -> list[dict[str, Any]]:
     return declarations("ollama", definitions)
 
 
-def calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The ``tool_calls`` of a chat response's ``message`` (or of a message), in order."""
-    response = mapping(response)
-    return function_calls(mapping(response.get("message", response)))
+def calls(response: Any) -> list[dict[str, Any]]:
+    """The ``tool_calls`` of a chat response's ``message`` (or of a message; dicts or the
+    SDK's objects), in order."""
+    plain_response = readable(response, "ollama.calls", keys=("message", "tool_calls", "role", "content"))
+    return function_calls(mapping(plain_response.get("message", plain_response)))
 
 
 def results(outcome: Results) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from ._common import (
@@ -18,6 +17,7 @@ from ._common import (
     items,
     mapping,
     nth_id,
+    readable,
 )
 
 
@@ -26,10 +26,11 @@ def tools(definitions: Definitions) -> list[dict[str, Any]]:
     return declarations("openai", definitions)
 
 
-def calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+def calls(response: Any) -> list[dict[str, Any]]:
     """The tool calls of a Chat Completions response (or of its first choice's message,
-    or of an assistant message), in order. Arguments arrive as JSON text and are decoded."""
-    message = mapping(response)
+    or of an assistant message; dicts or the SDK's objects), in order. Arguments arrive
+    as JSON text and are decoded."""
+    message = readable(response, "openai.calls", keys=("choices", "tool_calls", "role", "content"))
     if "choices" in message:
         message = mapping(first(message.get("choices")).get("message"))
     return function_calls(message)
@@ -41,13 +42,15 @@ def results(outcome: Results) -> list[dict[str, Any]]:
 
 
 def response_tools(definitions: Definitions) -> list[dict[str, Any]]:
-    """Responses API declarations: ``{"type": "function", name, description, parameters}``."""
+    """Responses API declarations: ``{"type": "function", name, description, parameters, strict}``
+    (``strict`` false: toold's schemas keep optional parameters optional)."""
     return declarations("responses", definitions)
 
 
-def response_calls(response: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The ``function_call`` items of a Responses API ``output``, in order (``call_id`` kept)."""
-    found = [mapping(item) for item in items(mapping(response).get("output"))]
+def response_calls(response: Any) -> list[dict[str, Any]]:
+    """The ``function_call`` items of a Responses API ``output`` (a dict or the SDK's
+    ``Response``), in order (``call_id`` kept)."""
+    found = [mapping(item) for item in items(readable(response, "openai.response_calls", keys=("output",))["output"])]
     function_items = [item for item in found if item.get("type") == "function_call"]
     return [
         batch_call(nth_id(item.get("call_id"), index), item.get("name"), decode_arguments(item.get("arguments")))
