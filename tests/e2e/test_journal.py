@@ -259,6 +259,7 @@ def test_toolctl_journal_commands(daemon: DaemonProcess) -> None:
         "error",
         "truncated",
         "duration_ms",
+        "data",
     }
     assert toolctl(daemon, "recover", "b-42", "--resume").returncode == 2  # not interrupted
     time.sleep(0.05)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import BIN, DaemonProcess
 
-RESULT_KEYS = {"call_id", "ok", "content", "display", "error", "truncated", "duration_ms"}
+RESULT_KEYS = {"call_id", "ok", "content", "display", "error", "truncated", "duration_ms", "data"}
 
 
 def toolctl(

@@ -38,16 +38,14 @@ class ZmqTransport:
 
     def __init__(self, endpoint: str) -> None:
         if endpoint.startswith("ipc://"):
-            import os
-
-            if not os.path.exists(endpoint.removeprefix("ipc://")):
-                raise DaemonUnavailable(f"no daemon socket at {endpoint}")
+            _probe(endpoint)
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         self._sock.linger = 0
         self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_INTERVAL_MS)
         self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        self._monitor: zmq.Socket[bytes] | None = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._refused = ""  # why the daemon turned this client away, once it has
+        self._monitor: zmq.Socket[bytes] | None = self._sock.get_monitor_socket(_WATCHED_EVENTS)
         self._endpoint = endpoint
         try:
             self._sock.connect(endpoint)
@@ -60,6 +58,8 @@ class ZmqTransport:
 
     def send(self, frame: bytes) -> None:
         self._forget_old_disconnects()  # a daemon restarted since: this frame goes to the new one
+        if self._refused:
+            raise DaemonUnavailable(self._refused)
         try:
             self._sock.send(frame)
         except zmq.ZMQError as exc:
@@ -75,7 +75,8 @@ class ZmqTransport:
                     return self._sock.recv()
                 if self._monitor is not None and self._monitor in ready and self._disconnected():
                     raise DaemonUnavailable(
-                        f"the daemon at {self._endpoint} went away while this client waited "
+                        self._refused
+                        or f"the daemon at {self._endpoint} went away while this client waited "
                         "(connection closed or heartbeats unanswered)"
                     )
                 if deadline is not None and time.monotonic() >= deadline:
@@ -92,7 +93,7 @@ class ZmqTransport:
         except zmq.ZMQError as exc:
             raise DaemonUnavailable(f"cannot receive from the daemon: {exc}") from None
         if self._monitor is not None and _has_input(self._monitor) and self._disconnected():
-            raise DaemonUnavailable(f"the daemon at {self._endpoint} went away (connection closed)")
+            raise DaemonUnavailable(self._refused or f"the daemon at {self._endpoint} went away (connection closed)")
         return None
 
     def fds(self) -> list[int]:
@@ -104,12 +105,18 @@ class ZmqTransport:
         return fds
 
     def _disconnected(self) -> bool:
-        """Read the monitor's pending events: was the connection closed?"""
+        """Read the monitor's pending events: was the connection closed, or refused by
+        the daemon's authentication (then ``_refused`` says so, for good)?"""
         assert self._monitor is not None
         closed = False
         while _has_input(self._monitor):  # cheaper than poll(0), which builds a poller
-            event = recv_monitor_message(self._monitor)
-            closed = closed or event["event"] == zmq.EVENT_DISCONNECTED
+            event = recv_monitor_message(self._monitor)["event"]
+            if event in _REFUSALS:
+                self._refused = (
+                    f"the daemon at {self._endpoint} refused this client: its authentication turned "
+                    "this user away (the daemon's allowed_uids / allowed_gids, or a tool process's socket)"
+                )
+            closed = closed or event == zmq.EVENT_DISCONNECTED or event in _REFUSALS
         return closed
 
     def _forget_old_disconnects(self) -> None:
@@ -123,6 +130,43 @@ class ZmqTransport:
             self._monitor = None
         self._sock.close(linger=0)
         self._ctx.term()
+
+
+_REFUSALS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+)
+_WATCHED_EVENTS = zmq.EVENT_DISCONNECTED | sum(_REFUSALS)
+
+
+def _probe(endpoint: str) -> None:
+    """Say at once why a Unix socket cannot be reached, where ZeroMQ would retry in
+    silence: no socket there, no permission, or nobody listening (a daemon that died)."""
+    import errno
+    import socket
+
+    path = endpoint.removeprefix("ipc://")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except FileNotFoundError:
+        raise DaemonUnavailable(f"no daemon socket at {endpoint}") from None
+    except PermissionError:
+        raise DaemonUnavailable(
+            f"permission denied for {path}: this user may not reach the daemon's socket "
+            "(the socket's group or mode; the daemon's socket_group and socket_mode)"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ECONNREFUSED:
+            why = "a socket left by a daemon that stopped"
+            raise DaemonUnavailable(f"no daemon is listening at {endpoint} ({why})") from None
+        busy = isinstance(exc, TimeoutError) or exc.errno in (errno.EAGAIN, errno.ETIMEDOUT)
+        if not busy:  # a full backlog is left to ZeroMQ, which waits for room
+            raise DaemonUnavailable(f"cannot connect to {endpoint}: {exc.strerror}") from None
+    finally:
+        probe.close()
 
 
 def _has_input(sock: zmq.Socket[bytes]) -> bool:

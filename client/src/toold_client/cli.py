@@ -7,13 +7,18 @@ Exit codes: 0 success, 1 a tool result was an error, 2 usage or connection error
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import argcomplete
 import msgspec
+from argcomplete import shell_integration
 
 from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, sanitize_for_terminal
 
@@ -21,6 +26,7 @@ from . import _notes_cli
 from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
 from ._connections import connection_lines
 from ._errors import DaemonUnavailable, TooldError
+from ._live import Live
 from ._requests import CallSpec
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
@@ -28,6 +34,7 @@ EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolctl", description="Command-line client of the toold daemon")
+    parser.add_argument("--version", action="version", version=f"toolctl {_version()}")
     parser.add_argument(
         "--endpoint", default=None, help="daemon endpoint (default: $TOOLD_ENDPOINT or the per-user socket)"
     )
@@ -39,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the directory this session works in (default: $TOOLD_WORKSPACE, else the daemon's roots)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    completion = sub.add_parser("completion", help="print a shell completion script (bash, zsh or fish)")
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
 
     ping = sub.add_parser("ping", help="check that the daemon answers")
     ping.add_argument(
@@ -136,8 +146,25 @@ def _mcp(endpoint: str | None, workspace: str | None, approval_timeout: float | 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run toolctl; a reader that closed the pipe (``toolctl memory list | head``) ends it
+    quietly, with the status a shell reports for SIGPIPE, as Unix tools end."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
+    argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
+    if args.command == "completion":
+        print(shell_integration.shellcode(["toolctl"], shell=args.shell))
+        return EXIT_OK
     endpoint = args.endpoint or default_endpoint()
     try:
         if args.command == "ping":
@@ -187,6 +214,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
+EXIT_BROKEN_PIPE = 141  # as a shell reports SIGPIPE
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("toold-client")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class _UsageError(Exception):
@@ -330,12 +365,22 @@ def _call(client: Client, args: argparse.Namespace, on_confirm: ConfirmHandler) 
     if args.dry_run:
         outcome = client.submit([CallSpec(args.name, arguments)], events="results", dry_run=True)
         result = outcome.results[0]
+        streamed: set[str] = set()
     else:
-        result = client.call(args.name, arguments, on_confirm=on_confirm, approval_timeout=args.approval_timeout)
+        with _live(args) as live:
+            outcome = client.submit(
+                [CallSpec(args.name, arguments)],
+                events="all" if live is not None else "results",
+                on_event=live,
+                on_confirm=on_confirm,
+                approval_timeout=args.approval_timeout,
+            )
+        result = outcome.results[0]
+        streamed = live.streamed if live is not None else set()
     if args.json:
         print(json.dumps(result_json(result), ensure_ascii=False))
     else:
-        _print_result(result)
+        _print_result(result, streamed=result.call_id in streamed)
     return EXIT_OK if result.ok else EXIT_TOOL_ERROR
 
 
@@ -344,20 +389,23 @@ def _batch(client: Client, args: argparse.Namespace, on_confirm: ConfirmHandler)
     calls = _parse_json(text, "the batch")
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         raise _UsageError("the batch must be a JSON array of objects {id, name, arguments}")
-    outcome = client.submit(
-        calls,
-        batch_id=args.batch_id,
-        events="results",
-        on_confirm=on_confirm,
-        approval_timeout=args.approval_timeout,
-        dry_run=args.dry_run,
-    )
+    with _live(args) as live:
+        outcome = client.submit(
+            calls,
+            batch_id=args.batch_id,
+            events="all" if live is not None else "results",
+            on_event=live,
+            on_confirm=on_confirm,
+            approval_timeout=args.approval_timeout,
+            dry_run=args.dry_run,
+        )
+    streamed = live.streamed if live is not None else set()
     if args.json:
         print(json.dumps([result_json(r) for r in outcome.results], ensure_ascii=False))
     else:
         for result in outcome.results:
             print(f"=== {sanitize_for_terminal(result.call_id)} ({'ok' if result.ok else 'error'})")
-            _print_result(result)
+            _print_result(result, streamed=result.call_id in streamed)
     return EXIT_OK if all(r.ok for r in outcome.results) else EXIT_TOOL_ERROR
 
 
@@ -427,7 +475,7 @@ def _undo(client: Client, args: argparse.Namespace) -> int:
     result = outcome.results[0]
     if args.json:
         print(
-            json.dumps({"batch_id": outcome.batch_id, **result_json(result), "data": result.data}, ensure_ascii=False)
+            json.dumps({"batch_id": outcome.batch_id, **result_json(result)}, ensure_ascii=False)
         )
     else:
         if result.ok:
@@ -493,13 +541,36 @@ def result_json(result: ToolResult) -> dict[str, Any]:
         "error": error,
         "truncated": result.truncated,
         "duration_ms": result.duration_ms,
+        "data": result.data,
     }
 
 
-def _print_result(result: ToolResult) -> None:
-    """Content for pipes (exact bytes), sanitized when stdout is a terminal."""
+@contextlib.contextmanager
+def _live(args: argparse.Namespace) -> Iterator[Live | None]:
+    """Output as it comes and a progress line, when a person watches a terminal (not
+    with ``--json``, ``--dry-run`` or a pipe: those get exactly the results, once)."""
+    if args.json or getattr(args, "dry_run", False) or not sys.stdout.isatty():
+        yield None
+        return
+    with Live(sys.stdout, sys.stderr) as live:
+        yield live
+
+
+def _print_result(result: ToolResult, *, streamed: bool = False) -> None:
+    """Content for pipes (exact bytes), sanitized when stdout is a terminal; after output
+    streamed live, only what it did not show (the error line, the exit code)."""
     text = result.content
+    if streamed:
+        text = _after_streaming(result)
     if sys.stdout.isatty():
         text = sanitize_for_terminal(text)
     stream = sys.stdout if result.ok else sys.stderr
     stream.write(text if text.endswith("\n") or not text else text + "\n")
+
+
+def _after_streaming(result: ToolResult) -> str:
+    """What a streamed call's result adds to the output already shown."""
+    if result.error is not None:
+        return f"Error ({result.error.type}): {result.error.message}"
+    code = (result.data or {}).get("exit_code")
+    return f"[exit code {code}]" if code is not None else ""

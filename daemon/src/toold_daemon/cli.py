@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import argcomplete
+from argcomplete import shell_integration
+
 from . import __version__, logs
 from .activation import ActivationError, take_activated_socket
 from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, endpoint_refusal, load_file
@@ -29,11 +32,20 @@ from .plugin_loader import PluginReport, load_plugins
 from .tools import Tool, builtin_tools, web_search
 from .tools.custom import taken_names
 
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--log-level``, in any case (``debug`` as ``DEBUG``)."""
+    parser.add_argument("--log-level", default=default, type=str.upper, choices=LOG_LEVELS, help="debug ... error")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toold", description="Tool-execution daemon for LLM agents")
     parser.add_argument("--version", action="version", version=f"toold {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    completion = sub.add_parser("completion", help="print a shell completion script (bash, zsh or fish)")
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
     serve_cmd = sub.add_parser("serve", help="run the daemon in the foreground")
     serve_cmd.add_argument(
         "--root",
@@ -46,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--endpoint", default="", help="ZeroMQ endpoint, e.g. ipc:///run/toold.sock")
     serve_cmd.add_argument("--state-dir", type=Path, default=None, help="where the daemon keeps its state")
     serve_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
-    serve_cmd.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    _log_level(serve_cmd, "INFO")
     serve_cmd.add_argument(
         "--spawner-socket",
         default="",
@@ -60,15 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     spawner_cmd.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     spawner_cmd.add_argument("--root", action="append", default=[], type=Path, metavar="DIR", help="as for serve")
     spawner_cmd.add_argument("--endpoint", default="", help="the clients' socket, whose mode says who may connect")
-    spawner_cmd.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    _log_level(spawner_cmd, "INFO")
     check = sub.add_parser("check-config", help="validate a configuration file (and its policy) without starting")
     check.add_argument("file", type=Path)
-    check.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    _log_level(check, "WARNING")
     doctor_cmd = sub.add_parser("doctor", help="show which isolation layers this machine grants, and why not")
     doctor_cmd.add_argument(
         "--config", type=Path, default=None, help=f"TOML configuration file (default: {SYSTEM_CONFIG} if it exists)"
     )
-    doctor_cmd.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    _log_level(doctor_cmd, "WARNING")
     doctor_cmd.add_argument("--endpoint", default="", help="the socket to report on (default: as serve would)")
     doctor_cmd.add_argument("--state-dir", type=Path, default=None, help="the state directory to report on")
     doctor_cmd.add_argument("--json", action="store_true", help="one JSON object instead of the table")
@@ -82,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argcomplete.autocomplete(parser)
+    args = parser.parse_args(argv)
+    if args.command == "completion":
+        print(shell_integration.shellcode(["toold"], shell=args.shell))
+        return 0
     logs.configure(args.log_level)
     if args.command == "check-config":
         return check_config(args.file)

@@ -1,0 +1,101 @@
+"""A client that cannot reach the daemon says why within a second, where ZeroMQ alone
+would retry in silence until the request timed out: no socket, nobody listening, no
+permission (a real daemon's 0600 socket, as another user), refused by authentication (a
+real ZeroMQ peer whose ZAP handler turns everyone away)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from tests.conftest import reachable_daemon
+from tests.security.test_q_one_user_cannot_take_the_daemon_down import OtherUser
+from toold_client import Client, DaemonUnavailable
+
+
+def failure(endpoint: str) -> tuple[str, float]:
+    """The error a ping gets, and how long it took to come."""
+    started = time.monotonic()
+    try:
+        with Client(endpoint, timeout=30) as c:
+            c.ping(timeout=30)
+    except DaemonUnavailable as exc:
+        return str(exc), time.monotonic() - started
+    raise AssertionError("the ping succeeded")
+
+
+def test_no_socket(tmp_path: Path) -> None:
+    message, took = failure(f"ipc://{tmp_path}/none.sock")
+    assert "no daemon socket" in message and took < 1
+
+
+def test_a_socket_nobody_listens_on(tmp_path: Path) -> None:
+    path = tmp_path / "stale.sock"
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(path))
+    left.close()  # the file stays, as after a daemon killed with SIGKILL
+    message, took = failure(f"ipc://{path}")
+    assert "no daemon is listening" in message and took < 1
+
+
+def test_permission_denied_on_the_daemons_socket(tmp_path: Path) -> None:
+    with reachable_daemon(tmp_path, open_socket=False) as d:
+        os.chmod(d.socket.parent, 0o711)  # the directory may be passed, the socket stays 0600
+
+        def attempt() -> None:
+            print(json.dumps(failure(d.endpoint)), flush=True)
+
+        other = OtherUser(attempt)
+        try:
+            message, took = json.loads(other.line())
+        finally:
+            other.kill()
+    assert "permission denied" in message and took < 1, message
+
+
+@pytest.fixture
+def refusing_peer(tmp_path: Path) -> Iterator[str]:
+    """A ZeroMQ ROUTER whose ZAP handler refuses every peer, as the daemon's refuses a
+    tool process."""
+    ctx = zmq.Context()
+    zap = ctx.socket(zmq.REP)
+    zap.bind("inproc://zeromq.zap.01")
+    router = ctx.socket(zmq.ROUTER)
+    router.zap_domain = b"toold"
+    endpoint = f"ipc://{tmp_path}/refusing.sock"
+    router.bind(endpoint)
+    stop = threading.Event()
+
+    def answer() -> None:
+        poller = zmq.Poller()
+        poller.register(zap, zmq.POLLIN)
+        while not stop.is_set():
+            if poller.poll(50):
+                request = zap.recv_multipart()
+                zap.send_multipart([request[0], request[1], b"400", b"not you", b"", b""])
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        yield endpoint
+    finally:
+        stop.set()
+        thread.join()
+        router.close(0)
+        zap.close(0)
+        ctx.term()
+
+
+def test_refused_by_the_daemons_authentication(refusing_peer: str) -> None:
+    message, took = failure(refusing_peer)
+    assert "refused this client" in message and took < 1.5, message
+
+
