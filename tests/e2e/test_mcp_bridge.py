@@ -209,10 +209,11 @@ def test_cancelled_request_cancels_the_batch_and_kills_the_command(daemon: Daemo
 
     async def body(session: ClientSession) -> None:
         async def call() -> None:
-            try:
-                outcome["result"] = await session.call_tool("shell", {"command": f"sleep {marker}"})
-            except McpError as exc:
-                outcome["error"] = exc.error.message
+            with anyio.move_on_after(4):  # no reply comes to a cancelled request: stop waiting
+                try:
+                    outcome["result"] = await session.call_tool("shell", {"command": f"sleep {marker}"})
+                except McpError as exc:
+                    outcome["error"] = exc.error.message
 
         async with anyio.create_task_group() as group:
             group.start_soon(call)
@@ -222,6 +223,7 @@ def test_cancelled_request_cancels_the_batch_and_kills_the_command(daemon: Daemo
             await session.send_notification(types.ClientNotification(cancel))
 
     run_session(daemon, body)
+    assert outcome == {}, outcome
     time.sleep(0.5)
     assert alive_with(marker) == []
     with daemon.client() as client:
@@ -308,3 +310,55 @@ ask_timeout_seconds = 20
     assert "remember_for_workspace" in asked[0].requestedSchema["properties"]
     assert f"127.0.0.3:{web.port}" in asked[0].message
     assert not second.isError and '"toold"' in text_of(second), text_of(second)
+
+
+def test_json_rpc_details_the_sdk_would_get_wrong(daemon: DaemonProcess) -> None:
+    """Spoken line by line over stdio: the server names itself toold with toolctl's
+    version, an unknown method is -32601 (method not found), and a cancelled request
+    gets no reply while the session goes on answering."""
+    import importlib.metadata
+
+    proc = subprocess.Popen(
+        [str(BIN / "toolctl"), "--endpoint", daemon.endpoint, "mcp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
+        proc.stdin.flush()
+
+    def until(request_id: int) -> list[dict[str, Any]]:
+        seen = []
+        while True:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line, "the bridge closed stdout"
+            seen.append(json.loads(line))
+            if seen[-1].get("id") == request_id:
+                return seen
+
+    try:
+        client = {"name": "t", "version": "1"}
+        capabilities = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+        send({"id": 1, "method": "initialize", "params": capabilities})
+        info = until(1)[-1]["result"]["serverInfo"]
+        send({"method": "notifications/initialized"})
+        send({"id": 2, "method": "no/such/method", "params": {}})
+        unknown = until(2)[-1]
+        send({"id": 3, "method": "tools/call", "params": {"name": "shell", "arguments": {"command": "sleep 30"}}})
+        time.sleep(1.0)
+        send({"method": "notifications/cancelled", "params": {"requestId": 3, "reason": "changed my mind"}})
+        time.sleep(1.5)
+        send({"id": 4, "method": "ping"})
+        later = until(4)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert info == {"name": "toold", "version": importlib.metadata.version("toold-client")}
+    assert unknown["error"]["code"] == -32601, unknown
+    assert [m for m in later if m.get("id") == 3] == [], later  # no reply to the cancelled call
+    assert later[-1].get("result") == {}

@@ -14,17 +14,22 @@ Needs the MCP SDK: ``pip install 'toold-client[mcp]'``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 
 from toold_protocol import (
     ConfirmationRequested,
@@ -218,7 +223,7 @@ async def _workspace_from_roots(session: ServerSession) -> str | None:
 
 
 def build_server(bridge: Bridge) -> Server[Any, Any]:
-    server: Server[Any, Any] = Server(SERVER_NAME)
+    server: Server[Any, Any] = Server(SERVER_NAME, version=_version())
 
     @server.list_tools()  # type: ignore[no-untyped-call,untyped-decorator]
     async def list_tools() -> list[types.Tool]:
@@ -237,10 +242,66 @@ async def serve_stdio(endpoint: str | None, workspace: str | None, approval_time
     bridge = Bridge(endpoint, os.path.abspath(workspace) if workspace else None, approval_timeout)
     server = build_server(bridge)
     try:
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as group:
+            inbound, outbound = _conforming(group, read_stream, write_stream)
+            await server.run(inbound, outbound, server.create_initialization_options())
+            group.cancel_scope.cancel()
     finally:
         bridge.close()
+
+
+#: The methods a client may call (the SDK's own list); any other is -32601.
+_CLIENT_METHODS = frozenset(
+    typing.get_args(request.model_fields["method"].annotation)[0]
+    for request in typing.get_args(types.ClientRequest.model_fields["root"].annotation)
+)
+_METHOD_NOT_FOUND = -32601
+
+
+def _conforming(
+    group: anyio.abc.TaskGroup,
+    read_stream: MemoryObjectReceiveStream[SessionMessage | Exception],
+    write_stream: MemoryObjectSendStream[SessionMessage],
+) -> tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]:
+    """The stdio streams, kept to the protocol where the SDK strays: a request for an
+    unknown method is answered -32601 (the SDK's validation answers -32602), and a
+    request the client cancelled gets no reply at all, as the specification asks."""
+    to_server, server_reads = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+    server_writes, from_server = anyio.create_memory_object_stream[SessionMessage](16)
+    cancelled: set[Any] = set()
+
+    async def inbound() -> None:
+        async with to_server:
+            async for item in read_stream:
+                message = item.message.root if isinstance(item, SessionMessage) else None
+                if isinstance(message, types.JSONRPCRequest) and message.method not in _CLIENT_METHODS:
+                    error = types.ErrorData(code=_METHOD_NOT_FOUND, message=f"Method not found: {message.method}")
+                    reply = types.JSONRPCError(jsonrpc="2.0", id=message.id, error=error)
+                    await write_stream.send(SessionMessage(types.JSONRPCMessage(reply)))
+                    continue
+                if isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+                    cancelled.add((message.params or {}).get("requestId"))
+                await to_server.send(item)
+
+    async def outbound() -> None:
+        async with from_server:
+            async for item in from_server:
+                message = item.message.root
+                if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)) and message.id in cancelled:
+                    cancelled.discard(message.id)
+                    continue
+                await write_stream.send(item)
+
+    group.start_soon(inbound)
+    group.start_soon(outbound)
+    return server_reads, server_writes
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("toold-client")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def main(endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> int:
