@@ -237,7 +237,7 @@ def run_serve(
     except UnsafeRuntimePath as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
-    except (JournalError, CannotDrop, StateFileRefused) as exc:
+    except (JournalError, CannotDrop, StateFileRefused, ConfigError) as exc:
         print(f"toold: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:

@@ -420,6 +420,12 @@ class DaemonConfig(_Section, frozen=True):
     # request itself. None: whoever the socket's owner, group and mode let connect.
     allowed_uids: list[int] | None = None
     allowed_gids: list[int] = []  # members (primary group) of these may too
+    # Who may connect at all, as the socket unit's SocketGroup/SocketMode say: the socket's
+    # group (a name or a number; "": the daemon's own) and mode, set as it is bound (born
+    # 0600, then given the group, then the mode: never wider than asked). With a group, the
+    # socket's directory, when the daemon makes it, is 0710 in that group (members may pass).
+    socket_group: str = ""
+    socket_mode: Annotated[int, Meta(ge=0o600, le=0o666)] = 0o600
     # Tools for root clients. Unset: allowed when the daemon runs as root for itself
     # (no ``user``), refused when it serves others as a system service (``user`` set).
     allow_root_clients: bool | None = None
@@ -438,6 +444,8 @@ class DaemonConfig(_Section, frozen=True):
         refused = endpoint_refusal(self.endpoint)
         if refused:
             raise ValueError(f"endpoint: {refused}")
+        if self.socket_mode & 0o111 or not self.socket_mode & 0o600 == 0o600:
+            raise ValueError(f"socket_mode {self.socket_mode:o}: read and write for the owner, no execute bits")
         if self.spawner_socket and not self.spawner_socket.startswith("/"):
             raise ValueError(f"spawner_socket: {self.spawner_socket!r} is not an absolute path")
 

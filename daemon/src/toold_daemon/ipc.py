@@ -84,6 +84,26 @@ def check_private_dir(directory: Path, *, exact_mode: int | None = None, heir: i
 
 
 @dataclass(frozen=True, slots=True)
+class SocketAccess:
+    """The socket's group (None: the daemon's) and mode."""
+
+    gid: int | None = None
+    mode: int = 0o600
+
+
+def share_dir_with_group(directory: Path, gid: int) -> None:
+    """Let ``gid``'s members pass through the socket's directory (0710, that group), when
+    it is ours to change; anyone else's is left as it is."""
+    st = os.lstat(directory)
+    if st.st_uid != os.geteuid():
+        return
+    if st.st_gid != gid:
+        os.chown(directory, -1, gid)
+    if stat.S_IMODE(st.st_mode) != 0o710:
+        os.chmod(directory, 0o710)  # noqa: S103 - traverse only, for the socket's group
+
+
+@dataclass(frozen=True, slots=True)
 class Inbound:
     peer: bytes
     identity: Identity
@@ -120,8 +140,11 @@ class IpcServer:
         activated_fd: int | None = None,
         heir: int | None = None,
         guard: ConnectionGuard | None = None,
+        socket_access: SocketAccess | None = None,
     ) -> None:
         self.endpoint = endpoint
+        #: Who may connect: the socket's group and mode (default: the daemon's group, 0600).
+        self.access = socket_access or SocketAccess()
         #: Counts each uid's connections from accept on and sheds those past the bounds.
         self.guard = guard
         self._monitor: zmq.Socket[bytes] | None = None
@@ -183,9 +206,17 @@ class IpcServer:
             self._monitor = self._watch_connections(router)
         if self.activated_fd is not None:
             router.setsockopt(zmq.USE_FD, self.activated_fd)  # libzmq adopts it instead of binding
-        router.bind(self.endpoint)
-        if path is not None:
-            os.chmod(path, 0o600)
+        if path is None:
+            router.bind(self.endpoint)
+        else:
+            old_umask = os.umask(0o177)  # born 0600: never wider than asked, even for a moment
+            try:
+                router.bind(self.endpoint)
+            finally:
+                os.umask(old_umask)
+            if self.access.gid is not None:
+                os.chown(path, -1, self.access.gid)
+            os.chmod(path, self.access.mode)
         self._router = router
 
     def _watch_connections(self, router: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
@@ -212,6 +243,8 @@ class IpcServer:
     def _take_lock(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         check_private_dir(path.parent, heir=self.heir)
+        if self.access.gid is not None:
+            share_dir_with_group(path.parent, self.access.gid)
         lock_path = path.with_name(path.name + ".lock")
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import datetime
 import gc
+import grp
 import json
 import logging
 import os
 import pwd
 import signal
 import socket
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +29,10 @@ import trio
 from toold_protocol import SOCKET_NAME
 from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
-from .config import Config
+from .config import Config, ConfigError
 from .connections import ConnectionGuard, connection_budget, raise_descriptor_limit
 from .executor import Executor
-from .ipc import Admission, IpcServer, check_private_dir, ipc_path
+from .ipc import Admission, IpcServer, SocketAccess, check_private_dir, ipc_path
 from .isolation.peers import parent_of, tool_process
 from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
@@ -141,15 +143,28 @@ def _note_recovery(state_dir: Path, interrupted: int, waiting: int, pruned: int)
         log.warning("cannot note the recovery in %s: %s", state_dir, exc.strerror)
 
 
-def prepare_runtime_dir(directory: Path, heir: int | None = None) -> None:
+def prepare_runtime_dir(directory: Path, heir: int | None = None, *, shared: bool = False) -> None:
     """Create the socket's directory 0700; refuse one that is a symlink, not ours (or
-    ``heir``'s), or not 0700."""
+    ``heir``'s), or not 0700 (0710 when ``shared`` with the socket's group)."""
     directory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     try:
         directory.mkdir(mode=0o700)
     except FileExistsError:
         pass
-    check_private_dir(directory, exact_mode=0o700, heir=heir)
+    mode = stat.S_IMODE(os.lstat(directory).st_mode)
+    check_private_dir(directory, exact_mode=0o710 if shared and mode == 0o710 else 0o700, heir=heir)
+
+
+def socket_access(config: Config) -> SocketAccess:
+    """``[daemon] socket_group`` and ``socket_mode``; a group that does not exist stops the start."""
+    group = config.daemon.socket_group
+    if not group:
+        return SocketAccess(None, config.daemon.socket_mode)
+    try:
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(f"[daemon] socket_group: no group {group!r} on this system") from None
+    return SocketAccess(gid, config.daemon.socket_mode)
 
 
 def service_user_uid(config: Config) -> int | None:
@@ -204,7 +219,7 @@ def resolve_endpoint(config: Config, options: ServeOptions) -> str:
     if endpoint:
         return endpoint
     directory = default_runtime_dir()
-    prepare_runtime_dir(directory, heir=service_user_uid(config))
+    prepare_runtime_dir(directory, heir=service_user_uid(config), shared=bool(config.daemon.socket_group))
     return f"ipc://{directory / SOCKET_NAME}"
 
 
@@ -241,6 +256,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         refuse=_refuse_tool_processes(runner),
         activated_fd=options.activated_fd,
         heir=service_user_uid(config),
+        socket_access=socket_access(config),
     )
     service = Service(
         config=config,
