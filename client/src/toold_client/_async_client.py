@@ -65,6 +65,8 @@ class AsyncClient:
         self.workspace = os.path.abspath(workspace) if workspace else ""
         self.timeout = timeout
         self.client_name = client_name
+        #: This process's umask, read once: the daemon makes this client's files with it.
+        self._umask = requests.own_umask()
         self._transport: ZmqTransport | None = None
         self._ids = itertools.count(1)
         self._inbox = Inbox(os.getuid())
@@ -111,7 +113,8 @@ class AsyncClient:
                 return self._welcome
         self._greeting = greeting = _aio.new_event()
         try:
-            self._welcome = expect(await self._request(requests.hello(self.client_name, self.workspace)), Welcome)
+            greeting_request = requests.hello(self.client_name, self.workspace, self._umask)
+            self._welcome = expect(await self._request(greeting_request), Welcome)
         finally:
             self._greeting = None
             greeting.set()  # the waiting tasks go on: with the welcome, or (it failed) to try themselves
@@ -179,7 +182,7 @@ class AsyncClient:
         ``cancel_on_abandon`` is set, the batch is cancelled in the daemon as well."""
         wire_calls = [to_wire(call, index) for index, call in enumerate(calls)]
         await self._open_workspace()
-        request = requests.submit(wire_calls, batch_id, events, approval_timeout, dry_run=dry_run)
+        request = requests.submit(wire_calls, batch_id, events, approval_timeout, dry_run=dry_run, umask=self._umask)
         accepted = expect(await self._request(request, timeout=timeout), BatchAccepted)
         if accepted.outcome is not None:  # a quick batch's outcome may come with its acceptance
             if on_event is not None:

@@ -76,6 +76,8 @@ class Client:
         self.workspace = os.path.abspath(workspace) if workspace else ""
         self.timeout = timeout
         self.client_name = client_name
+        #: This process's umask, read once: the daemon makes this client's files with it.
+        self._umask = requests.own_umask()
         self._transport = transport if transport is not None else ZmqTransport(self.endpoint)
         self._ids = itertools.count(1)
         self._inbox = Inbox(os.getuid())
@@ -101,7 +103,7 @@ class Client:
         return self._welcome
 
     def hello(self) -> Welcome:
-        self._welcome = expect(self._request(requests.hello(self.client_name, self.workspace)), Welcome)
+        self._welcome = expect(self._request(requests.hello(self.client_name, self.workspace, self._umask)), Welcome)
         return self._welcome
 
     def _open_workspace(self) -> None:
@@ -159,7 +161,7 @@ class Client:
         ``on_confirm`` answers confirmation requests (return None to leave one to an approver)."""
         wire_calls = [to_wire(call, index) for index, call in enumerate(calls)]
         self._open_workspace()
-        request = requests.submit(wire_calls, batch_id, events, approval_timeout, dry_run=dry_run)
+        request = requests.submit(wire_calls, batch_id, events, approval_timeout, dry_run=dry_run, umask=self._umask)
         accepted = expect(self._request(request, timeout=timeout), BatchAccepted)
         finished = accepted.outcome  # a quick batch's outcome may come with its acceptance
         if finished is None:

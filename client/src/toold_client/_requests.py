@@ -78,8 +78,22 @@ APPROVE_ALL = Decision("approve_all")
 DENY_ALL = Decision("deny_all")
 
 
-def hello(client_name: str, workspace: str) -> Request:
-    return Request(Hello, {"protocol_version": PROTOCOL_VERSION, "client_name": client_name, "workspace": workspace})
+def hello(client_name: str, workspace: str, umask: int | None = None) -> Request:
+    fields = {"protocol_version": PROTOCOL_VERSION, "client_name": client_name, "workspace": workspace, "umask": umask}
+    return Request(Hello, fields)
+
+
+def own_umask() -> int | None:
+    """This process's umask, read without changing it (``os.umask`` would, for a moment,
+    for every thread); None where the kernel does not show it."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def ping() -> Request:
@@ -97,8 +111,10 @@ def submit(
     approval_timeout: float | None,
     *,
     dry_run: bool = False,
+    umask: int | None = None,
 ) -> Request:
     fields = {
+        "umask": umask,
         "calls": calls,
         "batch_id": batch_id,
         "events": events,

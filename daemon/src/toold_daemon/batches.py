@@ -71,6 +71,7 @@ class Batch:
     session_id: str
     calls: list[PreparedCall]
     results: list[ToolResult | None]
+    umask: int = 0o077  # the session's: what its calls make gets these modes
     state: BatchState = "planned"
     cancel_reason: str | None = None
     current_scope: trio.CancelScope | None = None

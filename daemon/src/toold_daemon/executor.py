@@ -177,6 +177,7 @@ class Executor:
             emit=_chunk_emitter(batch.batch_id, call.call_id, emit),
             reads=self.reads.for_paths(batch.session_id, [str(p) for p in call.resolved.values()]),
             identity=batch.identity,
+            umask=batch.umask,
         )
         if batch.ask_network is not None:
             ctx.ask_network = functools.partial(batch.ask_network, call)

@@ -153,6 +153,9 @@ class Hello(_Message, tag="hello", frozen=True):
     #: An absolute directory this session works in: its only root, where relative paths
     #: resolve and commands start. Empty: the daemon's own roots.
     workspace: Annotated[str, Meta(max_length=4096)] = ""
+    #: The client process's umask: files its commands and tools make get the modes the
+    #: person would get (None: the daemon's private 0077).
+    umask: Annotated[int, Meta(ge=0, le=0o777)] | None = None
 
 
 class ListTools(_Message, tag="list_tools", frozen=True):
@@ -180,6 +183,8 @@ class SubmitBatch(_Message, tag="submit_batch", frozen=True):
     #: acceptance is held may be answered with that one frame (no ``batch_finished``
     #: follows). A daemon that predates the field ignores it and sends both frames.
     outcome_in_acceptance: bool = False
+    #: The client process's umask for this batch's files (None: as its hello said, else 0077).
+    umask: Annotated[int, Meta(ge=0, le=0o777)] | None = None
 
 
 class Confirm(_Message, tag="confirm", frozen=True):

@@ -172,18 +172,22 @@ def start_command(request: SpawnRequest, *, setsid: bool) -> tuple[int, dict[int
     try:
         # posix_spawn (vfork + exec in glibc) rather than fork: forking this Python process
         # would copy its page tables, which costs more than the whole command often does.
-        pid = os.posix_spawn(
-            request.argv[0],
-            request.argv,
-            request.env,
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, out_w, 1),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-            ],
-            setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD),
-            setsigmask=(),
-            setsid=setsid,
-        )
+        own_umask = os.umask(request.umask)  # the command's files get the client's modes
+        try:
+            pid = os.posix_spawn(
+                request.argv[0],
+                request.argv,
+                request.env,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, err_w, 2),
+                ],
+                setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD),
+                setsigmask=(),
+                setsid=setsid,
+            )
+        finally:
+            os.umask(own_umask)
     except BaseException:
         os.close(out_r)
         os.close(err_r)

@@ -573,6 +573,7 @@ class SpawnRunner:
             protect_homes=bool(command) and ctx.sandbox.protect_homes,
             hide_max_entries=self.config.tools.sandbox.hide_denied_max_entries,
             reads=dict(ctx.reads),
+            umask=ctx.umask,
         )
 
     def _tool_request(
@@ -598,6 +599,7 @@ class SpawnRunner:
             require=list(isolation.require),
             preview=preview,
             undo_budget=ctx.undo_budget,
+            umask=ctx.umask,
             blobs=ctx.blobs,
         )
 

@@ -69,6 +69,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn", omit_
     readonly_paths: list[str] = []  # bound read-only in the command's own mount namespace
     hidden_patterns: list[str] = []  # denied files below the roots, covered for commands
     protected_patterns: list[str] = []  # existing matches below the roots are read-only for commands
+    umask: int = 0o077  # the client's, for the files its command or tool call makes
     protect_homes: bool = False  # homes at or below the roots: read-only but for their non-dot entries
     hide_max_entries: int = 100_000  # entries the search for them may visit
     undo_budget: int = -1  # bytes of pre-images the call may keep for undo (-1: take none)

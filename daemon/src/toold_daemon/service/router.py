@@ -240,6 +240,8 @@ class Service:
             return
         session.protocol_version = min(message.protocol_version, PROTOCOL_VERSION)
         session.client_name = message.client_name
+        if message.umask is not None:
+            session.umask = message.umask
         if message.workspace:
             session.workspace_problem = "the session's workspace is still being opened; wait for welcome"
             self.shared.tasks.start_soon(self._open_workspace, session, message)

@@ -108,6 +108,7 @@ class BatchRuns:
             batch_id=batch_id,
             identity=session.identity,
             session_id=session.session_id,
+            umask=message.umask if message.umask is not None else session.umask,
             calls=calls,
             results=[None] * len(calls),
             digest=_digest(message),

@@ -15,6 +15,9 @@ from toold_protocol import PROTOCOL_VERSION, Identity
 
 from ..sandbox import Sandbox
 
+#: Files made for a client that did not say its umask: owner-only.
+PRIVATE_UMASK = 0o077
+
 #: The peer of a session the daemon runs for itself (finishing an undo at start): nothing
 #: is sent to it.
 NO_PEER = b""
@@ -32,6 +35,7 @@ class Session:
     sandbox: Sandbox | None = None  # its workspace's; None: the daemon's roots
     workspace: str = ""  # as accepted (canonical), "" for the daemon's roots
     workspace_problem: str = ""  # why this session may run nothing ("" when it may)
+    umask: int = PRIVATE_UMASK  # the client's (from its hello), for what its calls make
 
 
 class SessionsFull(Exception):

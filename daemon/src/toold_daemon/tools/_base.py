@@ -89,6 +89,7 @@ class ToolContext:
     user_state: Any = None
     #: Bytes of pre-images this call may keep for undo (-1: none are taken).
     undo_budget: int = -1
+    umask: int = 0o077  # the client's: files the call makes get its modes
     #: Saved file contents by hash (``restore_files`` only, from the daemon's undo store).
     blobs: dict[str, bytes] = field(default_factory=dict)
     #: (host, port) -> (allowed, why): asks a person about a host a command wants to reach.
