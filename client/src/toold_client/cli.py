@@ -16,9 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import argcomplete
 import msgspec
-from argcomplete import shell_integration
 
 from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, sanitize_for_terminal
 
@@ -160,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
-    argcomplete.autocomplete(parser)
+    _complete(parser)
     args = parser.parse_args(argv)
     if args.command == "completion":
-        print(shell_integration.shellcode(["toolctl"], shell=args.shell))
+        print(_completion_script(["toolctl"], shell=args.shell))
         return EXIT_OK
     endpoint = args.endpoint or default_endpoint()
     try:
@@ -574,3 +572,18 @@ def _after_streaming(result: ToolResult) -> str:
         return f"Error ({result.error.type}): {result.error.message}"
     code = (result.data or {}).get("exit_code")
     return f"[exit code {code}]" if code is not None else ""
+
+
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Answer the shell's completion request, if this run is one (argcomplete, imported
+    only then: it costs start-up time otherwise)."""
+    if "_ARGCOMPLETE" in os.environ:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+
+
+def _completion_script(programs: list[str], shell: str) -> str:
+    from argcomplete import shell_integration
+
+    return shell_integration.shellcode(programs, shell=shell)

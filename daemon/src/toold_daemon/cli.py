@@ -14,9 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import argcomplete
-from argcomplete import shell_integration
-
 from . import __version__, logs
 from .activation import ActivationError, take_activated_socket
 from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, endpoint_refusal, load_file
@@ -95,10 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    argcomplete.autocomplete(parser)
+    _complete(parser)
     args = parser.parse_args(argv)
     if args.command == "completion":
-        print(shell_integration.shellcode(["toold"], shell=args.shell))
+        print(_completion_script(["toold"], shell=args.shell))
         return 0
     logs.configure(args.log_level)
     if args.command == "check-config":
@@ -343,3 +340,18 @@ def check_config(path: Path) -> int:
     examples = sum(len(r.match) + len(r.not_match) for r in approval.rules)
     print(f"{path}: ok ({len(approval.rules)} policy rules, {examples} rule examples checked, policy {policy})")
     return 0
+
+
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Answer the shell's completion request, if this run is one (argcomplete, imported
+    only then: it costs start-up time otherwise)."""
+    if "_ARGCOMPLETE" in os.environ:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+
+
+def _completion_script(programs: list[str], shell: str) -> str:
+    from argcomplete import shell_integration
+
+    return shell_integration.shellcode(programs, shell=shell)
