@@ -18,9 +18,8 @@ from pydantic import TypeAdapter
 
 from tests.conftest import DaemonProcess, module_daemon
 from toold_client import APPROVE_ALL, Client
-from toold_client.providers import anthropic, gemini, openai
+from toold_client.providers import UnreadableResponse, anthropic, gemini, openai
 from toold_client.providers import ollama as ollama_adapter
-from toold_client.providers._common import UnreadableResponse
 from toold_protocol import ToolDefinition
 
 

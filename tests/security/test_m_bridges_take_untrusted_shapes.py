@@ -17,7 +17,7 @@ from mcp import ClientSession, types
 
 from tests.conftest import DaemonProcess, module_daemon
 from tests.e2e.test_mcp_bridge import run_session, text_of
-from toold_client.providers import anthropic, gemini, ollama, openai
+from toold_client.providers import UnreadableResponse, anthropic, gemini, ollama, openai
 from toold_daemon.logs import EventFormatter
 
 ADAPTERS = [openai.calls, openai.response_calls, anthropic.calls, gemini.calls, ollama.calls]
@@ -41,13 +41,16 @@ SHAPED = st.fixed_dictionaries(
 
 
 @given(response=st.one_of(JSON, SHAPED))
-def test_a_response_of_any_shape_gives_calls_or_none_never_an_exception(response: Any) -> None:
+def test_a_response_of_any_shape_gives_calls_or_a_clear_refusal_never_a_crash(response: Any) -> None:
+    """Whatever the shape: calls, or ``UnreadableResponse`` (not a response this adapter
+    reads at all); never any other exception."""
     for adapter in ADAPTERS:
-        if not isinstance(response, dict) and adapter is not anthropic.calls:
-            continue  # the documented argument is an object; anthropic also takes the block list
-        if adapter is anthropic.calls and not isinstance(response, dict | list):
+        try:
+            calls = adapter(response)
+        except UnreadableResponse as exc:
+            assert "cannot read tool calls" in str(exc)
             continue
-        for call in adapter(response):
+        for call in calls:
             assert isinstance(call["id"], str) and call["id"]
             assert isinstance(call["name"], str)
 

@@ -14,3 +14,5 @@ A typical turn::
     outcome = client.submit(openai.calls(response))
     messages += openai.results(outcome)
 """
+
+from ._common import UnreadableResponse as UnreadableResponse
