@@ -47,7 +47,7 @@ OPTIONAL_CLIENT_IMPORTS = {"_aio.py": {"trio"}, "mcp_bridge.py": {"mcp", "anyio"
 
 
 def test_client_never_imports_trio_or_the_daemon() -> None:
-    allowed = {"msgspec", "zmq", "toold_protocol", "toold_client"}
+    allowed = {"msgspec", "zmq", "toold_protocol", "toold_client", "argcomplete"}
     for path in (REPO / "client/src/toold_client").rglob("*.py"):
         foreign = imported_top_levels(path) - STDLIB - allowed - OPTIONAL_CLIENT_IMPORTS.get(path.name, set())
         assert foreign == set(), path.name

@@ -93,22 +93,24 @@ def test_an_undo_killed_once_it_has_begun_changing_files_is_finished_at_the_next
     (root / "tree/inner/x.txt").write_text("x\n")
     before = tree(root)
     d = start_daemon(tmp_path, root, config=CONFIG)
-    with d.client(timeout=120) as c:
-        calls = [
-            DELETE_BULK,
-            CallSpec("move_file", {"source": "tree", "destination": "moved/tree"}, "m"),
-            CallSpec("write_file", {"path": "made/deep/new.txt", "content": "n\n"}, "n"),
-        ]
-        outcome = c.submit(calls)
-        assert all(r.ok for r in outcome.results), [r.content for r in outcome.results if not r.ok][:3]
-    after = tree(root)
-    undoing = threading.Thread(target=_undo_quietly, args=(d, outcome.batch_id), daemon=True)
-    undoing.start()
-    deadline = time.monotonic() + 30
-    while _unchanged(root, after):
-        assert time.monotonic() < deadline, "the undo never began"
-        time.sleep(0.002)
-    crash(d)
+    try:
+        with d.client(timeout=120) as c:
+            calls = [
+                DELETE_BULK,
+                CallSpec("move_file", {"source": "tree", "destination": "moved/tree"}, "m"),
+                CallSpec("write_file", {"path": "made/deep/new.txt", "content": "n\n"}, "n"),
+            ]
+            outcome = c.submit(calls)
+            assert all(r.ok for r in outcome.results), [r.content for r in outcome.results if not r.ok][:3]
+        after = tree(root)
+        undoing = threading.Thread(target=_undo_quietly, args=(d, outcome.batch_id), daemon=True)
+        undoing.start()
+        deadline = time.monotonic() + 30
+        while _unchanged(root, after):
+            assert time.monotonic() < deadline, "the undo never began"
+            time.sleep(0.002)
+    finally:
+        crash(d)  # also when the set-up failed: no daemon is left behind
     midway = tree(root)
     assert midway not in (before, after), "the kill did not land midway; the test proves nothing"
     d = restarted(tmp_path, root)
@@ -163,14 +165,16 @@ def test_an_undo_killed_at_any_point_ends_as_before_or_as_after_never_between(
         (root / "a/b.txt").write_text("b\n")
         before = tree(root)
         d = start_daemon(tmp, root, config=CONFIG)
-        with d.client(timeout=120) as c:
-            calls = [DELETE_BULK, *[CallSpec(x.name, x.arguments, f"x{i}") for i, x in enumerate(flat(extra))]]
-            outcome = c.submit(calls)
-        after = tree(root)
-        undoing = threading.Thread(target=_undo_quietly, args=(d, outcome.batch_id), daemon=True)
-        undoing.start()
-        time.sleep(delay)
-        crash(d)
+        try:
+            with d.client(timeout=120) as c:
+                calls = [DELETE_BULK, *[CallSpec(x.name, x.arguments, f"x{i}") for i, x in enumerate(flat(extra))]]
+                outcome = c.submit(calls)
+            after = tree(root)
+            undoing = threading.Thread(target=_undo_quietly, args=(d, outcome.batch_id), daemon=True)
+            undoing.start()
+            time.sleep(delay)
+        finally:
+            crash(d)
         d = restarted(tmp, root)
         try:
             states = undos_settled(d)

@@ -148,7 +148,7 @@ def _probe(endpoint: str) -> None:
 
     path = endpoint.removeprefix("ipc://")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
+    probe.setblocking(False)  # a full backlog (a flood) answers EAGAIN at once: never wait here
     try:
         probe.connect(path)
     except FileNotFoundError:
@@ -162,7 +162,7 @@ def _probe(endpoint: str) -> None:
         if exc.errno == errno.ECONNREFUSED:
             why = "a socket left by a daemon that stopped"
             raise DaemonUnavailable(f"no daemon is listening at {endpoint} ({why})") from None
-        busy = isinstance(exc, TimeoutError) or exc.errno in (errno.EAGAIN, errno.ETIMEDOUT)
+        busy = isinstance(exc, TimeoutError) or exc.errno in (errno.EAGAIN, errno.EINPROGRESS, errno.ETIMEDOUT)
         if not busy:  # a full backlog is left to ZeroMQ, which waits for room
             raise DaemonUnavailable(f"cannot connect to {endpoint}: {exc.strerror}") from None
     finally:

@@ -207,8 +207,10 @@ class Proxy:
                 else:
                     connection.received += moved
 
-            if await relay(client, upstream, self.budget, count) == "budget":
+            def spent() -> None:
                 connection.refused = "the call's network byte budget is spent"
+
+            await relay(client, upstream, self.budget, count, spent)
 
 
 async def connect_checked(

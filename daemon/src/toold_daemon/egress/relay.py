@@ -82,34 +82,40 @@ async def relay(
     upstream: trio.SocketStream,
     budget: Budget,
     count: Callable[[bool, int], None],
+    spent: Callable[[], None] = lambda: None,
 ) -> Ending:
-    """Relay until both directions end; ``count(outbound, n)`` is told of every move.
+    """Relay until both directions end; ``count(outbound, n)`` is told of every move, and
+    ``spent()`` at once when the budget ends the relay (even if it is cancelled after).
     Returns ``"budget"`` if the budget ended it, ``"broken"`` for a broken side."""
     try:
         _threads.acquire_on_behalf_of_nowait(client)
     except trio.WouldBlock:
-        return await _relay_on_loop(client, upstream, budget, count)
+        return await _relay_on_loop(client, upstream, budget, count, spent)
     try:
         _threads.acquire_on_behalf_of_nowait(upstream)
     except trio.WouldBlock:
         _threads.release_on_behalf_of(client)
-        return await _relay_on_loop(client, upstream, budget, count)
+        return await _relay_on_loop(client, upstream, budget, count, spent)
     try:
-        return await _relay_in_threads(client, upstream, budget, count)
+        return await _relay_in_threads(client, upstream, budget, count, spent)
     finally:
         _threads.release_on_behalf_of(client)
         _threads.release_on_behalf_of(upstream)
 
 
 async def _relay_on_loop(
-    client: trio.SocketStream, upstream: trio.SocketStream, budget: Budget, count: Callable[[bool, int], None]
+    client: trio.SocketStream,
+    upstream: trio.SocketStream,
+    budget: Budget,
+    count: Callable[[bool, int], None],
+    spent: Callable[[], None],
 ) -> Ending:
     """The event-loop path; like the threads, it shuts both sockets down when it ends
     other than by both ends of stream (or is cancelled), so both peers see the end."""
     fds = (client.socket.fileno(), upstream.socket.fileno())
     ending: Ending = "broken"
     try:
-        ending = await _both_ways_on_loop(client, upstream, budget, count)
+        ending = await _both_ways_on_loop(client, upstream, budget, count, spent)
         return ending
     finally:
         if ending != "eof":
@@ -120,7 +126,11 @@ async def _relay_on_loop(
 
 
 async def _relay_in_threads(
-    client: trio.SocketStream, upstream: trio.SocketStream, budget: Budget, count: Callable[[bool, int], None]
+    client: trio.SocketStream,
+    upstream: trio.SocketStream,
+    budget: Budget,
+    count: Callable[[bool, int], None],
+    spent: Callable[[], None],
 ) -> Ending:
     fds = (client.socket.fileno(), upstream.socket.fileno())
     for stream in (client, upstream):
@@ -131,6 +141,8 @@ async def _relay_in_threads(
 
     def direction(source: int, sink: int, outbound: bool) -> None:
         ending = _pump_blocking(source, sink, budget, lambda moved: count(outbound, moved))
+        if ending == "budget":
+            spent()
         if ending != "eof":
             _shut_down(fds)  # ends the other direction too
         endings.append(ending)
@@ -145,7 +157,7 @@ async def _relay_in_threads(
             started.append(thread)
     except RuntimeError:  # a process limit refused the thread
         if not started:
-            return await _relay_on_loop(client, upstream, budget, count)
+            return await _relay_on_loop(client, upstream, budget, count, spent)
         _shut_down(fds)
         endings.append("broken")
         if len(endings) == 2:
@@ -207,7 +219,11 @@ def _pump_blocking(source: int, sink: int, budget: Budget, moved: Callable[[int]
 
 
 async def _both_ways_on_loop(
-    client: trio.SocketStream, upstream: trio.SocketStream, budget: Budget, count: Callable[[bool, int], None]
+    client: trio.SocketStream,
+    upstream: trio.SocketStream,
+    budget: Budget,
+    count: Callable[[bool, int], None],
+    spent: Callable[[], None],
 ) -> Ending:
     endings: list[Ending] = []
     async with trio.open_nursery() as nursery:
@@ -218,6 +234,8 @@ async def _both_ways_on_loop(
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 ending = "broken"
             endings.append(ending)
+            if ending == "budget":
+                spent()
             if ending != "eof":
                 nursery.cancel_scope.cancel()
 
