@@ -21,6 +21,9 @@ def running_daemon(root: Path, *extra: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         endpoint = f"ipc://{tmp}/toold.sock"
         Path(tmp, "state").mkdir()
+        # The daemon's log (and its audit lines, where no system journal takes them) goes to
+        # a file, not between the benchmark's own lines.
+        log = open(Path(tmp, "daemon.log"), "wb")  # noqa: SIM115 - closed with the process below
         proc = subprocess.Popen(
             [
                 str(BIN / "toold"),
@@ -34,7 +37,8 @@ def running_daemon(root: Path, *extra: str) -> Iterator[str]:
                 "--log-level",
                 "WARNING",
                 *extra,
-            ]
+            ],
+            stderr=log,
         )
         try:
             deadline = time.monotonic() + 10
@@ -51,6 +55,7 @@ def running_daemon(root: Path, *extra: str) -> Iterator[str]:
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+            log.close()
 
 
 def sample(fn: Callable[[], object], n: int, warmup: int = 50) -> list[float]:

@@ -25,6 +25,7 @@ CLIENT_TAGS = {
     "list_batches",
     "recover",
     "prune_journal",
+    "get_stats",
 }
 DAEMON_TAGS = {
     "policy_explanation",
@@ -42,6 +43,7 @@ DAEMON_TAGS = {
     "pong",
     "batch_list",
     "pruned",
+    "stats",
 }
 
 

@@ -29,6 +29,7 @@ from toold_protocol import (
     PolicyExplanation,
     Pong,
     Pruned,
+    Stats,
     ToolDefinition,
     ToolList,
     ToolResult,
@@ -253,6 +254,12 @@ class AsyncClient:
     async def explain(self, name: str, arguments: Mapping[str, Any] | None = None) -> PolicyExplanation:
         await self._open_workspace()
         return expect(await self._request(requests.explain(name, arguments)), PolicyExplanation)
+
+    async def stats(self) -> Stats:
+        """What the daemon has done since it started: calls by tool, decision and outcome,
+        latency percentiles, and what it holds now (every uid's for root and the daemon's
+        own uid, else this uid's)."""
+        return expect(await self._request(requests.stats()), Stats)
 
     async def reload_policy(self) -> None:
         expect(await self._request(requests.reload_policy()), Ack)

@@ -29,6 +29,7 @@ from toold_protocol import (
     PolicyExplanation,
     Pong,
     Pruned,
+    Stats,
     ToolDefinition,
     ToolList,
     ToolResult,
@@ -251,6 +252,12 @@ class Client:
         """What the daemon's policy would decide for this call from this session (nothing runs)."""
         self._open_workspace()
         return expect(self._request(requests.explain(name, arguments)), PolicyExplanation)
+
+    def stats(self) -> Stats:
+        """What the daemon has done since it started: calls by tool, decision and outcome,
+        latency percentiles, and what it holds now (every uid's for root and the daemon's
+        own uid, else this uid's)."""
+        return expect(self._request(requests.stats()), Stats)
 
     def reload_policy(self) -> None:
         """Ask the daemon to reread its policy (administrators: the daemon's uid or root)."""

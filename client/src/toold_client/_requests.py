@@ -21,6 +21,7 @@ from toold_protocol import (
     EventMode,
     ExplainPolicy,
     GetBatch,
+    GetStats,
     Hello,
     ListBatches,
     ListTools,
@@ -161,6 +162,10 @@ def explain(name: str, arguments: Mapping[str, Any] | None) -> Request:
 
 def reload_policy() -> Request:
     return Request(ReloadPolicy)
+
+
+def stats() -> Request:
+    return Request(GetStats)
 
 
 def cancel(batch_id: str) -> Request:

@@ -20,7 +20,7 @@ import msgspec
 
 from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, sanitize_for_terminal
 
-from . import _notes_cli
+from . import _notes_cli, _stats_cli
 from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
 from ._connections import connection_lines
 from ._errors import DaemonUnavailable, TooldError
@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy_sub.add_parser("reload", help="reread the policy from the daemon's config file")
 
     _notes_cli.add_parsers(sub)
+    _stats_cli.add_parser(sub)
     mcp = sub.add_parser("mcp", help="serve the daemon's tools to an MCP client over stdio")
     mcp.add_argument(
         "--workspace", dest="mcp_workspace", metavar="DIR", help="the session's workspace (default: the client's roots)"
@@ -195,6 +196,8 @@ def _main(argv: list[str] | None) -> int:
                 return _notes_cli.run(client, args, _leave_to_approver)
             if args.command == "undo":
                 return _undo(client, args)
+            if args.command == "stats":
+                return _stats_cli.run(client, args)
             if args.command == "recover":
                 return _recover(client, args.batch_id, "resume" if args.resume else "discard", args.json)
             return _tools(client, args.format)
@@ -472,9 +475,7 @@ def _undo(client: Client, args: argparse.Namespace) -> int:
     outcome = client.undo(args.batch_id, force=args.force, on_confirm=lambda request: APPROVE_ALL)
     result = outcome.results[0]
     if args.json:
-        print(
-            json.dumps({"batch_id": outcome.batch_id, **result_json(result)}, ensure_ascii=False)
-        )
+        print(json.dumps({"batch_id": outcome.batch_id, **result_json(result)}, ensure_ascii=False))
     else:
         if result.ok:
             print(f"undo batch {sanitize_for_terminal(outcome.batch_id)} (toolctl undo it to redo)")

@@ -42,6 +42,19 @@ class PreparedCall:
     denial: ToolResult | None = None  # the result of a call a person denied (journaled when reached)
     changes: list[Any] = field(default_factory=list)  # what it did to each path (undo), journaled with its result
     started_recorded: bool = False  # its started mark went into the journal with the batch
+    decision: str = ""  # what the policy made of it when it was planned (see policy_decision)
+
+    def policy_decision(self) -> tuple[str, str]:
+        """What the policy made of this call as planned, and why: allow, ask, deny, pending
+        (parse-only mode: a person supplies the result) or invalid (cannot be planned)."""
+        if self.result is not None:
+            error = self.result.error
+            if error is not None and error.type == "Denied":
+                return "deny", self.policy_reason or error.message
+            return "invalid", error.message if error is not None else self.policy_reason
+        if self.awaiting_result:
+            return "pending", self.policy_reason
+        return ("ask" if self.needs_confirmation else "allow"), self.policy_reason
 
     @property
     def disposition(self) -> Disposition:
@@ -83,6 +96,7 @@ class Batch:
     dry_run: bool = False  # plan, judge and preview every call; change nothing
     undo_bytes: int = 0  # pre-image bytes kept so far ([journal] undo_max_bytes_per_batch)
     journaled_at_end: bool = False  # read-only: one journal write when it ends, none per call
+    observed: set[int] = field(default_factory=set)  # calls whose result the audit and metrics have seen
     #: (call, host, port) -> (allowed, why): asks a person about a command's new host.
     ask_network: Callable[[PreparedCall, str, int], Awaitable[tuple[bool, str]]] | None = None
 

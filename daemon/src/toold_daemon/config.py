@@ -439,6 +439,15 @@ class DaemonConfig(_Section, frozen=True):
     # Plugin tools (entry points "toold.tools") to load by entry-point name; unset: all installed.
     plugins: list[str] | None = None
     disabled_plugins: list[str] = []
+    # The audit trail (a record per batch, decision, answer, result and sandbox refusal):
+    # "auto" sends it to the systemd journal when its socket exists, else key=value lines
+    # on stderr; "journal" or "lines" choose; "off" keeps only the SQLite journal.
+    audit: Literal["auto", "journal", "lines", "off"] = "auto"
+    audit_journal_socket: str = "/run/systemd/journal/socket"
+    # Metrics in the Prometheus text format, replaced every metrics_interval_seconds
+    # (for node_exporter's textfile collector). "": none.
+    metrics_file: str = ""
+    metrics_interval_seconds: Annotated[float, Meta(ge=1, le=3600)] = 15.0
 
     def __post_init__(self) -> None:
         refused = endpoint_refusal(self.endpoint)
@@ -446,6 +455,10 @@ class DaemonConfig(_Section, frozen=True):
             raise ValueError(f"endpoint: {refused}")
         if self.socket_mode & 0o111 or not self.socket_mode & 0o600 == 0o600:
             raise ValueError(f"socket_mode {self.socket_mode:o}: read and write for the owner, no execute bits")
+        for name in ("audit_journal_socket", "metrics_file"):
+            value = getattr(self, name)
+            if value and not value.startswith("/"):
+                raise ValueError(f"{name}: {value!r} is not an absolute path")
         if self.spawner_socket and not self.spawner_socket.startswith("/"):
             raise ValueError(f"spawner_socket: {self.spawner_socket!r} is not an absolute path")
 

@@ -30,6 +30,7 @@ commit so it survives power loss, at the cost of one fsync per commit.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -338,6 +339,14 @@ class Journal:
         if self._writer is not None:
             return self._writer.run_now(write)
         return self._write(write).value
+
+    def size(self) -> int:
+        """Bytes of the journal's files (the database, its write-ahead log and index)."""
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                total += os.stat(f"{self.path}{suffix}").st_size
+        return total
 
     def backlog(self) -> int:
         """Writes queued for the writer thread and not yet taken."""

@@ -43,13 +43,13 @@ class EventFormatter(logging.Formatter):
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
         logger = record.name.removeprefix("toold_daemon.")
-        line = f"level={record.levelname.lower()} logger={logger} msg={_quoted(message)}"
+        line = f"level={record.levelname.lower()} logger={logger} msg={quoted(message)}"
         if self.journal:
             return f"<{_PRIORITY.get(record.levelno, 6)}>{line}"
         return line
 
 
-def _quoted(text: str) -> str:
+def quoted(text: str) -> str:
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
     return '"' + _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", escaped) + '"'
 

@@ -175,14 +175,15 @@ class Planner:
         )
         verdict = policy.evaluate(facts, self.identity, self.client_name, tools.approval)
         item.risk = verdict.risk
+        item.policy_rule = verdict.rule
         if verdict.decision == "deny":
+            item.policy_reason = verdict.reason
             raise ToolError(
                 ToolErrorType.DENIED, "DENIED_BY_POLICY", f"{tool.name} denied: {verdict.reason}", rule=verdict.rule
             )
         granted = verdict.decision == "ask" and grant_key(item) in self.grants
         item.needs_confirmation = verdict.decision == "ask" and not approved and not granted
         item.policy_reason = "allowed for this session by an earlier answer" if granted else verdict.reason
-        item.policy_rule = verdict.rule
 
     def _refuse_disabled_or_denylisted(self, tool: Tool[Any]) -> None:
         """First in the order of precedence, before any path is looked at: a denylisted

@@ -18,7 +18,15 @@ _SECRET = re.compile(
 _SECRET_NAME = re.compile(r"(?i)api[_-]?key|token|secret|password|passwd|authorization|credential")
 
 
+#: Every match of ``_SECRET`` contains one of these (lower case): texts without any, nearly
+#: all of them, skip the regular expression (a tenth of its cost on a summary).
+_SECRET_WORDS = ("key", "token", "secret", "passw", "authorization", "bearer")
+
+
 def hide_secrets(text: str) -> str:
+    lowered = text.lower()
+    if not any(word in lowered for word in _SECRET_WORDS):
+        return text
     return _SECRET.sub(lambda m: m.group(1) + "***", text)
 
 

@@ -29,6 +29,8 @@ import trio
 from toold_protocol import SOCKET_NAME
 from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
+from . import logs
+from .audit import AuditTrail, JournalSink, open_sink
 from .config import Config, ConfigError
 from .connections import ConnectionGuard, connection_budget, raise_descriptor_limit
 from .executor import Executor
@@ -38,6 +40,7 @@ from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
 from .journal import RECOVERY_NAME, Journal
 from .mcp import Gateway
+from .metrics import write_metrics_forever
 from .notify import Notifier
 from .privileges import CannotDrop, drop_to
 from .registry import Registry
@@ -202,6 +205,8 @@ def _drop_privileges(
     socket_path = ipc_path(ipc.endpoint) if ipc.activated_fd is None else None  # systemd's socket stays systemd's
     if socket_path is not None:
         own += [socket_path.parent, socket_path, socket_path.with_name(socket_path.name + ".lock")]
+    if config.daemon.metrics_file:  # replaced through a temporary file beside it
+        own.append(Path(config.daemon.metrics_file).parent)
     runner.temps_from_spawner()
     others = os.geteuid() == 0 or parent_of(runner.spawner_pid) != os.getpid()  # a root spawner of its own
     report = drop_to(config.daemon.user, own=own, cgroups=runner.cgroups, others=others)
@@ -258,6 +263,9 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         heir=service_user_uid(config),
         socket_access=socket_access(config),
     )
+    sink = open_sink(
+        config.daemon.audit, config.daemon.audit_journal_socket, stderr_is_journal=logs.stderr_is_journal()
+    )
     service = Service(
         config=config,
         registry=registry,
@@ -269,6 +277,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         journal=journal,
         config_path=options.config_path,
         gateway=gateway,
+        audit=AuditTrail(sink),
+        audit_dropped=lambda: sink.dropped if isinstance(sink, JournalSink) else 0,
     )
     try:
         ipc.claim()
@@ -291,6 +301,12 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 if gateway is not None:
                     gateway.bind_nursery(nursery)
                     nursery.start_soon(gateway.retire_idle_forever)
+                if isinstance(sink, JournalSink):
+                    sink.bind_nursery(nursery)
+                metrics_file = config.daemon.metrics_file
+                if metrics_file:
+                    every = config.daemon.metrics_interval_seconds
+                    nursery.start_soon(write_metrics_forever, service.shared.metrics, Path(metrics_file), every)
                 await nursery.start(ipc.serve, service.handle)
                 service.finish_interrupted_undos()
                 log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
@@ -321,6 +337,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
             journal.close()
         user_state.close()
         notifier.close()
+        if isinstance(sink, JournalSink):
+            sink.close()
 
 
 def _undo_ledger(config: Config, options: ServeOptions, journal: Journal | None) -> UndoLedger | None:

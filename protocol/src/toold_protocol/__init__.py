@@ -20,6 +20,7 @@ from ._messages import BatchList as BatchList
 from ._messages import BatchState as BatchState
 from ._messages import BatchStatus as BatchStatus
 from ._messages import BatchSummary as BatchSummary
+from ._messages import CallCount as CallCount
 from ._messages import CallFinished as CallFinished
 from ._messages import CallStarted as CallStarted
 from ._messages import Cancel as Cancel
@@ -33,9 +34,11 @@ from ._messages import Error as Error
 from ._messages import EventMode as EventMode
 from ._messages import ExplainPolicy as ExplainPolicy
 from ._messages import GetBatch as GetBatch
+from ._messages import GetStats as GetStats
 from ._messages import Hello as Hello
 from ._messages import Identity as Identity
 from ._messages import IsolationLayer as IsolationLayer
+from ._messages import Latency as Latency
 from ._messages import ListBatches as ListBatches
 from ._messages import ListTools as ListTools
 from ._messages import OutputChunk as OutputChunk
@@ -48,6 +51,7 @@ from ._messages import PruneJournal as PruneJournal
 from ._messages import Recover as Recover
 from ._messages import ReloadPolicy as ReloadPolicy
 from ._messages import RiskLevel as RiskLevel
+from ._messages import Stats as Stats
 from ._messages import Stream as Stream
 from ._messages import SubmitBatch as SubmitBatch
 from ._messages import Subscribe as Subscribe
@@ -77,6 +81,7 @@ __all__ = [
     "BatchState",
     "BatchStatus",
     "BatchSummary",
+    "CallCount",
     "CallFinished",
     "CallStarted",
     "Cancel",
@@ -91,9 +96,11 @@ __all__ = [
     "EventMode",
     "ExplainPolicy",
     "GetBatch",
+    "GetStats",
     "Hello",
     "Identity",
     "IsolationLayer",
+    "Latency",
     "ListBatches",
     "ListTools",
     "OutputChunk",
@@ -107,6 +114,7 @@ __all__ = [
     "Recover",
     "ReloadPolicy",
     "RiskLevel",
+    "Stats",
     "Stream",
     "SubmitBatch",
     "Subscribe",

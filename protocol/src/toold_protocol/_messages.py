@@ -288,6 +288,13 @@ class ReloadPolicy(_Message, tag="reload_policy", frozen=True):
     id: RequestId
 
 
+class GetStats(_Message, tag="get_stats", frozen=True):
+    """What the daemon has done since it started (``toolctl stats``): root and the daemon's
+    own uid see every uid's calls, anyone else their own."""
+
+    id: RequestId
+
+
 ClientMessage = (
     Hello
     | ListTools
@@ -304,6 +311,7 @@ ClientMessage = (
     | PruneJournal
     | ExplainPolicy
     | ReloadPolicy
+    | GetStats
 )
 
 
@@ -439,6 +447,42 @@ class PolicyExplanation(_Message, tag="policy_explanation", frozen=True):
     rule: int | None = None
 
 
+class CallCount(msgspec.Struct, frozen=True, kw_only=True):
+    """Calls of one tool that ended with one policy decision (allow, ask, deny, pending,
+    invalid) and one outcome (``ok`` or the error code)."""
+
+    tool: str
+    decision: str
+    outcome: str
+    count: int
+
+
+class Latency(msgspec.Struct, frozen=True, kw_only=True):
+    """Durations of a tool's most recent calls (``*``: every tool)."""
+
+    tool: str
+    count: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+class Stats(_Message, tag="stats", frozen=True):
+    """Reply to ``get_stats``. ``scope``: ``all`` uids or the asker's ``own``; ``since``:
+    when the daemon started (seconds since the epoch); ``holding``: what it holds now
+    (running_batches, sessions, confirmations_waiting, workers, zygotes, journal_bytes,
+    audit_records_dropped)."""
+
+    id: RequestId
+    scope: Literal["all", "own"]
+    since: float
+    calls: list[CallCount] = []
+    batches: dict[str, int] = {}
+    latency: list[Latency] = []
+    holding: dict[str, int] = {}
+
+
 DaemonMessage = (
     Welcome
     | ToolList
@@ -455,4 +499,5 @@ DaemonMessage = (
     | BatchList
     | Pruned
     | PolicyExplanation
+    | Stats
 )

@@ -169,6 +169,10 @@ class SpawnRunner:
         log.warning("could not remove cgroups of a killed daemon (still busy): %s", ", ".join(self.cgroups.stale))
 
     @property
+    def zygotes_alive(self) -> int:
+        return len(self._zygotes) if self._zygotes is not None else 0
+
+    @property
     def isolation(self) -> list[IsolationLayer]:
         return [
             IsolationLayer(

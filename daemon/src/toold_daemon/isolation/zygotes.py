@@ -199,6 +199,10 @@ class Zygotes:
         #: Serves a proxy-mode zygote's link to its egress process (set by the runner).
         self.on_egress: Callable[[trio.socket.SocketType], None] | None = None
 
+    def __len__(self) -> int:
+        """Zygotes alive now."""
+        return len(self._pool)
+
     async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, trio.Event | None]:
         """Start the command in ``request`` through the zygote of its kind: (pid, the
         call's cgroup or "", set once the zygote has left it)."""

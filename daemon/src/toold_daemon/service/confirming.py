@@ -136,12 +136,23 @@ class ConfirmationFlow:
         finally:
             self.shared.confirmations.close(pending)
         answer, by = pending.answer, pending.answered_by
+        audit = self.shared.audit
         if answer is None:
+            audit.answered(batch, call, "unanswered", None, host=f"{host}:{port}")
             return False, f"nobody answered about {host}:{port} within {network.ask_timeout_seconds:g} s"
         approved = answer.decision == "approve_all" or (
             answer.decision == "approve_selected" and call.call_id in answer.approved_call_ids
         )
         who = f"uid {by.uid}" if by is not None else "the approver"
+        remembered = "workspace" if answer.remember_for_workspace else "session" if answer.remember_for_session else ""
+        audit.answered(
+            batch,
+            call,
+            "approved" if approved else "denied",
+            by,
+            remembered=remembered if approved else "",
+            host=f"{host}:{port}",
+        )
         if not approved:
             return False, f"{host}:{port} denied by {who}"
         if answer.remember_for_session:
@@ -174,9 +185,17 @@ class ConfirmationFlow:
             if answer is None:
                 waited = batch.approval_timeout or self.shared.config.tools.approval.timeout_seconds
                 call.denial = _unanswered(call, waited)
+                self.shared.audit.answered(batch, call, "unanswered", None)
                 continue
             approved = answer.decision == "approve_all" or (
                 answer.decision == "approve_selected" and call.call_id in answer.approved_call_ids
+            )
+            self.shared.audit.answered(
+                batch,
+                call,
+                "approved" if approved else "denied",
+                by,
+                remembered="session" if approved and answer.remember_for_session else "",
             )
             if not approved:
                 who = f"uid {by.uid}" if by is not None else "the approver"

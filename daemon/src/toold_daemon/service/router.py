@@ -28,6 +28,7 @@ from toold_protocol import (
     DecodeFailure,
     ExplainPolicy,
     GetBatch,
+    GetStats,
     Hello,
     IsolationLayer,
     ListBatches,
@@ -48,12 +49,14 @@ from toold_protocol import (
 )
 
 from .. import __version__
+from ..audit import AuditTrail
 from ..config import Config
 from ..errors import ToolError
 from ..executor import Executor
 from ..ipc import Inbound
 from ..journal import Journal
 from ..mcp import Gateway
+from ..metrics import Holding, Metrics
 from ..registry import Registry
 from ..sandbox import Sandbox
 from ..workspaces import WorkspaceRefused
@@ -80,8 +83,11 @@ class Service:
         journal: Journal | None = None,
         config_path: Path | None = None,
         gateway: Gateway | None = None,
+        audit: AuditTrail | None = None,
+        audit_dropped: Callable[[], int] | None = None,
     ) -> None:
         self.isolation = isolation or []
+        self._audit_dropped = audit_dropped or (lambda: 0)
         self._forget = forget or (lambda peer: None)
         sessions = Sessions(config.daemon.max_sessions, config.daemon.max_sessions_per_uid, self._evicted)
         self.shared = Shared(
@@ -94,6 +100,8 @@ class Service:
             journal=journal,
             gateway=gateway,
             config_path=config_path,
+            audit=audit or AuditTrail(None),
+            metrics=Metrics(self._holding),
         )
         self.confirming = ConfirmationFlow(self.shared)
         self.runs = BatchRuns(self.shared, self.confirming)
@@ -114,6 +122,27 @@ class Service:
     def reload_policy(self) -> str | None:
         """Reread ``[tools.approval]`` (SIGHUP); None, or why the old policy stays."""
         return self.admin.reload_policy()
+
+    def _holding(self) -> Holding:
+        """What the daemon holds right now, for ``toolctl stats`` and the metrics file."""
+        holding = Holding(audit_dropped=self._audit_dropped())
+        for batch in self.shared.batches.values():
+            if not batch.done.is_set():
+                uid = batch.identity.uid
+                holding.running_batches[uid] = holding.running_batches.get(uid, 0) + 1
+        for session in self.shared.sessions:
+            uid = session.identity.uid
+            holding.sessions[uid] = holding.sessions.get(uid, 0) + 1
+        for pending in self.shared.confirmations.pending.values():
+            uid = pending.owner.uid
+            holding.confirmations_waiting[uid] = holding.confirmations_waiting.get(uid, 0) + 1
+        runner = self.shared.executor.runner  # the confined runner has workers and zygotes
+        workers = getattr(runner, "workers", None)
+        holding.workers = workers.live if workers is not None else 0
+        holding.zygotes = getattr(runner, "zygotes_alive", 0)
+        if self.shared.journal is not None:
+            holding.journal_bytes = self.shared.journal.size()
+        return holding
 
     def _evicted(self, session: Session) -> None:
         """An idle session made room for a new one: forget everything about its peer."""
@@ -199,6 +228,11 @@ class Service:
         match message:
             case Ping():
                 self.shared.reply(session, Pong(id=message.id))
+            case GetStats():
+                everyone = session.identity.uid in (0, self.shared.daemon_uid)
+                self.shared.reply(
+                    session, self.shared.metrics.snapshot(message.id, None if everyone else session.identity.uid)
+                )
             case Hello():
                 self._hello(session, message)
             case ListTools():

@@ -29,6 +29,7 @@ from toold_protocol import (
     OutputChunk,
     ProtocolErrorCode,
     SubmitBatch,
+    ToolResult,
     encode,
 )
 
@@ -145,7 +146,15 @@ class BatchRuns:
                 self.held.hold(batch_id, self._acceptance_sender(session, accepted, message.outcome_in_acceptance))
             else:
                 self.shared.reply(session, accepted)
-        self.start(session, batch, message.events == "all", accepted=accepted, commit=commit, ended=submission)
+        self.start(
+            session,
+            batch,
+            message.events == "all",
+            accepted=accepted,
+            commit=commit,
+            ended=submission,
+            turn=message.turn_id,
+        )
 
     def _acceptance_sender(self, session: Session, accepted: BatchAccepted, may_carry: bool) -> SendAcceptance:
         """How a held acceptance goes out: with the outcome inside when the batch has
@@ -214,29 +223,43 @@ class BatchRuns:
         accepted: BatchAccepted | None = None,
         commit: Commit | None = None,
         ended: Submission | None = None,
+        turn: str | None = None,
     ) -> None:
         """Run ``batch`` in a task of its own. With ``commit``, the batch's record must be
         durable first: only then is ``accepted`` sent and anything run. ``ended``: what
         to journal of a batch journaled when it ends."""
+        for call in batch.calls:
+            if not call.decision:
+                call.decision = call.policy_decision()[0]
         if session.peer != NO_PEER:
             batch.listeners.append((session.peer, all_events))
         session.running += 1
-        self.shared.tasks.start_soon(self._run_batch, session, batch, accepted, commit, ended)
+        run = functools.partial(
+            self._run_batch, session, batch, accepted=accepted, commit=commit, ended=ended, turn=turn
+        )
+        self.shared.tasks.start_soon(run)
 
     async def _run_batch(
         self,
         session: Session,
         batch: Batch,
+        *,
         accepted: BatchAccepted | None,
         commit: Commit | None,
         ended: Submission | None,
+        turn: str | None,
     ) -> None:
         if commit is not None and not await self._recorded(session, batch, accepted, commit):
             session.running -= 1
             return
+        self.shared.audit.batch_accepted(batch, session.client_name, session.workspace, turn)
         approver_gids = self.shared.config.tools.approval.approver_gids
 
         def emit(event: msgspec.Struct) -> None:
+            if isinstance(event, CallFinished):
+                self._observe(batch, event.index, event.result)
+            elif isinstance(event, BatchFinished):
+                self._observe_end(batch)
             final = isinstance(event, BatchFinished)
             # A held acceptance goes first, in the same flush, or carries the outcome itself.
             carried_to = None
@@ -292,6 +315,23 @@ class BatchRuns:
             emit(batch.outcome())
         finally:
             session.running -= 1
+
+    def _observe(self, batch: Batch, index: int, result: ToolResult) -> None:
+        """A call's result, for the audit trail and the metrics (once per call)."""
+        if index in batch.observed:
+            return
+        batch.observed.add(index)
+        call = batch.calls[index]
+        self.shared.audit.result(batch, index, result)
+        self.shared.metrics.call_finished(batch.identity.uid, call.name, call.decision, result)
+
+    def _observe_end(self, batch: Batch) -> None:
+        """Calls that end with their batch (cancelled, or the daemon stopping) send no
+        ``call_finished`` of their own: they are observed here."""
+        for index, result in enumerate(batch.results):
+            if result is not None:
+                self._observe(batch, index, result)
+        self.shared.metrics.batch_finished(batch.identity.uid, batch.state)
 
     def _journal_ended(self, batch: Batch, submission: Submission) -> Commit:
         journal = self.shared.journal

@@ -16,12 +16,14 @@ import trio
 from toold_protocol import Error, ProtocolErrorCode, encode
 
 from .. import planner
+from ..audit import AuditTrail
 from ..batches import Batch
 from ..config import Config
 from ..confirmations import Confirmations
 from ..executor import Executor
 from ..journal import Journal
 from ..mcp import Gateway
+from ..metrics import Metrics
 from ..registry import Registry
 from ..sandbox import Sandbox
 from ..workspaces import Workspaces
@@ -50,6 +52,8 @@ class Shared:
     nursery: trio.Nursery | None = None
     accepting: bool = True
     daemon_uid: int = field(default_factory=os.geteuid)
+    audit: AuditTrail = field(default_factory=lambda: AuditTrail(None))
+    metrics: Metrics = field(default_factory=Metrics)
     workspaces: Workspaces = field(init=False)
 
     def __post_init__(self) -> None:

@@ -81,9 +81,7 @@ class RestoreFiles(Tool[RestoreArgs]):
             already = [entry.path for entry in usable if _put_back_already(entry, ctx)]
             usable = [entry for entry in usable if entry.path not in already]
         conflicts = [
-            entry.path
-            for entry in usable
-            if _changed_since(entry, ctx) and not (args.resume and _midway(entry, ctx))
+            entry.path for entry in usable if _changed_since(entry, ctx) and not (args.resume and _midway(entry, ctx))
         ]
         conflicts += _unplanned_contents(usable, ctx)
         if conflicts and not args.force:
