@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import BIN
 from toold_daemon.config import Config, ConfigError, load_file, parse
 
 
@@ -85,3 +87,73 @@ def test_built_in_protected_patterns_can_be_dropped_one_by_one() -> None:
     assert sandbox.protected_pattern("/tmp/x/Makefile") == "**/Makefile"
     with pytest.raises(ConfigError, match="not a built-in protected pattern"):
         parse('[tools.sandbox]\nunprotected_patterns = ["**/*.py"]\n')
+
+
+EVERY_KIND_OF_MISTAKE = """\
+[daemon]
+max_sessions = "many"
+socket_mode = 0o777
+bogus = 1
+
+[tools]
+max_tool_calls_per_batch = 0
+
+[tools.sandbox]
+allowed_rootz = []
+
+[[tools.approval.rules]]
+tool = "shell"
+decision = "allow"
+
+[[tools.approval.rules]]
+tool = "shell"
+decision = "perhaps"
+
+[[tools.approval.rules]]
+tool = "read_file"
+reason = "x"
+decision = "deny"
+
+[journal]
+retention_days = -1
+"""
+
+
+def test_every_problem_in_a_file_is_reported_with_its_own_line(tmp_path: Path) -> None:
+    """One problem per line, in the file's order, each where it is (a key inside the third
+    rule is looked for below the third rule's header, not at the first rule's)."""
+    path = tmp_path / "toold.toml"
+    path.write_text(EVERY_KIND_OF_MISTAKE)
+    with pytest.raises(ConfigError) as info:
+        load_file(path)
+    reported = str(info.value).splitlines()
+    assert [line.split(": ", 1)[0] for line in reported] == [f"{path}:{n}" for n in (2, 3, 4, 7, 10, 18, 22, 26)]
+    assert "`$.daemon.max_sessions`" in reported[0] and "unknown field `bogus`" in reported[2]
+    assert "'perhaps'" in reported[5] and "rules[1].decision" in reported[5]
+    assert "unknown field `reason`" in reported[6] and "rules[2]" in reported[6]
+    checked = subprocess.run([str(BIN / "toold"), "check-config", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 2
+    assert checked.stderr.splitlines() == [f"toold: {line}" for line in reported]
+
+
+def test_policy_and_command_tool_problems_are_reported_together(tmp_path: Path) -> None:
+    path = tmp_path / "toold.toml"
+    path.write_text(
+        """\
+[[tools.approval.rules]]
+tool = "shell"
+decision = "allow"
+conditions = [{ param = "command", operator = "matches", value = "(unclosed" }]
+
+[[tools.commands]]
+name = "read_file"
+description = "clashes with the built-in"
+argv = ["cat"]
+"""
+    )
+    with pytest.raises(ConfigError) as info:
+        load_file(path)
+    reported = str(info.value).splitlines()
+    assert len(reported) == 2, reported
+    assert reported[0].startswith(f"policy refused: {path}:1: ") and "(unclosed" in reported[0]
+    assert "read_file" in reported[1] and reported[1].startswith(f"{path}:6: ")

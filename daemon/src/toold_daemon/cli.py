@@ -333,7 +333,8 @@ def check_config(path: Path) -> int:
     try:
         config = load_file(path)
     except ConfigError as exc:
-        print(f"toold: {exc}", file=sys.stderr)
+        for problem in str(exc).splitlines():
+            print(f"toold: {problem}", file=sys.stderr)
         return 2
     approval = config.tools.approval
     policy = approval.preset or approval.mode

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
+from .config_problems import problems
+
 PositiveInt = Annotated[int, Meta(ge=1)]
 Seconds = Annotated[float, Meta(gt=0, le=86400)]
 
@@ -526,9 +528,19 @@ class ConfigError(Exception):
 
 
 def parse(text: str, source: str = "<config>") -> Config:
+    """The configuration in ``text``; ConfigError lists every problem, a line each."""
     config = _decode(text, source, Config)
-    check_policy(config.tools.approval, text, source, header="[[tools.approval.rules]]")
-    check_custom_tools(config, text, source)
+    refusals = []
+    try:
+        check_policy(config.tools.approval, text, source, header="[[tools.approval.rules]]")
+    except ConfigError as exc:
+        refusals.append(str(exc))
+    try:
+        check_custom_tools(config, text, source)
+    except ConfigError as exc:
+        refusals.append(str(exc))
+    if refusals:
+        raise ConfigError("\n".join(refusals))
     return config
 
 
@@ -559,9 +571,12 @@ def _decode(text: str, source: str, kind: type[T]) -> T:
     try:
         return msgspec.toml.decode(text, type=kind)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_locate(text, source, str(exc))) from None
+        first = str(exc)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    found = problems(msgspec.toml.decode(text), kind) or [("", first)]
+    located = [_locate(text, source, f"{message} - at `{path}`" if path else message) for path, message in found]
+    raise ConfigError("\n".join(located))
 
 
 def check_policy(approval: ApprovalConfig, text: str, source: str, *, header: str) -> None:
@@ -602,7 +617,23 @@ def _locate(text: str, source: str, message: str) -> str:
     if key is not None:
         key = re.sub(r"\[\d+\]$", "", key)
         pattern = re.compile(rf"^\s*(\[+\s*)?([\w.\"-]*\.)?\"?{re.escape(key)}\"?\s*(=|\]|\.)")
-        for number, line in enumerate(text.splitlines(), start=1):
+        lines = text.splitlines()
+        start = _element_start(lines, at.group(1)) if at else 0
+        for number, line in enumerate(lines[start:], start=start + 1):
             if pattern.search(line):
                 return f"{source}:{number}: {message}"
     return f"{source}: {message}"
+
+
+def _element_start(lines: list[str], path: str) -> int:
+    """The line (from 0) of the ``[[table]]`` header of the last array element in
+    ``path`` (``tools.approval.rules[2].decision``: the third ``[[tools.approval.rules]]``),
+    so a key is looked for in its own element; 0 when the path holds none."""
+    elements = list(re.finditer(r"([\w.]+)\[(\d+)\]", path))
+    if not elements:
+        return 0
+    element = elements[-1]
+    header = f"[[{element.group(1)}]]"
+    starts = [n for n, line in enumerate(lines) if line.strip().replace(" ", "") == header]
+    index = int(element.group(2))
+    return starts[index] if index < len(starts) else 0
