@@ -65,3 +65,17 @@ def test_notify_and_watchdog_are_reported_from_the_environment(tmp_path: Path) -
     )
     line = next(line for line in done.stdout.splitlines() if line.startswith("notify"))
     assert "on" in line and "@toold-test" in line and "watchdog every 15s" in line
+
+
+def test_with_the_packaged_config_doctor_looks_where_the_units_put_things() -> None:
+    """The system service's socket is toold.socket's and its journal is in StateDirectory:
+    doctor reading the packaged configuration reports on those, not on a per-user path."""
+    packaged = Path(__file__).resolve().parents[2] / "packaging" / "config.toml"
+    _code, report = doctor("--config", str(packaged))
+    service = report["service"]
+    assert isinstance(service, dict)
+    assert "/run/toold/toold.sock" in service["socket"]["detail"]
+    assert "/var/lib/toold/journal.sqlite3" in service["journal"]["detail"]
+    units = Path(__file__).resolve().parents[2] / "systemd"
+    assert "ListenStream=/run/toold/toold.sock" in (units / "toold.socket").read_text()
+    assert "StateDirectory=toold" in (units / "toold.service").read_text()
