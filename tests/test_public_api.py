@@ -41,9 +41,12 @@ def test_protocol_depends_on_msgspec_only() -> None:
 
 
 # Optional imports of the client, each in one module: trio only once a trio loop is
-# running (the async client's loop shim), the MCP SDK and anyio only in the MCP bridge
+# running (the async client's loop shim), the MCP SDK and anyio only in the MCP bridge's modules
 # (the `toold-client[mcp]` extra).
-OPTIONAL_CLIENT_IMPORTS = {"_aio.py": {"trio"}, "mcp_bridge.py": {"mcp", "anyio"}}
+OPTIONAL_CLIENT_IMPORTS = {
+    "_aio.py": {"trio"},
+    **{name: {"mcp", "anyio"} for name in ("mcp_bridge.py", "_mcp_v1.py", "_mcp_v2.py")},
+}
 
 
 def test_client_never_imports_trio_or_the_daemon() -> None:

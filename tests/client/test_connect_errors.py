@@ -97,5 +97,3 @@ def refusing_peer(tmp_path: Path) -> Iterator[str]:
 def test_refused_by_the_daemons_authentication(refusing_peer: str) -> None:
     message, took = failure(refusing_peer)
     assert "refused this client" in message and took < 1.5, message
-
-

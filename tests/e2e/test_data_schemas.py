@@ -18,9 +18,7 @@ from tests.conftest import DaemonProcess, module_daemon
 from tests.webserver import Server, serving
 from toold_client import APPROVE_ALL
 
-SEARCH = (
-    "import json, sys; print(json.dumps([{'title': 'T', 'url': 'https://example.invalid/1', 'snippet': 's'}]))"
-)
+SEARCH = "import json, sys; print(json.dumps([{'title': 'T', 'url': 'https://example.invalid/1', 'snippet': 's'}]))"
 
 CASES: dict[str, list[dict[str, Any]]] = {
     "write_file": [{"path": "notes/a.txt", "content": "one\ntwo\nthree\n"}],

@@ -1,5 +1,7 @@
 """`toolctl mcp` driven by MCP clients nobody here wrote: the official SDK's ClientSession
-over stdio, and the MCP Inspector's CLI."""
+over stdio, and the MCP Inspector's CLI. Every test runs twice: against the bridge served
+with the SDK's 1.x line (this environment) and with its 2.x line (.venv-mcp2, made by
+scripts/bootstrap --dev); test_mcp_sdk_lines.py adds the 2.x client."""
 
 from __future__ import annotations
 
@@ -37,8 +39,26 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         yield d
 
 
+MCP2_TOOLCTL = Path(__file__).resolve().parents[2] / ".venv-mcp2" / "bin" / "toolctl"
+_served_with = [BIN / "toolctl"]
+
+
+@pytest.fixture(autouse=True, params=["served with mcp 1.x", "served with mcp 2.x"])
+def served_with(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """Which toolctl serves the bridge in this run of the test."""
+    toolctl = BIN / "toolctl" if "1.x" in request.param else MCP2_TOOLCTL
+    if not toolctl.exists():
+        pytest.skip(f"{toolctl} is missing (scripts/bootstrap --dev makes it)")
+    _served_with[0] = toolctl
+    try:
+        yield toolctl
+    finally:
+        _served_with[0] = BIN / "toolctl"
+
+
 def bridge(daemon: DaemonProcess, *extra: str) -> StdioServerParameters:
-    return StdioServerParameters(command=str(BIN / "toolctl"), args=["--endpoint", daemon.endpoint, "mcp", *extra])
+    command = str(_served_with[0])
+    return StdioServerParameters(command=command, args=["--endpoint", daemon.endpoint, "mcp", *extra])
 
 
 def run_session(
@@ -252,7 +272,7 @@ def test_roots_choose_the_workspace_and_the_flag_overrides(tmp_path: Path, daemo
 
 def test_mcp_inspector_cli_lists_and_calls(daemon: DaemonProcess) -> None:
     inspector = npm_bin("mcp-inspector")
-    base = [str(inspector), "--cli", str(BIN / "toolctl"), "--endpoint", daemon.endpoint, "mcp"]
+    base = [str(inspector), "--cli", str(_served_with[0]), "--endpoint", daemon.endpoint, "mcp"]
     listed = subprocess.run([*base, "--method", "tools/list"], capture_output=True, text=True, timeout=120, check=True)
     names = {tool["name"] for tool in json.loads(listed.stdout)["tools"]}
     assert {"read_file", "write_file", "shell"} <= names
@@ -319,7 +339,7 @@ def test_json_rpc_details_the_sdk_would_get_wrong(daemon: DaemonProcess) -> None
     import importlib.metadata
 
     proc = subprocess.Popen(
-        [str(BIN / "toolctl"), "--endpoint", daemon.endpoint, "mcp"],
+        [str(_served_with[0]), "--endpoint", daemon.endpoint, "mcp"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -179,9 +179,7 @@ def test_an_undo_killed_at_any_point_ends_as_before_or_as_after_never_between(
         try:
             states = undos_settled(d)
             with d.client(timeout=30) as c:
-                results = [
-                    c.get_batch(s.batch_id).results for s in c.list_batches() if s.batch_id != outcome.batch_id
-                ]
+                results = [c.get_batch(s.batch_id).results for s in c.list_batches() if s.batch_id != outcome.batch_id]
         finally:
             d.stop()
         now = tree(root)
@@ -197,4 +195,3 @@ def test_an_undo_killed_at_any_point_ends_as_before_or_as_after_never_between(
         assert not leftovers(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-

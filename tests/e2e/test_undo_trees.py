@@ -153,6 +153,8 @@ def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, ro
 NAMES = st.sampled_from(["a", "b", "c", "d"])
 PATHS = st.lists(NAMES, min_size=1, max_size=3).map("/".join)
 CONTENT = st.binary(max_size=64).map(lambda b: b.decode("latin-1"))
+
+
 def operations(paths: st.SearchStrategy[str]) -> st.SearchStrategy[list[CallSpec]]:
     """Writes, edits (after a read, as edits require), patches, deletes and moves, each
     as the calls it takes; ``paths`` without a suffix (``p`` names a directory, ``p.txt``

@@ -9,6 +9,11 @@ notifications when the request carries a progress token; a cancelled request can
 the batch. The session's workspace is ``--workspace``, else the client's first
 ``file://`` root, else the daemon's roots.
 
+This module is the bridge's side toward the daemon, the same for both lines of the
+MCP SDK; ``_mcp_v1`` and ``_mcp_v2`` serve it with the SDK that is installed (the 1.x
+line's decorators, or the 2.x line's handlers, which also speak the 2026-07-28
+protocol, where a server asks for input by answering ``input_required``).
+
 Needs the MCP SDK: ``pip install 'toold-client[mcp]'``.
 """
 
@@ -17,19 +22,12 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
-import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 import anyio
-import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import types
-from mcp.server.lowlevel import Server
-from mcp.server.session import ServerSession
-from mcp.server.stdio import stdio_server
-from mcp.shared.message import SessionMessage
 
 from toold_protocol import (
     ConfirmationRequested,
@@ -44,6 +42,24 @@ from ._async_client import AsyncClient
 from ._requests import APPROVE_ALL, DENY_ALL, Decision
 
 SERVER_NAME = "toold"
+
+
+class Peer(Protocol):
+    """The MCP client of one request, as the bridge needs it (each SDK line provides one)."""
+
+    def can_elicit(self) -> bool: ...
+
+    async def elicit(self, message: str, schema: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        """Ask the person; (action: accept, decline or cancel; the form's content)."""
+        ...
+
+    def wants_progress(self) -> bool: ...
+
+    async def progress(self, done: float, message: str) -> None: ...
+
+    async def root_uris(self) -> list[str] | None:
+        """The client's roots, or None when it offers none."""
+        ...
 
 
 @dataclass
@@ -64,10 +80,10 @@ class Bridge:
         self._client: AsyncClient | None = None
         self._lock = anyio.Lock()
 
-    async def client(self, session: ServerSession) -> AsyncClient:
+    async def client(self, peer: Peer) -> AsyncClient:
         async with self._lock:
             if self._client is None:
-                workspace = self.workspace or await _workspace_from_roots(session)
+                workspace = self.workspace or await _workspace_from_roots(peer)
                 client = AsyncClient(self.endpoint, client_name="toolctl-mcp", workspace=workspace)
                 client.connect()
                 await client.hello()
@@ -78,45 +94,45 @@ class Bridge:
         if self._client is not None:
             self._client.close()
 
-    async def list_tools(self, session: ServerSession) -> list[types.Tool]:
-        definitions = await (await self.client(session)).tools()
+    async def list_tools(self, peer: Peer) -> list[types.Tool]:
+        definitions = await (await self.client(peer)).tools()
         return [mcp_tool(d) for d in definitions if isinstance(d, ToolDefinition)]
 
-    async def call_tool(
-        self, session: ServerSession, name: str, arguments: dict[str, Any], progress_token: Any
-    ) -> types.CallToolResult:
-        client = await self.client(session)
+    async def call_tool(self, peer: Peer, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        client = await self.client(peer)
         asking = Asking()
         streamed = 0
 
         async def on_event(event: DaemonMessage) -> None:
             nonlocal streamed
-            if isinstance(event, OutputChunk) and progress_token is not None:
+            if isinstance(event, OutputChunk):
                 streamed += len(event.data)
-                await session.send_progress_notification(progress_token, float(streamed), message=event.data)
+                await peer.progress(float(streamed), event.data)
 
         async def on_confirm(request: ConfirmationRequested) -> Decision | None:
             asking.asked = True
-            if not _can_elicit(session):
+            if not peer.can_elicit():
                 asking.answers.append("left to an approver (toolctl watch or toolctl approve)")
                 return None
             network = all(item.name == "network" for item in request.calls)
-            answer = await session.elicit(_approval_message(request), _NETWORK_SCHEMA if network else _APPROVAL_SCHEMA)
-            if answer.action == "accept":
-                content = answer.content or {}
+            action, content = await peer.elicit(
+                _approval_message(request), _NETWORK_SCHEMA if network else _APPROVAL_SCHEMA
+            )
+            if action == "accept":
+                content = content or {}
                 remember = content.get("remember_for_session") is True  # a real boolean only
                 always = network and content.get("remember_for_workspace") is True
                 asking.answers.append("approved through MCP elicitation" + (" for this workspace" if always else ""))
                 if remember or always:
                     return Decision("approve_all", remember_for_session=remember, remember_for_workspace=always)
                 return APPROVE_ALL
-            asking.answers.append(f"{answer.action}d through MCP elicitation")
+            asking.answers.append(f"{action}d through MCP elicitation")
             return DENY_ALL
 
         result = await client.call(
             name,
             arguments,
-            on_event=on_event if progress_token is not None else None,  # else: results only, fewer frames
+            on_event=on_event if peer.wants_progress() else None,  # else: results only, fewer frames
             on_confirm=on_confirm,
             approval_timeout=self.approval_timeout,
             cancel_on_abandon=True,
@@ -202,102 +218,26 @@ def _one_line(text: str) -> str:
     return sanitize_for_terminal(text).replace("\n", "\u23ce")
 
 
-def _can_elicit(session: ServerSession) -> bool:
-    return session.check_client_capability(types.ClientCapabilities(elicitation=types.ElicitationCapability()))
-
-
-async def _workspace_from_roots(session: ServerSession) -> str | None:
+async def _workspace_from_roots(peer: Peer) -> str | None:
     """The client's first ``file://`` root, if it offers roots."""
-    if not session.check_client_capability(types.ClientCapabilities(roots=types.RootsCapability())):
-        return None
     try:
         with anyio.fail_after(10):
-            roots = (await session.list_roots()).roots
+            uris = await peer.root_uris()
     except Exception:  # a client that declares roots but cannot list them: no workspace
         return None
-    for root in roots:
-        parsed = urlparse(str(root.uri))
+    for uri in uris or []:
+        parsed = urlparse(uri)
         if parsed.scheme == "file" and parsed.path:
             return unquote(parsed.path)
     return None
 
 
-def build_server(bridge: Bridge) -> Server[Any, Any]:
-    server: Server[Any, Any] = Server(SERVER_NAME, version=_version())
-
-    @server.list_tools()  # type: ignore[no-untyped-call,untyped-decorator]
-    async def list_tools() -> list[types.Tool]:
-        return await bridge.list_tools(server.request_context.session)
-
-    @server.call_tool(validate_input=False)  # type: ignore[untyped-decorator]  # the daemon validates (BadArgs)
-    async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        context = server.request_context
-        token = context.meta.progressToken if context.meta is not None else None
-        return await bridge.call_tool(context.session, name, arguments, token)
-
-    return server
+def sdk_line() -> int:
+    """The installed MCP SDK's major version."""
+    return int(importlib.metadata.version("mcp").split(".")[0])
 
 
-async def serve_stdio(endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> None:
-    bridge = Bridge(endpoint, os.path.abspath(workspace) if workspace else None, approval_timeout)
-    server = build_server(bridge)
-    try:
-        async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as group:
-            inbound, outbound = _conforming(group, read_stream, write_stream)
-            await server.run(inbound, outbound, server.create_initialization_options())
-            group.cancel_scope.cancel()
-    finally:
-        bridge.close()
-
-
-#: The methods a client may call (the SDK's own list); any other is -32601.
-_CLIENT_METHODS = frozenset(
-    typing.get_args(request.model_fields["method"].annotation)[0]
-    for request in typing.get_args(types.ClientRequest.model_fields["root"].annotation)
-)
-_METHOD_NOT_FOUND = -32601
-
-
-def _conforming(
-    group: anyio.abc.TaskGroup,
-    read_stream: MemoryObjectReceiveStream[SessionMessage | Exception],
-    write_stream: MemoryObjectSendStream[SessionMessage],
-) -> tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]:
-    """The stdio streams, kept to the protocol where the SDK strays: a request for an
-    unknown method is answered -32601 (the SDK's validation answers -32602), and a
-    request the client cancelled gets no reply at all, as the specification asks."""
-    to_server, server_reads = anyio.create_memory_object_stream[SessionMessage | Exception](16)
-    server_writes, from_server = anyio.create_memory_object_stream[SessionMessage](16)
-    cancelled: set[Any] = set()
-
-    async def inbound() -> None:
-        async with to_server:
-            async for item in read_stream:
-                message = item.message.root if isinstance(item, SessionMessage) else None
-                if isinstance(message, types.JSONRPCRequest) and message.method not in _CLIENT_METHODS:
-                    error = types.ErrorData(code=_METHOD_NOT_FOUND, message=f"Method not found: {message.method}")
-                    reply = types.JSONRPCError(jsonrpc="2.0", id=message.id, error=error)
-                    await write_stream.send(SessionMessage(types.JSONRPCMessage(reply)))
-                    continue
-                if isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
-                    cancelled.add((message.params or {}).get("requestId"))
-                await to_server.send(item)
-
-    async def outbound() -> None:
-        async with from_server:
-            async for item in from_server:
-                message = item.message.root
-                if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)) and message.id in cancelled:
-                    cancelled.discard(message.id)
-                    continue
-                await write_stream.send(item)
-
-    group.start_soon(inbound)
-    group.start_soon(outbound)
-    return server_reads, server_writes
-
-
-def _version() -> str:
+def version() -> str:
     try:
         return importlib.metadata.version("toold-client")
     except importlib.metadata.PackageNotFoundError:
@@ -305,6 +245,14 @@ def _version() -> str:
 
 
 def main(endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> int:
-    anyio.run(serve_stdio, endpoint, workspace, approval_timeout)
+    bridge = Bridge(endpoint, os.path.abspath(workspace) if workspace else None, approval_timeout)
+    if sdk_line() >= 2:
+        from . import _mcp_v2 as served
+    else:
+        from . import _mcp_v1 as served  # type: ignore[no-redef]
+    try:
+        anyio.run(served.serve_stdio, bridge)
+    finally:
+        bridge.close()
     print("toolctl mcp: the MCP client closed the session", file=sys.stderr)
     return 0
