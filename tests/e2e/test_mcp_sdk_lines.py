@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BIN, DaemonProcess, module_daemon
+from tests.e2e.test_isolation import alive_with
 
 REPO = Path(__file__).resolve().parents[2]
 MCP2_PYTHON = REPO / ".venv-mcp2" / "bin" / "python"
@@ -79,6 +82,21 @@ async def main():
                     request_state=first.request_state,
                 )
                 report["replayed"] = [stale.is_error, stale.content[0].text]
+        if scenario.startswith("cancel "):
+            marker = scenario.split()[1]
+            with anyio.move_on_after(4):  # leaving the scope cancels the request
+                await client.call_tool("shell", {"command": "sleep " + marker})
+            report["cancelled"] = True
+            await anyio.sleep(2)  # the session stays open: only the cancel can have ended it
+            import pathlib
+            running = []
+            for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    if marker.encode() in cmdline.read_bytes():
+                        running.append(cmdline.parent.name)
+                except OSError:
+                    pass
+            report["still_running"] = [pid for pid in running if pid != str(__import__("os").getpid())]
         report["asked"] = answers
         print(json.dumps(report))
 
@@ -149,3 +167,21 @@ def test_the_2026_era_asks_with_input_required_and_a_state_that_works_once(
     assert "echo by-hand" in report["asks"]
     assert report["second"][0] is False and report["second"][1].startswith("by-hand\n")
     assert report["replayed"][0] is True and "unknown or expired request_state" in report["replayed"][1]
+
+
+def test_a_cancelled_call_of_the_2026_era_cancels_its_batch_and_kills_the_command(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """The approved command runs in a leg of its own; the client giving up on that leg
+    cancels the batch waiting behind it, as a cancelled request does in the handshake era."""
+    marker = f"38{uuid.uuid4().int % 10**6:06d}"
+    report = drive(daemon, tmp_path, "bridge on mcp 2.x", "auto", f"cancel {marker}")
+    assert report["cancelled"] and report["protocol"] == "2026-07-28"
+    assert report["still_running"] == [], report  # seen while the client was still connected
+    deadline = time.monotonic() + 5
+    while alive_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive_with(marker) == []
+    with daemon.client() as client:
+        latest = client.get_batch(client.list_batches(limit=1)[0].batch_id)
+    assert latest.state == "cancelled", latest
