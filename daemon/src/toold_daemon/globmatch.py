@@ -22,6 +22,21 @@ def matches(pattern: str, path: str) -> bool:
     return compile_glob(pattern).match(path) is not None
 
 
+def last_name_glob(pattern: str) -> str | None:
+    """A glob for the last name of any path ``pattern`` matches, or of its directory when
+    it ends in ``/**`` (``*.pem`` for ``**/*.pem``, ``.ssh`` for ``**/.ssh/**``); None when
+    no such glob can be told (a ``**`` or a ``{a/b}`` in the last name). A path whose last
+    name does not match it is certain not to match ``pattern``: a cheap check first."""
+    while pattern.endswith("/**"):
+        pattern = pattern[: -len("/**")]
+    if "{" in pattern and "/" in pattern[pattern.find("{") :]:
+        return None  # an alternative may hold a separator: the last name is not plain text
+    name = pattern.rsplit("/", 1)[-1]
+    if not name or "**" in name:
+        return None
+    return name
+
+
 def literal_prefix(pattern: str) -> str:
     """The leading directories of ``pattern`` that contain no glob syntax (``src/a`` for ``src/a/**/*.py``)."""
     segments = pattern.split("/")

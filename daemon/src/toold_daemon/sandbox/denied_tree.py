@@ -15,8 +15,8 @@ layer reports itself partial.
 from __future__ import annotations
 
 import os
-import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from .paths import Sandbox
 
 _INODES_FRESH_S = 2.0
+#: A name no file can have: a directory whose every entry a pattern matches (``.ssh/**``)
+#: matches with this appended, and is then covered whole, new entries included.
+EVERYTHING_BELOW = "/\0"
 _inode_cache: dict[tuple[tuple[Path, ...], tuple[str, ...]], tuple[float, frozenset[tuple[int, int]]]] = {}
 
 
@@ -34,8 +37,9 @@ class Found:
     directories: list[str] = field(default_factory=list)  # to cover: denied directories
     inodes: set[tuple[int, int]] = field(default_factory=set)  # (st_dev, st_ino) of every denied file
     complete: bool = True
-    #: Regular files with more than one link, by inode: other names a denied file may have.
-    linked: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    #: Every other regular file by inode number (from the directory, no stat): where other
+    #: names of a denied file may be; checked with a stat only for a denied file's number.
+    by_inode: dict[int, list[str]] = field(default_factory=dict)
     #: With ``protected``: the outermost files and directories matching a protected pattern.
     protected: list[str] = field(default_factory=list)
 
@@ -51,6 +55,7 @@ def find_denied(sandbox: Sandbox, *, max_entries: int, protected: bool = False) 
     if not sandbox.denied_patterns and not (protected and sandbox.protected_patterns):
         return found
     budget = max_entries
+    may_be_denied, may_be_protected = sandbox.may_be_denied, sandbox.may_be_protected  # bound once
     # (directory, inside a denied one, inside a protected one (or not looking))
     pending = [(str(root), False, not protected) for root in sandbox.roots if os.path.isdir(root)]
     while pending:
@@ -63,7 +68,14 @@ def find_denied(sandbox: Sandbox, *, max_entries: int, protected: bool = False) 
                         found.complete = False
                         return _with_other_names(found)
                     _consider(
-                        sandbox, entry, found, pending, inside_denied=inside_denied, inside_protected=inside_protected
+                        sandbox,
+                        entry,
+                        found,
+                        pending,
+                        inside_denied=inside_denied,
+                        inside_protected=inside_protected,
+                        may_be_denied=may_be_denied,
+                        may_be_protected=may_be_protected,
                     )
         except OSError:
             continue  # unreadable for this user: its commands cannot read it either
@@ -78,23 +90,38 @@ def _consider(
     *,
     inside_denied: bool,
     inside_protected: bool,
+    may_be_denied: Callable[[str], bool],
+    may_be_protected: Callable[[str], bool],
 ) -> None:
+    """One entry: its kind and inode number from the directory itself (no system call),
+    a stat only for denied files, and the patterns matched only when the entry's name
+    could match one (most names cannot: no path is built for them)."""
     try:
-        st = entry.stat(follow_symlinks=False)
+        is_file = entry.is_file(follow_symlinks=False)  # most entries: asked first
+        is_dir = not is_file and entry.is_dir(follow_symlinks=False)
     except OSError:
         return
-    is_dir, is_file = stat.S_ISDIR(st.st_mode), stat.S_ISREG(st.st_mode)
     if inside_denied:
         if is_dir:
             pending.append((entry.path, True, True))
         elif is_file:
-            found.inodes.add((st.st_dev, st.st_ino))
+            _add_inode(found, entry)
         return
-    if not inside_protected and (is_dir or is_file) and sandbox.protected_pattern(entry.path) is not None:
+    name = entry.name
+    if (
+        not inside_protected
+        and (is_dir or is_file)
+        and may_be_protected(name)
+        and (
+            sandbox.protected_pattern(entry.path) is not None
+            or (is_dir and sandbox.protected_pattern(entry.path + EVERYTHING_BELOW) is not None)
+        )
+    ):
         found.protected.append(entry.path)
         inside_protected = True
-    denied = sandbox.denied_pattern(Path(entry.path)) is not None or (
-        is_dir and sandbox.denied_pattern(Path(entry.path, "x")) is not None
+    denied = may_be_denied(name) and (
+        sandbox.denied_pattern(entry.path) is not None
+        or (is_dir and sandbox.denied_pattern(entry.path + EVERYTHING_BELOW) is not None)
     )
     if is_dir:
         if denied:
@@ -102,15 +129,34 @@ def _consider(
         pending.append((entry.path, denied, inside_protected))
     elif is_file and denied:
         found.files.append(entry.path)
-        found.inodes.add((st.st_dev, st.st_ino))
-    elif is_file and st.st_nlink > 1:
-        found.linked.setdefault((st.st_dev, st.st_ino), []).append(entry.path)
+        _add_inode(found, entry)
+    elif is_file:
+        try:
+            found.by_inode.setdefault(entry.inode(), []).append(entry.path)
+        except OSError:
+            pass
+
+
+def _add_inode(found: Found, entry: os.DirEntry[str]) -> None:
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return
+    found.inodes.add((st.st_dev, st.st_ino))
 
 
 def _with_other_names(found: Found) -> Found:
-    for inode, paths in found.linked.items():
-        if inode in found.inodes:
-            found.files.extend(paths)
+    """Other names (hard links) of the denied files: same inode number, then the same
+    device and inode by a stat of each candidate (a rare few)."""
+    for device, inode in found.inodes:
+        for path in found.by_inode.get(inode, ()):
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (device, inode):
+                found.files.append(path)
+    found.by_inode.clear()
     return found
 
 

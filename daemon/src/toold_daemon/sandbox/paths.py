@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import bad_args, from_os_error, sandbox_violation
-from ..globmatch import compile_glob
+from ..globmatch import compile_glob, last_name_glob
 from .denied_tree import denied_inodes
 from .homes import HOME_DOTFILES, home_directories, home_dotfile
 
@@ -36,6 +36,15 @@ def _alternation(patterns: list[tuple[str, re.Pattern[str]]]) -> re.Pattern[str]
     if not patterns:
         return None
     return re.compile("|".join(f"(?:{regex.pattern})" for _, regex in patterns), re.DOTALL)
+
+
+def _names_first(patterns: Iterable[str]) -> re.Pattern[str] | None:
+    """One regex over a bare name that every name of a path matching one of ``patterns``
+    matches (see ``last_name_glob``); None when some pattern allows no such check."""
+    names = [last_name_glob(p) for p in patterns]
+    if not names or any(name is None for name in names):
+        return None
+    return re.compile("|".join(f"(?:{compile_glob(name).pattern})" for name in names if name), re.DOTALL)
 
 
 def _canonical(path: str) -> str:
@@ -97,6 +106,8 @@ class Sandbox:
         self.protect_homes = protect_homes
         self._denied_abs_any = _alternation(self._denied_abs)
         self._denied_rel_any = _alternation(self._denied_rel)
+        self._denied_names = _names_first(p.lstrip("/") for p in self.denied_patterns)
+        self._protected_names = _names_first(self.protected_patterns)
         for root in self.roots:
             # Relative patterns see paths relative to the root, so a root *inside* a denied
             # location (say ~/.ssh) would escape them: refuse such a root outright.
@@ -167,7 +178,22 @@ class Sandbox:
                 return index
         return None
 
-    def denied_pattern(self, path: Path) -> str | None:
+    def may_be_denied(self, name: str) -> bool:
+        """False when no path ending in ``name`` (nor a directory ``name``'s contents)
+        can be denied: the check a walk makes on every entry before building its path."""
+        if not self.denied_patterns:
+            return False
+        return self._denied_names is None or self._denied_names.match(name) is not None
+
+    def may_be_protected(self, name: str) -> bool:
+        """As ``may_be_denied``, for the protected patterns and a home's dot-entries."""
+        if self.protect_homes and name.startswith("."):
+            return True
+        if not self.protected_patterns:
+            return False
+        return self._protected_names is None or self._protected_names.match(name) is not None
+
+    def denied_pattern(self, path: Path | str) -> str | None:
         """The first denied pattern matching canonical ``path``, or None."""
         text = str(path)
         index = self._root_index(text)

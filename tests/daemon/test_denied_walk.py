@@ -1,0 +1,114 @@
+"""The walk that finds denied and protected entries checks a name before it builds a path:
+that shortcut must never skip an entry the full patterns would catch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toold_daemon.config import DEFAULT_DENIED_PATTERNS, Config
+from toold_daemon.globmatch import last_name_glob
+from toold_daemon.sandbox import Sandbox, build_sandbox, protected_patterns
+from toold_daemon.sandbox.denied_tree import EVERYTHING_BELOW as ALL
+from toold_daemon.sandbox.denied_tree import find_denied
+
+PIECES = ["a", ".env", ".env.local", "id_rsa", "id_rsa.pub", "x.pem", "key", ".ssh", ".gnupg", "etc", "shadow",
+          ".aws", "credentials", ".git", "config", "x.pth", ".bashrc", "src", ".vscode", "b.key", "c"]  # fmt: skip
+EXTRA_PATTERNS = st.lists(
+    st.sampled_from(["**/*.{key,pem}", "secrets/**", "**/a/c", "*.pth", "**/[.]env", "/srv/**/shadow", "**/id_*"]),
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=5), EXTRA_PATTERNS)
+def test_a_name_the_shortcut_passes_over_is_never_denied_or_protected(parts: list[str], extra: list[str]) -> None:
+    root = Path("/srv/work")
+    sandbox = Sandbox(
+        [root],
+        denied_patterns=[*DEFAULT_DENIED_PATTERNS, *extra],
+        protected_patterns=[*protected_patterns(Config()), *extra],
+        verified=False,
+    )
+    path = str(root.joinpath(*parts))
+    name = parts[-1]
+    ancestors = [str(root.joinpath(*parts[:n])) for n in range(1, len(parts))]
+    # The walk never looks at names inside a denied directory (all of it is denied) or
+    # inside a protected entry (its outermost is what is kept): only the rest must pass.
+    inside_denied = any(
+        sandbox.denied_pattern(a) is not None or sandbox.denied_pattern(a + ALL) is not None for a in ancestors
+    )
+    inside_protected = any(
+        sandbox.protected_pattern(a) is not None or sandbox.protected_pattern(a + ALL) is not None for a in ancestors
+    )
+    denied = sandbox.denied_pattern(path) is not None or sandbox.denied_pattern(path + ALL) is not None
+    protected = sandbox.protected_pattern(path) is not None or sandbox.protected_pattern(path + ALL) is not None
+    if denied and not inside_denied:
+        assert sandbox.may_be_denied(name), (path, extra)
+    if protected and not inside_protected:
+        assert sandbox.may_be_protected(name), (path, extra)
+
+
+def test_last_name_globs() -> None:
+    assert last_name_glob("**/*.pem") == "*.pem"
+    assert last_name_glob("**/.ssh/**") == ".ssh"
+    assert last_name_glob("**/.aws/credentials") == "credentials"
+    assert last_name_glob("secrets/**") == "secrets"
+    assert last_name_glob("**") is None and last_name_glob("a/**/**") == "a"
+    assert last_name_glob("{a/b,c}") is None  # an alternative holding a separator
+
+
+def reference_walk(sandbox: Sandbox, root: Path) -> tuple[set[str], set[str], set[str]]:
+    """Every entry checked against the full patterns, the way the walk used to."""
+    files, directories, protected = set(), set(), set()
+    denied_inodes = set()
+    for directory, dirnames, filenames in os.walk(root):
+        if any(directory == d or directory.startswith(d + "/") for d in directories):
+            for name in filenames:
+                st_ = os.stat(os.path.join(directory, name), follow_symlinks=False)
+                denied_inodes.add((st_.st_dev, st_.st_ino))
+            continue
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(directory, name)
+            below = name in dirnames and sandbox.protected_pattern(path + ALL) is not None
+            if not any(path == p or path.startswith(p + "/") for p in protected) and (
+                sandbox.protected_pattern(path) is not None or below
+            ):
+                protected.add(path)
+            if name in dirnames:
+                if sandbox.denied_pattern(path) is not None or sandbox.denied_pattern(path + ALL) is not None:
+                    directories.add(path)
+            elif sandbox.denied_pattern(path) is not None:
+                files.add(path)
+                st_ = os.stat(path, follow_symlinks=False)
+                denied_inodes.add((st_.st_dev, st_.st_ino))
+    for directory, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            path = os.path.join(directory, name)
+            st_ = os.stat(path, follow_symlinks=False)
+            if (st_.st_dev, st_.st_ino) in denied_inodes and not any(path.startswith(d + "/") for d in directories):
+                files.add(path)
+    return files, directories, protected
+
+
+def test_the_walk_finds_what_checking_every_entry_finds(tmp_path: Path) -> None:
+    root = tmp_path / "work"
+    tree = [["src", "a.py"], ["src", ".env"], [".ssh", "id_rsa"], ["deep", "er", "x.pem"], [".git", "config"]]
+    tree += [["lib", "site.pth"], [".aws", "credentials"], ["notes", "credentials"], [".vscode", "s.json"]]
+    for parts in tree:
+        path = root.joinpath(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    os.link(root / "src" / ".env", root / "src" / "innocent.txt")  # another name of a denied file
+    os.link(root / "src" / "a.py", root / "src" / "a-too.py")  # another name of an ordinary one
+    sandbox = build_sandbox(Config(), [root])
+    found = find_denied(sandbox, max_entries=10_000, protected=True)
+    files, directories, protected = reference_walk(sandbox, root)
+    assert set(found.files) == files and str(root / "src" / "innocent.txt") in files
+    assert set(found.directories) == directories and str(root / ".ssh") in directories
+    assert set(found.protected) == protected and str(root / ".git") in protected
+    assert str(root / ".vscode") in protected  # every entry below it is: the directory is kept whole
+    assert found.complete
