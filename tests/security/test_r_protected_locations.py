@@ -43,6 +43,8 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     (path / "project/.vscode").mkdir()
     (path / "project/.vscode/tasks.json").write_text("{}")
     (path / "project/sitecustomize.py").write_text("# mine\n")
+    (path / "project/.config/git").mkdir(parents=True)  # protected as ".config/git/**" only
+    (path / "project/.config/git/ignore").write_text("*.o\n")
     tmp = tmp_path_factory.mktemp("home")
     d = start_daemon(tmp, path, config=CONFIG)
     try:
@@ -147,10 +149,15 @@ def test_commands_still_work_in_the_homes_ordinary_directories(home: DaemonProce
 def test_existing_protected_entries_below_the_root_are_read_only_for_commands(home: DaemonProcess) -> None:
     project = home.root / "project"
     with home.client(timeout=30) as c:
-        for command in ("echo id > project/.vscode/tasks.json", "echo id >> project/sitecustomize.py"):
+        for command in (
+            "echo id > project/.vscode/tasks.json",
+            "echo id >> project/sitecustomize.py",
+            "printf '[core]\\n\\tfsmonitor = id\\n' > project/.config/git/config",  # new, in a directory protected whole
+        ):
             result = c.call("shell", {"command": command})
             assert not result.ok, (command, result.content)
     assert (project / ".vscode/tasks.json").read_text() == "{}"
+    assert not (project / ".config/git/config").exists()
     assert (project / "sitecustomize.py").read_text() == "# mine\n"
 
 
