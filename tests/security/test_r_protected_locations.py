@@ -152,7 +152,7 @@ def test_existing_protected_entries_below_the_root_are_read_only_for_commands(ho
         for command in (
             "echo id > project/.vscode/tasks.json",
             "echo id >> project/sitecustomize.py",
-            "printf '[core]\\n\\tfsmonitor = id\\n' > project/.config/git/config",  # new, in a directory protected whole
+            "printf '[core]\\n\\tfsmonitor = id\\n' > project/.config/git/config",
         ):
             result = c.call("shell", {"command": command})
             assert not result.ok, (command, result.content)
