@@ -25,13 +25,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from toold_protocol import CallCount, Latency, Stats, ToolResult
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,10 @@ class Metrics:
     # ------------------------------------------------------------------ for machines
 
     def exposition(self) -> bytes:
-        """The Prometheus text format of every metric (totals, no uid)."""
+        """The Prometheus text format of every metric (totals, no uid). The library is
+        imported here, when a metrics file is asked for (18 ms of start-up otherwise)."""
+        from prometheus_client import CollectorRegistry, generate_latest
+
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self))
         return generate_latest(registry)
@@ -157,13 +161,16 @@ def _latency(tool: str, ordered: list[float]) -> Latency:
     return Latency(tool=tool, count=len(ordered), p50_ms=at(0.5), p90_ms=at(0.9), p99_ms=at(0.99), max_ms=at(1.0))
 
 
-class _Collector(Collector):
-    """Reads ``Metrics`` when the registry renders, so there is one set of numbers."""
+class _Collector:
+    """Reads ``Metrics`` when the registry renders, so there is one set of numbers (a
+    collector is anything with ``collect``)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
         m = self.metrics
         calls = CounterMetricFamily(
             "toold_calls",
