@@ -45,7 +45,7 @@ def test_protocol_depends_on_msgspec_only() -> None:
 # (the `toold-client[mcp]` extra).
 OPTIONAL_CLIENT_IMPORTS = {
     "_aio.py": {"trio"},
-    **{name: {"mcp", "anyio"} for name in ("mcp_bridge.py", "_mcp_v1.py", "_mcp_v2.py")},
+    **{name: {"mcp", "anyio"} for name in ("mcp_bridge.py", "mcp_stdio.py", "_mcp_v1.py", "_mcp_v2.py")},
 }
 
 

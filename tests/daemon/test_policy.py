@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toold_daemon import regexguard
-from toold_daemon.config import ApprovalConfig, Condition, ConfigError, Rule, parse
+from toold_daemon.config import ApprovalConfig, Condition, ConfigError, Rule
+from toold_daemon.config_loading import parse
 from toold_daemon.policy import Facts, evaluate, split_command
 from toold_daemon.policy.engine import MAX_REGEX_SUBJECT_CHARS
 from toold_protocol import Identity

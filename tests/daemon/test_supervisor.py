@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from toold_daemon.isolation.child import start_command
+from toold_daemon.isolation.command_start import start_command
 from toold_daemon.isolation.supervisor import Supervisor
 from toold_daemon.isolation.wire import Chunk, FrameBuffer, Limits, Outcome, SpawnRequest, child_decoder
 

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toold_daemon.config import Config, parse
+from toold_daemon.config import Config
+from toold_daemon.config_loading import parse
 from toold_daemon.errors import ToolError
 from toold_daemon.reads import ReadTracker
 from toold_daemon.sandbox import Sandbox

@@ -136,12 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _mcp(endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> int:
     try:
-        from . import mcp_bridge
+        from . import mcp_stdio
     except ImportError as exc:
         hint = "pip install 'toold-client[mcp]'"
         print(f"toolctl mcp needs the MCP SDK ({exc.name} is missing): {hint}", file=sys.stderr)
         return EXIT_USAGE
-    return mcp_bridge.main(endpoint, workspace, approval_timeout)
+    return mcp_stdio.main(endpoint, workspace, approval_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,6 @@ Needs the MCP SDK: ``pip install 'toold-client[mcp]'``.
 from __future__ import annotations
 
 import importlib.metadata
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
@@ -242,17 +240,3 @@ def version() -> str:
         return importlib.metadata.version("toold-client")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def main(endpoint: str | None, workspace: str | None, approval_timeout: float | None) -> int:
-    bridge = Bridge(endpoint, os.path.abspath(workspace) if workspace else None, approval_timeout)
-    if sdk_line() >= 2:
-        from . import _mcp_v2 as served
-    else:
-        from . import _mcp_v1 as served  # type: ignore[no-redef]
-    try:
-        anyio.run(served.serve_stdio, bridge)
-    finally:
-        bridge.close()
-    print("toolctl mcp: the MCP client closed the session", file=sys.stderr)
-    return 0

@@ -16,7 +16,8 @@ from typing import Any
 
 from . import __version__, logs
 from .activation import ActivationError, take_activated_socket
-from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, endpoint_refusal, load_file
+from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, endpoint_refusal
+from .config_loading import load_file
 from .hardening import harden_process
 from .isolation.admission import Admission
 from .isolation.probe import Probe

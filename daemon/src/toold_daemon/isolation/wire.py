@@ -132,6 +132,11 @@ _encoder = msgspec.msgpack.Encoder()
 child_decoder = msgspec.msgpack.Decoder(ChildMessage)
 
 
+def failure(type_: str, code: str, message: str, **details: Any) -> Outcome:
+    """An outcome that failed: the error's type, code, message and details."""
+    return Outcome(ok=False, error_type=type_, error_code=code, error_message=message, error_details=details)
+
+
 def frame(message: msgspec.Struct) -> bytes:
     body = _encoder.encode(message)
     return _HEADER.pack(len(body)) + body

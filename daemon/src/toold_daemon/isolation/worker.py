@@ -22,9 +22,9 @@ import socket
 import msgspec
 
 from ..sandbox import Sandbox
-from .child import run_tool
 from .prepare import Work
 from .roots import roots_identity
+from .tool_run import run_tool
 from .wire import Outcome, SpawnRequest, close_fds, receive_with_fds, write_frame
 
 _decoder = msgspec.msgpack.Decoder(SpawnRequest)

@@ -25,7 +25,7 @@ import time
 import msgspec
 
 from ..egress.process import listen_through_the_proxy
-from .child import start_command
+from .command_start import start_command
 from .roots import roots_identity
 from .supervisor import Supervisor
 from .wire import Outcome, Spawned, SpawnRequest, close_fds, frame, receive_with_fds, write_frame

@@ -19,10 +19,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .paths import Sandbox
+
+class Patterns(Protocol):
+    """What the walk needs of a sandbox: its roots and how its patterns judge a path
+    (``paths.Sandbox`` is one; the walk does not depend on it, it is used by it)."""
+
+    roots: tuple[Path, ...]
+    denied_patterns: tuple[str, ...]
+    protected_patterns: tuple[str, ...]
+
+    def may_be_denied(self, name: str) -> bool: ...
+
+    def may_be_protected(self, name: str) -> bool: ...
+
+    def denied_pattern(self, path: Path | str) -> str | None: ...
+
+    def protected_pattern(self, path: Path | str) -> str | None: ...
+
 
 _INODES_FRESH_S = 2.0
 #: A name no file can have: a directory whose every entry a pattern matches (``.ssh/**``)
@@ -44,7 +59,7 @@ class Found:
     protected: list[str] = field(default_factory=list)
 
 
-def find_denied(sandbox: Sandbox, *, max_entries: int, protected: bool = False) -> Found:
+def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False) -> Found:
     """Denied entries below the sandbox's roots, visiting at most ``max_entries`` directory
     entries. Files inside a denied directory count as denied (their inodes are kept), and
     a hard link to a denied file under an innocent name is covered too. Symlinks are
@@ -83,7 +98,7 @@ def find_denied(sandbox: Sandbox, *, max_entries: int, protected: bool = False) 
 
 
 def _consider(
-    sandbox: Sandbox,
+    sandbox: Patterns,
     entry: os.DirEntry[str],
     found: Found,
     pending: list[tuple[str, bool, bool]],
@@ -160,7 +175,7 @@ def _with_other_names(found: Found) -> Found:
     return found
 
 
-def denied_inodes(sandbox: Sandbox, *, max_entries: int = 1_000_000) -> frozenset[tuple[int, int]]:
+def denied_inodes(sandbox: Patterns, *, max_entries: int = 1_000_000) -> frozenset[tuple[int, int]]:
     """``(st_dev, st_ino)`` of every denied regular file below the roots, found again when
     older than a couple of seconds. Asked only for files with more than one link, so the
     walk is rare. A new hard link to a denied file has that file's inode, so it is caught

@@ -30,7 +30,8 @@ from toold_protocol import (
 
 from .. import planner
 from ..batches import Batch
-from ..config import ConfigError, load_file
+from ..config import ConfigError
+from ..config_loading import load_file
 from ..egress.rules import NETWORKED_TOOLS, network_summary
 from ..journal import Journal, StoredBatch
 from ..tools import Tool
