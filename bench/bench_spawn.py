@@ -109,7 +109,9 @@ def main(n: int = 300) -> None:
             try:
                 async with trio.open_nursery() as nursery:  # as in the daemon: cleanup runs behind
                     runner.bind_nursery(nursery)
-                    return await isolated(runner, config, root, n)
+                    measured = await isolated(runner, config, root, n)
+                    nursery.cancel_scope.cancel()  # the runner's links (egress) serve until cancelled
+                return measured
             finally:
                 runner.close()
 
