@@ -151,7 +151,7 @@ class AuditTrail:
             fields = _of_call(batch, call)
             fields.update(TOOLD_LAYER="paths", TOOLD_REASON=hide_secrets(result.error.message[:_MAX_VALUE]))
             self._sink("refusal", _with_message(fields, f"{call.name}: the sandbox refused: {result.error.message}"))
-        for connection in (result.data or {}).get("network", ()) if isinstance(result.data, dict) else ():
+        for connection in (result.data or {}).get("network", ()):
             if not isinstance(connection, dict) or not connection.get("refused"):
                 continue
             fields = _of_call(batch, call)
@@ -178,7 +178,7 @@ def _of_call(batch: Batch, call: PreparedCall) -> Fields:
         TOOLD_CALL=call.call_id,
         TOOLD_INDEX=str(call.index),
         TOOLD_TOOL=call.name,
-        TOOLD_SUMMARY=hide_secrets(call.summary),
+        TOOLD_SUMMARY=call.summary,  # credentials hidden by the planner when it was made
     )
     return fields
 

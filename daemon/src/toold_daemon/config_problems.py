@@ -58,21 +58,25 @@ def _struct_in(kind: Any) -> type[msgspec.Struct] | None:
     kind = _unannotated(kind)
     if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
         return kind
-    if typing.get_origin(kind) in (Union, types.UnionType):
-        structs = [s for s in map(_struct_in, typing.get_args(kind)) if s is not None]
-        return structs[0] if len(structs) == 1 else None
-    return None
+    found: type[msgspec.Struct] | None = _the_one_in_union(kind, _struct_in)
+    return found
 
 
 def _element_of(kind: Any) -> Any:
+    """The element type of a list in ``kind`` (itself, or inside an optional union)."""
     kind = _unannotated(kind)
     if typing.get_origin(kind) is list:
         (element,) = typing.get_args(kind)
         return element
-    if typing.get_origin(kind) in (Union, types.UnionType):
-        elements = [e for e in map(_element_of, typing.get_args(kind)) if e is not None]
-        return elements[0] if len(elements) == 1 else None
-    return None
+    return _the_one_in_union(kind, _element_of)
+
+
+def _the_one_in_union(kind: Any, find: Any) -> Any:
+    """What ``find`` finds in exactly one member of the union ``kind`` (else None)."""
+    if typing.get_origin(kind) not in (Union, types.UnionType):
+        return None
+    found = [f for f in map(find, typing.get_args(kind)) if f is not None]
+    return found[0] if len(found) == 1 else None
 
 
 def _unannotated(kind: Any) -> Any:
