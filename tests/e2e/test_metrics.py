@@ -152,3 +152,32 @@ def test_percentiles_are_nearest_rank() -> None:
     (shell,) = [row for row in mine.latency if row.tool == "shell"]
     assert (shell.count, shell.p50_ms, shell.p90_ms, shell.p99_ms, shell.max_ms) == (10, 5.0, 9.0, 100.0, 100.0)
     assert metrics.snapshot(2, None).latency[-1].max_ms == 1000.0  # everyone's includes uid 1001
+
+
+def test_a_metrics_file_that_cannot_be_written_is_logged_and_the_daemon_serves(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    missing = tmp_path / "no-such-dir" / "toold.prom"
+    d = start_daemon(tmp_path, root, config=f'[daemon]\nmetrics_file = "{missing}"\nmetrics_interval_seconds = 1\n')
+    try:
+        time.sleep(2.5)  # a few attempts
+        with Client(d.endpoint) as c:
+            assert c.ping(timeout=2) < 1
+            assert c.stats().scope == "all"
+    finally:
+        d.stop()
+    log = d.log.read_text()
+    assert log.count("could not write the metrics file") == 1, log  # said once, not every interval
+    assert "Traceback" not in log
+
+
+def test_relative_audit_and_metrics_paths_are_refused_at_check_config(tmp_path: Path) -> None:
+    config = tmp_path / "toold.toml"
+    for text, words in (
+        ('[daemon]\nmetrics_file = "toold.prom"\n', "metrics_file: 'toold.prom' is not an absolute path"),
+        ('[daemon]\naudit_journal_socket = "j.sock"\n', "audit_journal_socket: 'j.sock' is not an absolute path"),
+        ('[daemon]\naudit = "loud"\n', "Invalid enum value 'loud'"),
+    ):
+        config.write_text(text)
+        checked = subprocess.run([str(BIN / "toold"), "check-config", str(config)], capture_output=True, text=True)
+        assert checked.returncode == 2 and words in checked.stderr, checked.stderr
