@@ -1,34 +1,47 @@
-"""Time from exec of ``toold serve`` to its first pong, vs a bare interpreter start.
+"""Time from exec of ``toold serve`` to its first pong and to its first tool result
+(a 4 KB ``read_file``), against a bare interpreter start.
 
-Target: ready (first pong) within 300 ms of exec on the reference machine.
+With ``--against DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base
+COMMIT``) the same figures for that tree come from the same run, rounds alternating, so
+the machine's drift hits both alike. Both trees run with compiled bytecode (this machine
+may set PYTHONDONTWRITEBYTECODE, which would otherwise compile every module at every
+start).
+
+    .venv/bin/python bench/bench_startup.py [rounds] [--against DIR]
 """
 
 from __future__ import annotations
 
+import argparse
+import compileall
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import zmq
 
-from _common import BIN
+from toold_client import Client
 from toold_protocol import Ping, encode
 
+HERE = Path(__file__).resolve().parent.parent
+SOURCES = ("protocol/src", "client/src", "daemon/src")
 
-def first_pong(n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        with tempfile.TemporaryDirectory() as d:
-            sock = f"{d}/s.sock"
-            os.mkdir(f"{d}/state")
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(
-                [str(BIN / "toold"), "serve", "--root", d, "--endpoint", f"ipc://{sock}", "--state-dir", f"{d}/state"],
-                stderr=subprocess.DEVNULL,
-            )
+
+def start_once(tree: Path) -> tuple[float, float]:
+    """Seconds from exec to the first pong, and to the first read_file result."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(tree / s) for s in SOURCES))
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "f.txt").write_text("x" * 4095 + "\n")
+        sock = f"{d}/s.sock"
+        os.mkdir(f"{d}/state")
+        command = [sys.executable, "-m", "toold_daemon", "serve", "--root", d, "--endpoint", f"ipc://{sock}"]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([*command, "--state-dir", f"{d}/state"], stderr=subprocess.DEVNULL, env=env)
+        try:
             ctx = zmq.Context()
             dealer = ctx.socket(zmq.DEALER)
             dealer.linger = 0
@@ -37,12 +50,18 @@ def first_pong(n: int) -> list[float]:
             dealer.connect(f"ipc://{sock}")
             dealer.send(encode(Ping(id=1)))
             dealer.recv()
-            times.append(time.perf_counter() - t0)
-            proc.terminate()
-            proc.wait()
+            pong = time.perf_counter() - t0
             dealer.close()
             ctx.term()
-    return times
+            with Client(f"ipc://{sock}", timeout=30) as client:
+                result = client.call("read_file", {"path": "f.txt"})
+            first = time.perf_counter() - t0
+            if not result.ok:
+                raise SystemExit(f"read_file failed: {result.content[:300]}")
+        finally:
+            proc.terminate()
+            proc.wait()
+    return pong, first
 
 
 def bare(n: int) -> list[float]:
@@ -54,15 +73,38 @@ def bare(n: int) -> list[float]:
     return times
 
 
-def main(n: int = 15) -> None:
-    base, ready = bare(n), first_pong(n)
-    print(f"# startup, n={n}")
-    print(f"bare python -c pass          p50 {statistics.median(base) * 1000:6.0f} ms")
-    print(
-        f"toold serve -> first pong    p50 {statistics.median(ready) * 1000:6.0f} ms   max {max(ready) * 1000:.0f} ms"
-        f"   ratio {statistics.median(ready) / statistics.median(base):.1f}x"
-    )
+def _line(name: str, values: list[float], base: float) -> str:
+    p50 = statistics.median(values)
+    spread = f"[{min(values) * 1e3:.0f}–{max(values) * 1e3:.0f}]"
+    return f"{name:<36} p50 {p50 * 1e3:6.0f} ms {spread:>12}   {p50 / base:5.1f}x bare"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("rounds", type=int, nargs="?", default=12)
+    parser.add_argument("--against", type=Path, help="another checkout, measured in the same run")
+    args = parser.parse_args()
+    trees = {"this tree": HERE} | ({f"{args.against}": args.against.resolve()} if args.against else {})
+    for tree in trees.values():
+        for source in SOURCES:
+            compileall.compile_dir(tree / source, quiet=1)
+    base = statistics.median(bare(args.rounds))
+    figures: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in trees}
+    for _ in range(args.rounds):
+        for name, tree in trees.items():
+            pong, first = start_once(tree)
+            figures[name][0].append(pong)
+            figures[name][1].append(first)
+    print(f"# startup, {args.rounds} rounds; bare python -c pass p50 {base * 1e3:.0f} ms")
+    for name, (pongs, firsts) in figures.items():
+        print(_line(f"{name}: exec -> first pong", pongs, base))
+        print(_line(f"{name}: exec -> first read_file", firsts, base))
+    if args.against:
+        ours, theirs = figures["this tree"], figures[f"{args.against}"]
+        for what, i in (("first pong", 0), ("first read_file", 1)):
+            ratio = statistics.median(ours[i]) / statistics.median(theirs[i])
+            print(f"ratio this tree / {args.against}, {what}: {ratio:.2f}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 15)
+    main()

@@ -10,7 +10,7 @@ import platform
 import stat
 from typing import Any, Literal
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter is linked with
 _libc.syscall.restype = ctypes.c_long
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 

@@ -50,8 +50,17 @@ class Preparer:
             kernel.seccomp_program(sockets="none")
             kernel.seccomp_program(sockets="any")
         msgspec.msgpack.decode(msgspec.msgpack.encode(Config()), type=Config)
-        for tool in tools.values():
-            tool.warm()
+        self.warmed = False
+
+    def warm(self) -> None:
+        """Let each tool build what its first call would (web_fetch's HTTP stack: a fifth
+        of a second), once, so that every child forked after inherits it. The spawner does
+        this when it has nothing to serve, not before its first request: the daemon's
+        start waits on that request (the isolation probe), never on the warming."""
+        if not self.warmed:
+            self.warmed = True
+            for tool in self.tools.values():
+                tool.warm()
 
     def prepare(self, request: SpawnRequest) -> Work:
         """Raises ValueError (or msgspec errors) for a request the spawner cannot serve."""

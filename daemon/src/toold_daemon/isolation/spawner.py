@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -147,7 +148,11 @@ def _loop(control: socket.socket, preparer: Preparer, admission: Admission, temp
     """Serve requests until the daemon closes its end."""
     my_pid = os.getpid()
     lent: dict[str, int] = {}  # temp dirs handed out -> their uid
+    served = 0
     while True:
+        if served and not preparer.warmed and not _waiting(control):
+            preparer.warm()  # after the first request (the daemon's start waits on that one)
+        served += 1
         try:
             received = receive_checked(control, peer.pid)
         except Refused as exc:
@@ -216,3 +221,8 @@ def _temp_chore(
         return Spawned(error=f"refused: {message.path!r} is not a temp dir this spawner lent")
     temps.get().give_back(message.path, uid, reusable=message.reusable)
     return Spawned()
+
+
+def _waiting(control: socket.socket) -> bool:
+    """Whether a request is already there to be read."""
+    return bool(select.select([control], [], [], 0)[0])

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from toold_protocol import ToolErrorType
 
@@ -21,6 +18,9 @@ from ..config import McpServerConfig
 from ..errors import ToolError
 from ..tools._base import ToolOutput
 from ..tools.custom import SchemaTool
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 PREFIX = "mcp__"
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -103,7 +103,7 @@ def _tool_class(server: McpServerConfig, name: str, entry: dict[str, Any], schem
         "name": qualified(server.name, name),
         "description": f"[MCP server {server.name}] {text}".strip(),
         "json_schema": schema,
-        "validator": Draft202012Validator(schema),
+        "validator": _validator(schema),
         "server": server,
         "remote_name": name,
         "side_effecting": not read_only,
@@ -114,9 +114,18 @@ def _tool_class(server: McpServerConfig, name: str, entry: dict[str, Any], schem
     return type(f"McpTool_{server.name}_{name}", (McpTool,), attributes)
 
 
+def _validator(schema: Any) -> Draft202012Validator:
+    from jsonschema import Draft202012Validator  # only once a server lists tools
+
+    return Draft202012Validator(schema)
+
+
 def _schema_problem(schema: Any) -> str:
     if not isinstance(schema, dict) or schema.get("type") != "object":
         return "its inputSchema is not an object schema"
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

@@ -14,10 +14,7 @@ import json
 import re
 import shlex
 import shutil
-from typing import Any, ClassVar
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from toold_protocol import ToolErrorType
 
@@ -26,6 +23,9 @@ from ..errors import ToolError, bad_args
 from ..isolation.environment import DEFAULT_PATH, acceptable
 from ._base import Command, Tool, ToolContext, ToolOutput
 from ._data import CommandData
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MAX_ERRORS_SHOWN = 3
@@ -133,11 +133,19 @@ def _schema_tool(base: type[SchemaTool], definition: DefinitionConfig, **extra: 
         "name": definition.name,
         "description": definition.description,
         "json_schema": definition.parameters,
-        "validator": Draft202012Validator(definition.parameters),
+        "validator": _validator(definition.parameters),
         **extra,
     }
     tool: Tool[Any] = type(f"{base.__name__}_{definition.name}", (base,), attributes)()
     return tool
+
+
+def _validator(schema: dict[str, Any]) -> Draft202012Validator:
+    """jsonschema is imported when a configuration has tools with schemas (a tenth of
+    a second of every start otherwise)."""
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(schema)
 
 
 def taken_names(tools: ToolsConfig) -> set[str]:
@@ -187,6 +195,9 @@ def _schema_problems(schema: dict[str, Any]) -> list[str]:
         return ['parameters must be an object schema ({"type": "object", "properties": {...}})']
     if not isinstance(schema.get("properties", {}), dict):
         return ["parameters.properties must be a table of parameter schemas"]
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-import httpx
 from msgspec import Meta
 
 from toold_protocol import ToolErrorType
@@ -22,12 +21,20 @@ from ..config import Config, WebConfig
 from ..errors import ToolError, bad_args, sandbox_violation
 from ..output import NOTHING_UNSEEN, Truncation, Unseen, truncate
 from ..web.addresses import Reach, Refused, check_target, host_matches, normal_host
-from ..web.fetch import FORBIDDEN_HEADERS, FetchFailed, Request, Response, fetch, warm_up
-from ..web.pages import SelectorError, decode, html_text, media_type, pretty_json
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import WebFetchData
 
+if TYPE_CHECKING:
+    import httpx
+
+    from ..web.fetch import FetchFailed, Response
+
 MAX_TIMEOUT_S = 300.0
+# Headers a call may not set: they belong to the connection or to the client.
+FORBIDDEN_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
+     "proxy-authorization", "proxy-connection", "expect"}
+)  # fmt: skip
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
 _SECRET_NAME = re.compile(r"(?i)(key|token|secret|pass|auth|sig|session|cred|code|jwt|bearer)")
 _SECRET_VALUE = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-+/=.]{20,}$")
@@ -76,6 +83,8 @@ class WebFetch(Tool[WebFetchArgs]):
     )
 
     def warm(self) -> None:
+        from ..web.fetch import warm_up
+
         warm_up()
 
     def validate(self, args: WebFetchArgs) -> None:
@@ -137,6 +146,10 @@ class WebFetch(Tool[WebFetchArgs]):
         return args.timeout_seconds + 1.0 if args.timeout_seconds else None
 
     def run(self, args: WebFetchArgs, ctx: ToolContext) -> ToolOutput:
+        # The HTTP stack is imported where fetches run (a worker, warmed in the spawner),
+        # not in the protocol process, which only plans calls.
+        from ..web.fetch import FetchFailed, Request, fetch
+
         web = ctx.config.tools.web
         budget = args.timeout_seconds or ctx.config.tools.timeouts.default_seconds
         deadline = time.monotonic() + max(0.1, budget - (0 if args.timeout_seconds else min(1.0, budget / 10)))
@@ -196,6 +209,8 @@ def reach_of(web: WebConfig) -> Reach:
 
 def _content(response: Response, args: WebFetchArgs) -> tuple[str, int]:
     """The text a model reads, and how many elements the selector matched."""
+    from ..web.pages import SelectorError, decode, html_text, media_type, pretty_json
+
     media = media_type(response.content_type) or "unknown type"
     if args.method == "HEAD":
         length = f", {response.declared:,} bytes" if response.declared is not None else ""
@@ -238,6 +253,8 @@ def _split(url: str) -> SplitResult:
 
 
 def _parse(url: str) -> httpx.URL:
+    import httpx  # parsing as the fetch will: imported at the first web_fetch call planned
+
     try:
         return httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError) as exc:
@@ -245,6 +262,8 @@ def _parse(url: str) -> httpx.URL:
 
 
 def _host(url: str) -> str:
+    import httpx
+
     try:
         return normal_host(httpx.URL(url).host)
     except (httpx.InvalidURL, TypeError, ValueError, Refused):

@@ -18,7 +18,6 @@ from toold_protocol import ToolErrorType
 
 from ..config import Config
 from ..errors import ToolError
-from ..web import search
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import WebSearchData
 
@@ -55,6 +54,8 @@ class WebSearch(Tool[WebSearchArgs]):
         return f"Search the web: {args.query[:150]}"
 
     def run(self, args: WebSearchArgs, ctx: ToolContext) -> ToolOutput:
+        from ..web import search  # the HTTP stack: imported by the first search
+
         settings = ctx.config.tools.web_search
         count = min(args.num_results, settings.max_results)
         timeout = max(0.5, ctx.config.tools.timeouts.default_seconds - 1.0)

@@ -24,11 +24,6 @@ from .pages import Kind, kind_of
 
 USER_AGENT = "toold-web-fetch/0.1 (+https://github.com/toold; an LLM tool daemon)"
 _CHUNK = 64 * 1024
-# Headers a call may not set: they belong to the connection or to the client.
-FORBIDDEN_HEADERS = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
-     "proxy-authorization", "proxy-connection", "expect"}
-)  # fmt: skip
 
 
 class FetchFailed(Exception):
