@@ -25,7 +25,7 @@ import trio
 from _common import report, running_daemon, sample
 from toold_client import Client
 from toold_daemon.config import Config
-from toold_daemon.config_loading import parse
+from toold_daemon.config.loading import parse
 from toold_daemon.isolation.probe import Probe, ProbeArgs
 from toold_daemon.isolation.runner import SpawnRunner
 from toold_daemon.isolation.spawner import start

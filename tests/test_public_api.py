@@ -80,3 +80,67 @@ def test_default_endpoint_agrees_with_the_daemon(monkeypatch: pytest.MonkeyPatch
     expected = default_endpoint()
     assert expected.endswith("/toold.sock")
     assert resolve_endpoint(Config(), ServeOptions()) == expected
+
+
+# The daemon's folders in layers, from the entry points down: a module imports (at run
+# time) only from its own layer or the layers below. Each unit is a folder or a module
+# of the daemon package; a module named on its own (``config.loading``) is placed apart
+# from its folder.
+DAEMON_LAYERS: list[set[str]] = [
+    {"__main__", "cli", "server"},  # the entry points, which wire the parts together
+    {"service", "operation", "config.loading", "config.problems"},  # serving clients; operating the service
+    {"policy"},  # deciding: planning a batch, the policy, confirmations
+    {"execution", "isolation", "egress", "mcp"},  # running: the executor and where tools run
+    {"tools", "undo", "patches", "web", "plugins", "records"},  # the tools, and what is recorded
+    {"sandbox", "config", "errors", "output", "redaction", "regexguard", "globmatch", "__init__"},  # vocabulary
+]
+
+
+def _daemon_unit(module: str) -> str:
+    """The layer unit of a module of the daemon package (dotted, without the package)."""
+    return next(
+        (unit for layer in DAEMON_LAYERS for unit in layer if "." in unit and module.startswith(unit)),
+        module.split(".")[0] or "__init__",
+    )
+
+
+def _runtime_imports(path: Path, package: list[str]) -> set[str]:
+    """Modules of the daemon package a file imports, outside ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        for statement in node.body
+        for child in ast.walk(statement)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only or not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package[: len(package) - (node.level - 1)]
+            if node.module:
+                found.add(".".join([*base, *node.module.split(".")]))
+            else:
+                found.update(".".join([*base, alias.name]) for alias in node.names)
+        elif node.module and node.module.startswith("toold_daemon."):
+            found.add(node.module.removeprefix("toold_daemon."))
+    return found
+
+
+def test_daemon_imports_run_down_its_layers() -> None:
+    root = REPO / "daemon/src/toold_daemon"
+    layer_of = {unit: depth for depth, layer in enumerate(DAEMON_LAYERS) for unit in layer}
+    wrong: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        package = parts[:-1]
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        unit = _daemon_unit(module)
+        assert unit in layer_of, f"{path.relative_to(root)}: place {unit!r} in a layer of DAEMON_LAYERS"
+        for imported in _runtime_imports(path, package):
+            target = _daemon_unit(imported)
+            if layer_of.get(target, len(DAEMON_LAYERS)) < layer_of[unit]:
+                wrong.append(f"{module} ({unit}) imports {imported} ({target}), a layer above it")
+    assert wrong == []

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import BIN
 from toold_daemon.config import Config, ConfigError
-from toold_daemon.config_loading import load_file, parse
+from toold_daemon.config.loading import load_file, parse
 
 
 def test_every_setting_has_a_default() -> None:
@@ -65,7 +65,7 @@ def test_every_toml_block_in_the_readme_is_a_valid_config() -> None:
     import re
     from pathlib import Path
 
-    from toold_daemon.config_loading import parse as parse_config
+    from toold_daemon.config.loading import parse as parse_config
 
     readme = Path(__file__).resolve().parents[2] / "README.md"
     blocks = re.findall(r"```toml\n(.*?)```", readme.read_text(), re.S)

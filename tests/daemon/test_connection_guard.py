@@ -7,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-from toold_daemon.connections import ConnectionGuard, connection_budget
+from toold_daemon.service.connections import ConnectionGuard, connection_budget
 
 
 def listening(tmp_path: Path) -> tuple[socket.socket, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toold_daemon.isolation.environment import child_environment, is_dropped
+from toold_daemon.sandbox.environment import child_environment, is_dropped
 
 PARENT = {
     "PATH": "/usr/bin",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from toold_daemon import held_accepts
-from toold_daemon.held_accepts import HeldAccepts, SendAcceptance
+from toold_daemon.service import held_accepts
+from toold_daemon.service.held_accepts import HeldAccepts, SendAcceptance
 from toold_protocol import BatchFinished
 
 OUTCOME = BatchFinished(batch_id="a", state="finished", results=[])

@@ -13,9 +13,9 @@ import msgspec
 import pytest
 import trio
 
-from toold_daemon import journal_writer
-from toold_daemon.journal import Journal, Submission
-from toold_daemon.journal_writer import Commit, JournalWriteFailed, JournalWriter, Rows
+from toold_daemon.records import journal_writer
+from toold_daemon.records.journal import Journal, Submission
+from toold_daemon.records.journal_writer import Commit, JournalWriteFailed, JournalWriter, Rows
 from toold_daemon.service.running import new_batch_id
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolResult
 

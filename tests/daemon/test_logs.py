@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from tests.conftest import start_daemon
-from toold_daemon.logs import EventFormatter
+from toold_daemon.records.logs import EventFormatter
 
 
 def record(level: int, message: str, exc: bool = False) -> logging.LogRecord:

@@ -13,14 +13,14 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toold_daemon import planner
-from toold_daemon.batches import Batch
 from toold_daemon.config import Config, ToolsConfig
-from toold_daemon.executor import Executor
-from toold_daemon.registry import Registry
-from toold_daemon.runner import ThreadRunner
+from toold_daemon.execution.batches import Batch
+from toold_daemon.execution.executor import Executor
+from toold_daemon.execution.runner import ThreadRunner
+from toold_daemon.policy import planner
 from toold_daemon.sandbox import Sandbox
 from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput, builtin_tools
+from toold_daemon.tools.registry import Registry
 from toold_protocol import BatchFinished, CallFinished, CallStarted, Identity, ToolCall, encode_value
 
 ME = Identity(uid=os.geteuid(), gid=os.getegid(), pid=os.getpid())

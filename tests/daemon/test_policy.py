@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from toold_daemon import regexguard
 from toold_daemon.config import ApprovalConfig, Condition, ConfigError, Rule
-from toold_daemon.config_loading import parse
+from toold_daemon.config.loading import parse
 from toold_daemon.policy import Facts, evaluate, split_command
 from toold_daemon.policy.engine import MAX_REGEX_SUBJECT_CHARS
 from toold_protocol import Identity

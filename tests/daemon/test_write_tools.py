@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toold_daemon.config import Config
-from toold_daemon.config_loading import parse
+from toold_daemon.config.loading import parse
 from toold_daemon.errors import ToolError
-from toold_daemon.reads import ReadTracker
+from toold_daemon.execution.reads import ReadTracker
 from toold_daemon.sandbox import Sandbox
 from toold_daemon.tools import ToolContext, ToolOutput, builtin_tools
 

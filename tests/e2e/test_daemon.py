@@ -116,7 +116,7 @@ def free_port() -> int:
 def test_peer_without_kernel_credentials_is_refused_by_zap() -> None:
     """A daemon no longer starts on TCP (see the test below), but the ZAP handler still
     refuses any peer whose address carries no kernel credentials, as a second line."""
-    from toold_daemon.ipc import _zap_reply
+    from toold_daemon.service.ipc import _zap_reply
 
     refused = _zap_reply([b"1.0", b"7", b"toold", b"127.0.0.1", b"", b"NULL"])
     assert refused[2] == b"400" and b"credentials" in refused[3]

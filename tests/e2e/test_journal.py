@@ -20,7 +20,7 @@ from tests.conftest import BIN, DaemonProcess, start_daemon
 from tests.e2e.test_daemon import big_tree, grep_calls, submit_raw
 from tests.e2e.test_toolctl import toolctl
 from toold_client import Client, RemoteError
-from toold_daemon.journal import Journal
+from toold_daemon.records.journal import Journal
 
 CALLS = 6
 

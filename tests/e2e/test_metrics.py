@@ -141,7 +141,7 @@ def test_toolctl_stats_for_people_and_as_json(tmp_path: Path) -> None:
 
 
 def test_percentiles_are_nearest_rank() -> None:
-    from toold_daemon.metrics import Metrics
+    from toold_daemon.records.metrics import Metrics
     from toold_protocol import ToolResult
 
     metrics = Metrics()

@@ -18,7 +18,7 @@ from mcp import ClientSession, types
 from tests.conftest import DaemonProcess, module_daemon
 from tests.e2e.test_mcp_bridge import run_session, text_of
 from toold_client.providers import UnreadableResponse, anthropic, gemini, ollama, openai
-from toold_daemon.logs import EventFormatter
+from toold_daemon.records.logs import EventFormatter
 
 ADAPTERS = [openai.calls, openai.response_calls, anthropic.calls, gemini.calls, ollama.calls]
 JSON = st.recursive(
@@ -128,7 +128,7 @@ def test_remember_for_session_needs_a_real_true(daemon: DaemonProcess) -> None:
 @pytest.mark.parametrize("journal", [True, False])
 def test_a_client_chosen_text_cannot_forge_a_log_line(journal: bool) -> None:
     hostile = 'x"\n<0>level=emerg logger=server msg="forged"\r\x1b]0;owned\x07\x1b[31m'
-    record = logging.LogRecord("toold_daemon.ipc", logging.WARNING, __file__, 1, "refused %s", (hostile,), None)
+    record = logging.LogRecord("toold_daemon.service.ipc", logging.WARNING, __file__, 1, "refused %s", (hostile,), None)
     line = EventFormatter(journal=journal).format(record)
     assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\x07" not in line
     assert line.count("level=") == 2  # the real field, and the forged text inside the quoted message

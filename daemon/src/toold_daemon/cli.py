@@ -14,21 +14,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__, logs
-from .activation import ActivationError, take_activated_socket
+from . import __version__
 from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, endpoint_refusal
-from .config_loading import load_file
-from .hardening import harden_process
+from .config.loading import load_file
 from .isolation.admission import Admission
 from .isolation.probe import Probe
 from .isolation.spawner import start as start_spawner
 from .isolation.spawner_socket import SpawnerUnreachable
 from .isolation.spawner_socket import connect as connect_spawner
 from .isolation.spawner_socket import listen as listen_for_daemons
-from .operations import Check
-from .plugin_loader import PluginReport, load_plugins
+from .operation.checks import Check
+from .operation.hardening import harden_process
+from .records import logs
+from .service.activation import ActivationError, take_activated_socket
 from .tools import Tool, builtin_tools, web_search
 from .tools.custom import taken_names
+from .tools.plugin_loader import PluginReport, load_plugins
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -144,7 +145,7 @@ def run_spawner(path: str, config: Config, tools: list[Tool[Any]], admission: Ad
     import pwd
 
     from .isolation.spawner import serve_forever
-    from .notify import Notifier
+    from .operation.notify import Notifier
 
     if not path.startswith("/"):
         print("toold: spawner: --spawner-socket or [daemon] spawner_socket must be absolute", file=sys.stderr)
@@ -201,12 +202,12 @@ def run_serve(
 ) -> int:
     import trio
 
-    from .ipc import EndpointInUse, UnsafeRuntimePath
-    from .journal import JournalError
-    from .privileges import CannotDrop
+    from .operation.privileges import CannotDrop
+    from .records.journal import JournalError
+    from .records.state_files import StateFileRefused
     from .sandbox.paths import UNCHECKED_FOR_TESTS
     from .server import ServeOptions, serve
-    from .state_files import StateFileRefused
+    from .service.ipc import EndpointInUse, UnsafeRuntimePath
 
     if UNCHECKED_FOR_TESTS:
         print(
@@ -254,7 +255,7 @@ def doctor(
     import trio
 
     from .isolation.runner import SpawnRunner
-    from .operations import service_checks
+    from .operation.checks import service_checks
     from .server import ServeOptions, resolve_endpoint_quietly, state_dir_of
 
     servers: dict[str, str] = {}

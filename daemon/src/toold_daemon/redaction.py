@@ -1,4 +1,4 @@
-"""Credentials out of what a person is shown: summaries, the policy's reasons, the call's
+"""What a person is shown, made safe to show: credentials hidden from summaries, the policy's reasons, the call's
 arguments in a confirmation (``toolctl pending``, ``watch``, MCP elicitation) and logs.
 
 A value that follows a credential-looking name (``token=…``, ``API_KEY=…``,
@@ -43,3 +43,9 @@ def hide_secrets_in(value: Any) -> Any:
             for k, v in value.items()
         }
     return value
+
+
+def show_blanks(text: str) -> str:
+    """Newlines as ⏎ and runs of four or more blanks as ␣×N."""
+    text = text.replace("\n", " ⏎ ")
+    return re.sub(r"[ \t]{4,}", lambda m: f" ␣×{len(m.group())} ", text)

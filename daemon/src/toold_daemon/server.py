@@ -29,30 +29,30 @@ import trio
 from toold_protocol import SOCKET_NAME
 from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
-from . import logs
-from .audit import AuditTrail, JournalSink, open_sink
 from .config import Config, ConfigError
-from .connections import ConnectionGuard, connection_budget, raise_descriptor_limit
-from .executor import Executor
-from .ipc import Admission, IpcServer, SocketAccess, check_private_dir, ipc_path
+from .execution.executor import Executor
+from .execution.runner import ThreadRunner
 from .isolation.peers import parent_of, tool_process
 from .isolation.probe import Probe
 from .isolation.runner import SpawnRunner
-from .journal import RECOVERY_NAME, Journal
 from .mcp import Gateway
-from .metrics import write_metrics_forever
-from .notify import Notifier
-from .privileges import CannotDrop, drop_to
-from .registry import Registry
-from .runner import ThreadRunner
+from .operation.notify import Notifier
+from .operation.privileges import CannotDrop, drop_to
+from .records import logs
+from .records.audit import AuditTrail, JournalSink, open_sink
+from .records.journal import RECOVERY_NAME, Journal
+from .records.metrics import write_metrics_forever
+from .records.state_files import replace_file
+from .records.user_state import UserState
 from .sandbox import build_sandbox
 from .service import Service
-from .state_files import replace_file
+from .service.connections import ConnectionGuard, connection_budget, raise_descriptor_limit
+from .service.ipc import Admission, IpcServer, SocketAccess, check_private_dir, ipc_path
 from .tools import Tool, builtin_tools
 from .tools.custom import configured_tools
+from .tools.registry import Registry
 from .undo.ledger import UndoLedger
 from .undo.store import UndoStore
-from .user_state import UserState
 
 log = logging.getLogger("toold")
 

@@ -20,7 +20,7 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from ..workspaces import allowed_places_for, inside
+from ..sandbox.workspaces import allowed_places_for, inside
 from .wire import MAX_FRAME, SpawnRequest, close_fds
 
 PROBE = "_probe"

@@ -17,6 +17,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from ..config.capabilities import capability_number
 from ..egress.rules import EgressRules
 from ..sandbox.denied_tree import Found, find_denied
 from ..sandbox.homes import home_directories, homes_within
@@ -224,7 +225,7 @@ def _drop_capabilities(keep: list[str]) -> str:
     root has no capabilities to lose."""
     if os.geteuid() != 0:
         return "on (the daemon holds no capabilities)"
-    kept = {kernel.capability_number(name) for name in keep}
+    kept = {capability_number(name) for name in keep}
     try:
         kernel.prctl(kernel.PR_CAP_AMBIENT, kernel.PR_CAP_AMBIENT_CLEAR_ALL)
         for cap in range(kernel.last_capability() + 1):

@@ -31,14 +31,14 @@ from ..config import Config
 from ..egress.calls import EgressCall, EgressCalls, record_data
 from ..egress.rules import EgressRules
 from ..errors import ToolError
+from ..execution.results import OUTPUT_DETAILS
 from ..output import Unseen
-from ..results import OUTPUT_DETAILS
 from ..sandbox import Sandbox
+from ..sandbox.environment import acceptable, inherited_environment, is_injection
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import sweep as sweeping
 from .admission import peer_credentials
 from .cgroup import Cgroups
-from .environment import acceptable, inherited_environment, is_injection
 from .jobs import Job, Jobs
 from .sockets import PeerGone, send_with_fd
 from .tempdirs import TempDirs

@@ -30,11 +30,11 @@ from toold_protocol import Identity, ToolErrorType
 from .. import __version__
 from ..config import McpConfig, McpServerConfig
 from ..errors import ToolError
-from ..isolation.environment import DEFAULT_PATH, acceptable
 from ..isolation.runner import SpawnRunner, StdioChild
-from ..registry import Registry
 from ..sandbox import Sandbox
+from ..sandbox.environment import DEFAULT_PATH, acceptable
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
+from ..tools.registry import Registry
 from .connection import Connection, ServerBroken, ServerError
 from .tools import McpTool, output_of, server_of, tools_of
 

@@ -27,7 +27,8 @@ from typing import Any, Literal
 from toold_protocol import Identity
 
 from ..config import ApprovalConfig, Condition, Rule
-from ..isolation.environment import DEFAULT_PATH
+from ..redaction import show_blanks
+from ..sandbox.environment import DEFAULT_PATH
 from .options import hazards, rule_names_option
 from .shell import Part, Unreadable, matches_prefix, read_command
 
@@ -343,9 +344,3 @@ def describe_command(command: str) -> list[str]:
         shown = show_blanks(" ".join(part.words)) if part.words else "(no program)"
         lines.append(f"runs: {shown}" + (f" — {'; '.join(c.split(': ', 1)[-1] for c in concerns)}" if concerns else ""))
     return lines
-
-
-def show_blanks(text: str) -> str:
-    """Newlines as ⏎ and runs of four or more blanks as ␣×N."""
-    text = text.replace("\n", " ⏎ ")
-    return re.sub(r"[ \t]{4,}", lambda m: f" ␣×{len(m.group())} ", text)

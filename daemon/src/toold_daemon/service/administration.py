@@ -28,14 +28,14 @@ from toold_protocol import (
     UndoBatch,
 )
 
-from .. import planner
-from ..batches import Batch
 from ..config import ConfigError
-from ..config_loading import load_file
+from ..config.loading import load_file
 from ..egress.rules import NETWORKED_TOOLS, network_summary
-from ..journal import Journal, StoredBatch
+from ..execution.batches import Batch
+from ..policy import planner
+from ..records.journal import Journal, StoredBatch
+from ..sandbox.workspaces import WorkspaceRefused
 from ..tools import Tool
-from ..workspaces import WorkspaceRefused
 from .running import BatchRuns
 from .sessions import NO_PEER, Session
 from .shared import Shared

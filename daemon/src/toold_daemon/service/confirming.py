@@ -27,10 +27,12 @@ from toold_protocol import (
     encode,
 )
 
-from .. import planner, policy, results
-from ..batches import Batch, PreparedCall
-from ..confirmations import Pending
+from .. import policy
 from ..errors import ToolError
+from ..execution import results
+from ..execution.batches import Batch, PreparedCall
+from ..policy import planner
+from ..policy.confirmations import Pending
 from ..policy.engine import describe_command
 from ..redaction import hide_secrets, hide_secrets_in
 from ..tools import ToolContext

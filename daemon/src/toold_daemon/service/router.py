@@ -49,19 +49,19 @@ from toold_protocol import (
 )
 
 from .. import __version__
-from ..audit import AuditTrail
 from ..config import Config
 from ..errors import ToolError
-from ..executor import Executor
-from ..ipc import Inbound
-from ..journal import Journal
+from ..execution.executor import Executor
 from ..mcp import Gateway
-from ..metrics import Holding, Metrics
-from ..registry import Registry
+from ..records.audit import AuditTrail
+from ..records.journal import Journal
+from ..records.metrics import Holding, Metrics
 from ..sandbox import Sandbox
-from ..workspaces import WorkspaceRefused
+from ..sandbox.workspaces import WorkspaceRefused
+from ..tools.registry import Registry
 from .administration import Administration
 from .confirming import ConfirmationFlow
+from .ipc import Inbound
 from .running import BatchRuns
 from .sessions import Session, Sessions, SessionsFull
 from .shared import Send, Shared

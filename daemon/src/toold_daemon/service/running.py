@@ -33,11 +33,11 @@ from toold_protocol import (
     encode,
 )
 
-from ..batches import Batch, PreparedCall
-from ..held_accepts import HeldAccepts, SendAcceptance
-from ..journal import Submission, fingerprint
-from ..journal_writer import Commit, JournalWriteFailed
+from ..execution.batches import Batch, PreparedCall
+from ..records.journal import Submission, fingerprint
+from ..records.journal_writer import Commit, JournalWriteFailed
 from .confirming import ConfirmationFlow
+from .held_accepts import HeldAccepts, SendAcceptance
 from .sessions import NO_PEER, Session
 from .shared import Shared, own_batch_id
 

@@ -15,18 +15,18 @@ import trio
 
 from toold_protocol import Error, ProtocolErrorCode, encode
 
-from .. import planner
-from ..audit import AuditTrail
-from ..batches import Batch
 from ..config import Config
-from ..confirmations import Confirmations
-from ..executor import Executor
-from ..journal import Journal
+from ..execution.batches import Batch
+from ..execution.executor import Executor
 from ..mcp import Gateway
-from ..metrics import Metrics
-from ..registry import Registry
+from ..policy import planner
+from ..policy.confirmations import Confirmations
+from ..records.audit import AuditTrail
+from ..records.journal import Journal
+from ..records.metrics import Metrics
 from ..sandbox import Sandbox
-from ..workspaces import Workspaces
+from ..sandbox.workspaces import Workspaces
+from ..tools.registry import Registry
 from .sessions import Session, Sessions
 
 

@@ -20,7 +20,7 @@ from toold_protocol import ToolErrorType
 
 from ..config import CommandToolConfig, DefinitionConfig, ToolsConfig
 from ..errors import ToolError, bad_args
-from ..isolation.environment import DEFAULT_PATH, acceptable
+from ..sandbox.environment import DEFAULT_PATH, acceptable
 from ._base import Command, Tool, ToolContext, ToolOutput
 from ._data import CommandData
 

@@ -15,7 +15,7 @@ from toold_protocol import ToolErrorType
 
 from ..config import Config
 from ..errors import ToolError, bad_args, limits_exceeded
-from ..user_state import Full, UserState
+from ..records.user_state import Full, UserState
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import MemoryData
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from ..errors import bad_args
-from ..policy.engine import show_blanks
+from ..redaction import show_blanks
 from ._base import Command, Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import CommandData
 

@@ -16,7 +16,7 @@ from toold_protocol import ToolErrorType
 
 from ..config import Config
 from ..errors import ToolError, bad_args, limits_exceeded
-from ..user_state import Full, Todo, UnknownTodo
+from ..records.user_state import Full, Todo, UnknownTodo
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import WriteTodosData
 from .memory import _store, scope_of

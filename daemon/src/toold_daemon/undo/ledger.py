@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ..journal import Journal, StoredBatch, StoredChange
+from ..records.journal import Journal, StoredBatch, StoredChange
 from .images import Change
 from .restore import RestoreArgs
 from .store import UndoStore

@@ -12,7 +12,7 @@ import os
 import secrets
 from pathlib import Path
 
-from ..state_files import refuse_links, write_through
+from ..records.state_files import refuse_links, write_through
 from .images import digest
 
 UNDO_DIR = "undo"

@@ -208,7 +208,7 @@ class IsolationConfig(_Section, frozen=True):
     worker_idle_seconds: Annotated[float, Meta(gt=0, le=86_400)] = 300.0
 
     def __post_init__(self) -> None:
-        from .isolation.kernel import capability_number
+        from .capabilities import capability_number
 
         for name in self.keep_capabilities:
             try:

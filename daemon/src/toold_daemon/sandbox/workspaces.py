@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import Config
-from .sandbox import Sandbox, build_sandbox
+from ..config import Config
+from . import Sandbox, build_sandbox
 
 _CACHE_SIZE = 64
 

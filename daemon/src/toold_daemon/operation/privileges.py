@@ -23,8 +23,8 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from .isolation import kernel
-from .isolation.cgroup import Cgroups
+from ..isolation import kernel
+from ..isolation.cgroup import Cgroups
 
 # What a delegated cgroup subtree's owner must own (besides the directory), as systemd does.
 _DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")

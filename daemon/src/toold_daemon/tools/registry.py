@@ -15,9 +15,9 @@ import msgspec
 
 from toold_protocol import ToolDefinition, ToolErrorType, declaration
 
-from .errors import ToolError
-from .tools._base import Tool
-from .tools._data import data_schema
+from ..errors import ToolError
+from ._base import Tool
+from ._data import data_schema
 
 AnyTool = Tool[Any]
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from toold_protocol import ToolErrorInfo, ToolErrorType, ToolResult
 
-from .errors import ToolError
-from .output import NOTHING_UNSEEN, Unseen, sanitize_for_terminal, truncate
+from ..errors import ToolError
+from ..output import NOTHING_UNSEEN, Unseen, sanitize_for_terminal, truncate
 
 _MAX_ERROR_CHARS = 2000
 

@@ -25,18 +25,18 @@ from toold_protocol import (
     ToolResult,
 )
 
+from ..config import Config
+from ..errors import ToolError
+from ..output import NOTHING_UNSEEN, Unseen
+from ..records.journal_writer import Commit
+from ..sandbox import Sandbox
+from ..tools._base import Tool, ToolContext, _Cancelled
+from ..undo.ledger import UndoLedger
+from ..undo.restore import RestoreArgs
 from . import results
 from .batches import Batch, PreparedCall
-from .config import Config
-from .errors import ToolError
-from .journal_writer import Commit
-from .output import NOTHING_UNSEEN, Unseen
 from .reads import ReadTracker
 from .runner import ToolRunner
-from .sandbox import Sandbox
-from .tools._base import Tool, ToolContext, _Cancelled
-from .undo.ledger import UndoLedger
-from .undo.restore import RestoreArgs
 
 Emit = Callable[[msgspec.Struct], None]
 

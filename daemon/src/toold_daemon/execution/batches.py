@@ -15,8 +15,8 @@ import trio
 
 from toold_protocol import BatchFinished, BatchState, BatchStatus, Disposition, Identity, PlannedCall, ToolResult
 
-from .sandbox import Sandbox
-from .tools._base import Tool
+from ..sandbox import Sandbox
+from ..tools._base import Tool
 
 
 @dataclass(slots=True)

@@ -32,11 +32,11 @@ import trio
 
 from toold_protocol import Identity, ToolResult
 
+from ..redaction import hide_secrets
 from .logs import quoted
-from .redaction import hide_secrets
 
 if TYPE_CHECKING:
-    from .batches import Batch, PreparedCall
+    from ..execution.batches import Batch, PreparedCall
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from .config import DaemonConfig
+from ..config import DaemonConfig
+from ._base import Tool
 from .registry import parameters_schema
-from .tools._base import Tool
 
 GROUP = "toold.tools"
 log = logging.getLogger(__name__)

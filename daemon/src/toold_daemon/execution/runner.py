@@ -21,9 +21,9 @@ import trio
 
 from toold_protocol import Identity, IsolationLayer, ToolErrorType
 
-from .errors import ToolError
-from .tools._base import Tool, ToolContext, ToolOutput
-from .undo.capture import run_capturing
+from ..errors import ToolError
+from ..tools._base import Tool, ToolContext, ToolOutput
+from ..undo.capture import run_capturing
 
 
 class ToolRunner(Protocol):

@@ -17,16 +17,17 @@ import msgspec
 
 from toold_protocol import Identity, ToolCall, ToolErrorType, ToolResult
 
-from . import policy, results
-from .batches import PreparedCall
-from .config import Config
-from .errors import ToolError, bad_args, limits_exceeded, sandbox_violation
-from .policy.engine import COMMAND_TOOLS
-from .redaction import hide_secrets
-from .registry import Registry
-from .sandbox import Sandbox
-from .sandbox.named import denied_words
-from .tools import Tool
+from .. import policy
+from ..config import Config
+from ..errors import ToolError, bad_args, limits_exceeded, sandbox_violation
+from ..execution import results
+from ..execution.batches import PreparedCall
+from ..redaction import hide_secrets
+from ..sandbox import Sandbox
+from ..sandbox.named import denied_words
+from ..tools import Tool
+from ..tools.registry import Registry
+from .engine import COMMAND_TOOLS
 
 SUMMARY_CHARS = 200
 

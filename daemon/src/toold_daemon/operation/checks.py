@@ -12,9 +12,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config
-from .egress.rules import network_summary
-from .journal import JOURNAL_NAME, RECOVERY_NAME
+from ..config import Config
+from ..egress.rules import network_summary
+from ..records.journal import JOURNAL_NAME, RECOVERY_NAME
 
 SERVICE_GROUP = "toold"
 

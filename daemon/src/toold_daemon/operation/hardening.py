@@ -16,8 +16,8 @@ import logging
 import os
 import re
 
-from .isolation import kernel
-from .isolation.environment import is_secret
+from ..isolation import kernel
+from ..sandbox.environment import is_secret
 
 log = logging.getLogger(__name__)
 

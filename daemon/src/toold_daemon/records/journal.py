@@ -58,9 +58,9 @@ from toold_protocol import (
     ToolResult,
 )
 
+from ..undo.images import Change
 from .journal_writer import Commit, JournalWriter, Rows, Write
 from .state_files import StateFileRefused, refuse_links
-from .undo.images import Change
 
 SCHEMA_VERSION = 4
 JOURNAL_NAME = "journal.sqlite3"

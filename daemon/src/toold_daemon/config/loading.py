@@ -12,10 +12,10 @@ from typing import TypeVar
 
 import msgspec
 
-from .config import ApprovalConfig, Config, ConfigError
-from .config_problems import problems as structural_problems
-from .policy import problems as policy_problems
-from .tools.custom import problems as tool_problems
+from ..policy import problems as policy_problems
+from ..tools.custom import problems as tool_problems
+from . import ApprovalConfig, Config, ConfigError
+from .problems import problems as structural_problems
 
 T = TypeVar("T")
 
