@@ -100,7 +100,7 @@ def _daemon_unit(module: str) -> str:
     """The layer unit of a module of the daemon package (dotted, without the package)."""
     return next(
         (unit for layer in DAEMON_LAYERS for unit in layer if "." in unit and module.startswith(unit)),
-        module.split(".")[0] or "__init__",
+        module.split(".", maxsplit=1)[0] or "__init__",
     )
 
 

@@ -457,13 +457,13 @@ def test_a_command_gets_no_descriptor_but_its_own_three(client: Client) -> None:
 
 
 def test_garbage_on_the_channel_is_a_typed_failure() -> None:
-    from toold_daemon.isolation.runner import ChildFailed, _decode_frames
+    from toold_daemon.isolation.child_output import ChildFailed, decode_frames
     from toold_daemon.isolation.wire import MAX_FRAME, FrameBuffer
 
     with pytest.raises(ChildFailed, match="malformed message"):
-        _decode_frames(FrameBuffer(), (5).to_bytes(4, "big") + b"\xc1\xc1\xc1\xc1\xc1")
+        decode_frames(FrameBuffer(), (5).to_bytes(4, "big") + b"\xc1\xc1\xc1\xc1\xc1")
     with pytest.raises(ChildFailed, match="over the limit"):
-        _decode_frames(FrameBuffer(), (MAX_FRAME + 1).to_bytes(4, "big"))
+        decode_frames(FrameBuffer(), (MAX_FRAME + 1).to_bytes(4, "big"))
 
 
 def test_every_call_starts_with_an_empty_private_tmpdir(client: Client) -> None:

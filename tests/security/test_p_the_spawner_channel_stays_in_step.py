@@ -19,22 +19,21 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from toold_daemon.config import Config
 from toold_daemon.errors import ToolError
-from toold_daemon.isolation import runner as runner_module
+from toold_daemon.isolation import spawner_link as link_module
 from toold_daemon.isolation import sweep
-from toold_daemon.isolation.runner import SpawnRunner
 from toold_daemon.isolation.sockets import receive_frame
+from toold_daemon.isolation.spawner_link import SpawnerLink
 from toold_daemon.isolation.wire import Spawned, SpawnRequest, TempWanted, frame
 
-Channel = tuple[SpawnRunner, trio.socket.SocketType]
+Channel = tuple[SpawnerLink, trio.socket.SocketType]
 
 
 @pytest.fixture
 async def channel() -> AsyncIterator[Channel]:
-    """A runner whose spawner is the test, at the other end of a real socket pair."""
+    """The runner's link to a spawner that is the test, at the other end of a real socket pair."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    runner = SpawnRunner(os.getpid(), ours, Config())
+    runner = SpawnerLink(os.getpid(), ours)
     spawner = trio.socket.from_stdlib_socket(theirs)
     yield runner, spawner
     runner.close()
@@ -49,12 +48,12 @@ async def _reply_in_two_parts(spawner: trio.socket.SocketType, reply: Spawned, p
     await spawner.send(data[4:])
 
 
-async def _chore_answered(runner: SpawnRunner, spawner: trio.socket.SocketType, path: str) -> Spawned:
+async def _chore_answered(runner: SpawnerLink, spawner: trio.socket.SocketType, path: str) -> Spawned:
     """One temp-dir request that the spawner answers with ``path``: what the runner got."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path=path), 0.0)
         with trio.fail_after(5):
-            return await runner._chore(TempWanted(uid=1000, gid=1000))
+            return await runner.chore(TempWanted(uid=1000, gid=1000))
 
 
 async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_answer(channel: Channel) -> None:
@@ -62,7 +61,7 @@ async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_an
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path="/first"), 0.2)
         with trio.move_on_after(0.05):
-            await runner._chore(TempWanted(uid=1000, gid=1000))
+            await runner.chore(TempWanted(uid=1000, gid=1000))
     assert (await _chore_answered(runner, spawner, "/second")).path == "/second"
 
 
@@ -72,9 +71,9 @@ async def test_a_late_spawner_costs_one_caller_and_the_next_still_gets_its_own_r
     """Past the wait, a caller is told the spawner is slow; its reply, when it comes, is
     read by the next exchange, so that caller gets its own answer, not the late one."""
     runner, spawner = channel
-    monkeypatch.setattr(runner_module, "SPAWNER_SILENT_SECONDS", 0.2)
+    monkeypatch.setattr(link_module, "SPAWNER_SILENT_SECONDS", 0.2)
     with trio.fail_after(5):
-        first = await runner._chore(TempWanted(uid=1000, gid=1000))
+        first = await runner.chore(TempWanted(uid=1000, gid=1000))
     assert "did not answer within" in first.error
     await receive_frame(spawner)  # the spawner gets to the first request at last
     await spawner.send(frame(Spawned(path="/late")))
@@ -87,13 +86,13 @@ async def test_a_command_started_for_a_caller_that_gave_up_is_swept(
     """The late reply says a command started: nobody waits for it, so the next exchange
     kills it (found by its call token, below the spawner: here, below this process)."""
     runner, spawner = channel
-    monkeypatch.setattr(runner_module, "SPAWNER_SILENT_SECONDS", 0.2)
+    monkeypatch.setattr(link_module, "SPAWNER_SILENT_SECONDS", 0.2)
     token = "late-call-token"
     request = SpawnRequest(uid=os.getuid(), gid=os.getgid(), call_id="c", token=token, tool="shell")
     read_end, write_end = os.pipe()
     with pytest.raises(ToolError) as slow:
         with trio.fail_after(5):
-            await runner._ask_spawner(request, write_end)
+            await runner.ask(request, write_end)
     assert slow.value.code == "SPAWNER_SLOW"
     orphan = subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin", "TOOLD_CALL": token})
     try:
@@ -104,7 +103,7 @@ async def test_a_command_started_for_a_caller_that_gave_up_is_swept(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path="/next"), 0.0)
             with trio.fail_after(5):
-                assert (await runner._chore(TempWanted(uid=1000, gid=1000))).path == "/next"
+                assert (await runner.chore(TempWanted(uid=1000, gid=1000))).path == "/next"
         assert orphan.wait(timeout=5) == -signal.SIGKILL
     finally:
         orphan.kill()
@@ -122,7 +121,7 @@ async def test_garbage_from_the_spawner_ends_its_channel(channel: Channel) -> No
 
         nursery.start_soon(answer_garbage)
         with trio.fail_after(5):
-            reply = await runner._chore(TempWanted(uid=1000, gid=1000))
+            reply = await runner.chore(TempWanted(uid=1000, gid=1000))
     assert "exited" in reply.error
     with trio.fail_after(5):
-        assert "exited" in (await runner._chore(TempWanted(uid=1000, gid=1000))).error  # at once, not out of step
+        assert "exited" in (await runner.chore(TempWanted(uid=1000, gid=1000))).error  # at once, not out of step

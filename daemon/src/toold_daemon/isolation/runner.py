@@ -9,13 +9,15 @@ descendant are killed before the runner returns, and the temp dir is removed.
 Python tools (reads included, whoever the client is) run in tool workers (``workers``):
 confined like a command, kept warm, one frame each way per call. Commands run through a
 zygote (``zygotes``) or a fresh child.
+
+Beside it: ``spawn_requests`` builds what the spawner is asked for, ``spawner_link``
+carries each request and its reply, ``child_output`` reads what a child sends back.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pwd
 import secrets
 import signal
 import socket
@@ -31,42 +33,31 @@ from ..config import Config
 from ..egress.calls import EgressCall, EgressCalls, record_data
 from ..egress.rules import EgressRules
 from ..errors import ToolError
-from ..execution.results import OUTPUT_DETAILS
 from ..output import Unseen
 from ..sandbox import Sandbox
-from ..sandbox.environment import acceptable, inherited_environment, is_injection
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import sweep as sweeping
 from .admission import peer_credentials
 from .cgroup import Cgroups
+from .child_output import ChildFailed, collect, decode_frames, raise_for
 from .jobs import Job, Jobs
-from .sockets import PeerGone, send_with_fd
+from .spawn_requests import SpawnRequests
+from .spawner_link import SpawnerLink
 from .tempdirs import TempDirs
 from .wire import (
     Chunk,
     FrameBuffer,
-    Limits,
     Outcome,
-    Spawned,
     SpawnRequest,
     TempDone,
     TempWanted,
-    child_decoder,
-    frame,
 )
 from .workers import WorkerFailed, Workers, WorkerUnavailable
 from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
 
 log = logging.getLogger(__name__)
-_spawned_decoder = msgspec.msgpack.Decoder(Spawned)
 BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed after an hour
 STALE_CGROUP_TRIES = 60
-SPAWNER_SILENT_SECONDS = 10.0  # the spawner answers in milliseconds; past this a caller stops waiting
-_encoder = msgspec.msgpack.Encoder()
-
-
-class ChildFailed(ToolError):
-    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,26 +89,12 @@ class StdioChild:
 class SpawnRunner:
     def __init__(self, spawner_pid: int, control: socket.socket, config: Config) -> None:
         self.spawner_pid = spawner_pid
-        self._control = trio.socket.from_stdlib_socket(control)
-        self._lock = trio.Lock()
-        self._replies = FrameBuffer()  # what the spawner sent and no exchange has read yet
-        self._owed: list[str] = []  # call tokens of requests whose callers gave up waiting
+        self._link = SpawnerLink(spawner_pid, control)
         self._euid = peer_credentials(control)[1]  # the spawner's: it acts for anyone when root
         self.config = config
-        self._config_bytes = _encoder.encode(config)
-        # The daemon's environment is read once: filtering it per call cost ~0.1 ms.
-        environment = config.tools.environment
-        self._inherited_env = inherited_environment(os.environ, allow=environment.allowlist, deny=environment.denylist)
-        # The search key is the administrator's, whatever its name or the allowlist says.
-        self._inherited_env.pop(config.tools.web_search.api_key_env, None)
+        self._requests = SpawnRequests(config)
+        self._config_bytes = self._requests.config_bytes
         isolation = config.tools.isolation
-        self._limits = Limits(
-            cpu_seconds=isolation.cpu_seconds,
-            address_space_bytes=isolation.address_space_mb * 1024 * 1024,
-            file_size_bytes=isolation.file_size_mb * 1024 * 1024,
-            open_files=isolation.open_files,
-            processes=isolation.processes,
-        )
         self.layers: dict[str, str] = {}
         self.jobs = Jobs()
         self.user_state: Any = None  # memory and todos (``UserState``), set by the server
@@ -129,19 +106,17 @@ class SpawnRunner:
             allowed_networks=network.allowed_networks,
         )
         self.egress = EgressCalls(self._decide_egress)
-        #: The service's own groups (the socket's, the service user's): never a tool's.
-        self.service_gids: frozenset[int] = frozenset()
         self.gateway: Any = None  # third-party MCP servers (``mcp.Gateway``), set by the server
         self.cgroups = Cgroups.detect(config.tools.isolation.cgroups)
         # None: the spawner's (see temps_from_spawner); a spawner of its own always makes them.
         self._temps: TempDirs | None = TempDirs(self._euid) if self._euid == os.geteuid() else None
         self._zygotes = (
-            Zygotes(self._ask_spawner, self.cgroups, isolation.processes, isolation.address_space_mb * 1024 * 1024)
+            Zygotes(self._link.ask, self.cgroups, isolation.processes, isolation.address_space_mb * 1024 * 1024)
             if isolation.zygotes
             else None
         )
         self.workers = Workers(
-            self._ask_spawner,
+            self._link.ask,
             self.cgroups,
             pids_max=isolation.processes,
             memory_max=isolation.address_space_mb * 1024 * 1024,
@@ -167,6 +142,15 @@ class SpawnRunner:
             if self.cgroups.remove_stale_again():
                 return
         log.warning("could not remove cgroups of a killed daemon (still busy): %s", ", ".join(self.cgroups.stale))
+
+    @property
+    def service_gids(self) -> frozenset[int]:
+        """The service's own groups (the socket's, the service user's): never a tool's."""
+        return self._requests.service_gids
+
+    @service_gids.setter
+    def service_gids(self, gids: frozenset[int]) -> None:
+        self._requests.service_gids = gids
 
     @property
     def zygotes_alive(self) -> int:
@@ -214,7 +198,7 @@ class SpawnRunner:
             outcome = await self._in_worker(tool, args, ctx, identity)
         else:
             outcome = await self._spawn(tool, args, ctx, identity, command=command)
-        _raise_for(outcome)
+        raise_for(outcome)
         return ToolOutput(
             outcome.content,
             outcome.display,
@@ -230,7 +214,7 @@ class SpawnRunner:
         """The call's diff preview, computed in a worker with the client's privileges; a
         call that would fail raises its error (the request then shows why)."""
         outcome = await self._in_worker(tool, args, ctx, identity, preview=True)
-        _raise_for(outcome)
+        raise_for(outcome)
         return outcome.content or None
 
     async def _in_worker(
@@ -239,7 +223,7 @@ class SpawnRunner:
         """One Python tool call in a worker of the client's kind. A call that is cancelled
         or times out ends its worker; the partial output says so."""
         self._check_identity(identity)
-        request = self._tool_request(tool, args, ctx, identity, preview=preview)
+        request = self._requests.tool_request(tool, args, ctx, identity, preview=preview)
 
         def on_chunk(chunk: Chunk) -> None:
             ctx.partial.append(chunk.data)
@@ -262,7 +246,7 @@ class SpawnRunner:
         Returns the roots as the worker's sandbox canonicalised them."""
         self._check_identity(identity)
         ctx = ToolContext(call_id="workspace", sandbox=sandbox, config=self.config)
-        request = self._tool_request(None, None, ctx, identity, preview=False)
+        request = self._requests.tool_request(None, None, ctx, identity, preview=False)
         try:
             return await self.workers.ensure(request, self._config_bytes)
         except WorkerUnavailable as exc:
@@ -312,7 +296,7 @@ class SpawnRunner:
             with trio.move_on_after(limit):
                 async with trio.lowlevel.FdStream(child.read_end) as stream:
                     while data := await stream.receive_some(65536):
-                        for message in _decode_frames(buffer, data):
+                        for message in decode_frames(buffer, data):
                             if isinstance(message, Chunk):
                                 job.add_output(message.data, keep)
                             elif isinstance(message, Outcome):
@@ -344,7 +328,7 @@ class SpawnRunner:
         started are killed, and its temp dir cleared, whatever ends the wait."""
         child = await self._launch(tool, args, ctx, identity, command=command, probe=probe, preview=preview)
         try:
-            outcome = await self._collect(child.read_end, ctx)
+            outcome = await collect(child.read_end, ctx, self.config.tools.output.max_bytes)
             records = await self.egress.forget(child.token)
             if records:
                 data = {**(outcome.data or {}), "network": record_data(records)}
@@ -374,13 +358,13 @@ class SpawnRunner:
         via_zygote = self._zygotes is not None and command is not None and bool(command.argv)
         read_end, write_end = os.pipe()
         try:
-            request = self._request(
+            request = self._requests.command_request(
                 tool.name, args, ctx, identity=identity, token=token, temp=temp, command=command, probe=probe
             )
             if preview:
                 request = msgspec.structs.replace(request, preview=True)
             if command is not None and command.network:
-                request = self._network_mode(tool.name, request)
+                request = self._requests.network_mode(tool.name, request)
             left = None
             if self._zygotes is not None and via_zygote:
                 pid, group, left = await self._start_command(self._zygotes, request, write_end, ctx)
@@ -394,18 +378,6 @@ class SpawnRunner:
         finally:
             os.close(write_end)
         return _Child(pid, read_end, token, temp, identity.uid, group, left)
-
-    def _network_mode(self, tool_name: str, request: SpawnRequest) -> SpawnRequest:
-        """A command that wants the network gets its tool's mode: the host's network, none,
-        or the filtering proxy (an MCP server's ``tool_name`` is ``mcp:NAME``)."""
-        network = self.config.tools.network
-        mode = network.mode_of(tool_name)
-        if mode == "host":
-            return request
-        proxied = mode == "proxy"
-        return msgspec.structs.replace(
-            request, network=False, egress_proxy=proxied, egress_budget=network.max_bytes_per_call
-        )
 
     async def _decide_egress(self, call: EgressCall, host: str, port: int) -> tuple[bool, str]:
         """The rules first; a host they neither allow nor deny is the person's to answer."""
@@ -430,12 +402,12 @@ class SpawnRunner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         err_read, err_write = os.pipe()
         ctx = ToolContext(call_id=f"server-{token}", sandbox=sandbox, config=self.config)
-        request = self._request(
+        request = self._requests.command_request(
             name, None, ctx, identity=identity, token=token, temp=temp, command=command, probe=False
         )
         request = msgspec.structs.replace(request, stdio=True, readable=readable, hidden_patterns=[])
         if command.network:
-            request = self._network_mode(name, request)
+            request = self._requests.network_mode(name, request)
         try:
             # the server's connections are judged by the rules; nobody is asked for a server
             pid, group = await self._fork_with_egress(request, [theirs.fileno(), err_write], ctx)
@@ -483,9 +455,7 @@ class SpawnRunner:
             f"call-{request.token}", pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
         )
         try:
-            pid = await self._ask_spawner(
-                msgspec.structs.replace(request, cgroups=self.cgroups.paths(group)), write_end
-            )
+            pid = await self._link.ask(msgspec.structs.replace(request, cgroups=self.cgroups.paths(group)), write_end)
         except BaseException:
             self.cgroups.remove(group)
             raise
@@ -511,102 +481,6 @@ class SpawnRunner:
         pid, group = await self._fork_with_egress(request, [write_end], ctx)
         return pid, group, None
 
-    def _request(
-        self,
-        tool_name: str,
-        args: Any,
-        ctx: ToolContext,
-        *,
-        identity: Identity,
-        token: str,
-        temp: str,
-        command: Command | None,
-        probe: bool,
-    ) -> SpawnRequest:
-        isolation = self.config.tools.isolation
-        home, user = _home_and_user(identity.uid)
-        env = {
-            **self._inherited_env,
-            **acceptable(
-                {"HOME": home, "USER": user, "LOGNAME": user, "TMPDIR": temp},
-                deny=self.config.tools.environment.denylist,
-            ),
-        }
-        # The call's own variables: chosen by the caller, so a name like MY_TOKEN is theirs
-        # to pass; only injection hooks (LD_PRELOAD, BASH_ENV, ...) are refused.
-        env.update({k: v for k, v in (command.env if command else {}).items() if not is_injection(k)})
-        env[sweeping.TOKEN_VARIABLE] = token  # set last: the sweep depends on it
-        argv = [a.replace("{tmp}", temp) for a in command.argv] if command else []
-        limits = self._limits
-        roots = [] if probe else [str(r) for r in ctx.sandbox.roots]
-        return SpawnRequest(
-            drop_groups=sorted(self.service_gids),
-            call_id=ctx.call_id,
-            token=token,
-            tool=tool_name,
-            args=_encoder.encode(args),
-            config=self._config_bytes,
-            roots=roots,
-            resolved={k: str(v) for k, v in ctx.resolved.items()},
-            argv=argv,
-            cwd=command.cwd if command else "",
-            env=env,
-            files=dict(command.files) if command else {},
-            uid=identity.uid,
-            gid=identity.gid,
-            network=command.network if command else not probe,
-            network_namespace=isolation.network_namespace,
-            writable=[os.path.dirname(temp)] if temp else [],  # the uid's own temp base
-            temp=temp,
-            limits=limits,
-            idle_timeout_s=command.idle_timeout_s if command else 0.0,
-            narrow_reads=command.narrow_reads if command else False,
-            stream_limit_bytes=isolation.stream_limit_bytes,
-            keep_bytes=self.config.tools.output.max_bytes,
-            require=[] if probe else list(isolation.require),
-            keep_capabilities=list(isolation.keep_capabilities),
-            readonly_paths=[
-                os.path.join(root, name) for root in roots for name in self.config.tools.sandbox.readonly_for_commands
-            ]
-            if command
-            else [],
-            hidden_patterns=list(ctx.sandbox.denied_patterns)
-            if command and self.config.tools.sandbox.hide_denied_from_commands
-            else [],
-            protected_patterns=list(ctx.sandbox.protected_patterns) if command else [],
-            protect_homes=bool(command) and ctx.sandbox.protect_homes,
-            hide_max_entries=self.config.tools.sandbox.hide_denied_max_entries,
-            reads=dict(ctx.reads),
-            umask=ctx.umask,
-        )
-
-    def _tool_request(
-        self, tool: Tool[Any] | None, args: Any, ctx: ToolContext, identity: Identity, *, preview: bool
-    ) -> SpawnRequest:
-        """A Python tool call for a worker: what the call needs, and what the worker's kind
-        and confinement are made of (used when a new worker starts)."""
-        isolation = self.config.tools.isolation
-        return SpawnRequest(
-            drop_groups=sorted(self.service_gids),
-            call_id=ctx.call_id,
-            token="",
-            tool=tool.name if tool is not None else "",
-            args=_encoder.encode(args) if tool is not None else b"",
-            roots=[str(r) for r in ctx.sandbox.roots],
-            resolved={k: str(v) for k, v in ctx.resolved.items()},
-            reads=dict(ctx.reads),
-            uid=identity.uid,
-            gid=identity.gid,
-            network=False,
-            network_namespace=isolation.network_namespace,
-            limits=self._limits,
-            require=list(isolation.require),
-            preview=preview,
-            undo_budget=ctx.undo_budget,
-            umask=ctx.umask,
-            blobs=ctx.blobs,
-        )
-
     def temps_from_spawner(self) -> None:
         """From now on the spawner makes and takes back the calls' temp dirs: this process
         is about to give up the privileges that chown them (``privileges``)."""
@@ -619,7 +493,7 @@ class SpawnRunner:
         (no round trip on the call's path), else by the spawner."""
         if self._temps is not None:
             return self._temps.take(identity.uid, identity.gid)
-        reply = await self._chore(TempWanted(uid=identity.uid, gid=identity.gid))
+        reply = await self._link.chore(TempWanted(uid=identity.uid, gid=identity.gid))
         if reply.error or not reply.path:
             raise ToolError(
                 ToolErrorType.ISOLATION_UNAVAILABLE, "NO_TEMP_DIR", f"no temp dir for the call: {reply.error}"
@@ -632,139 +506,7 @@ class SpawnRunner:
         if self._temps is not None:
             self._temps.give_back(temp, uid, reusable=reusable)
         else:
-            await self._chore(TempDone(path=temp, reusable=reusable))
-
-    async def _chore(self, message: TempWanted | TempDone) -> Spawned:
-        """One request to the spawner without an fd; an exited spawner is an error reply."""
-        try:
-            return await self._exchange(frame(message), None)
-        except (PeerGone, OSError):
-            return Spawned(error="the spawner process has exited")
-        except trio.TooSlowError:
-            return Spawned(error=f"the spawner did not answer within {SPAWNER_SILENT_SECONDS:g} s")
-
-    async def _ask_spawner(self, request: SpawnRequest, channel_write_end: int | list[int]) -> int:
-        try:
-            reply = await self._exchange(frame(request), channel_write_end, token=request.token)
-        except (PeerGone, OSError):
-            raise ToolError(
-                ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWNER_GONE", "the spawner process has exited"
-            ) from None
-        except trio.TooSlowError:
-            raise ToolError(
-                ToolErrorType.ISOLATION_UNAVAILABLE,
-                "SPAWNER_SLOW",
-                f"the spawner did not answer within {SPAWNER_SILENT_SECONDS:g} s; try again",
-            ) from None
-        if reply.error or reply.pid <= 0:
-            raise ToolError(
-                ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWN_FAILED", f"could not start a child: {reply.error}"
-            )
-        return reply.pid
-
-    async def _exchange(self, data: bytes, fds: int | list[int] | None, *, token: str = "") -> Spawned:
-        """Send one frame to the spawner and read its reply, whole, whatever cancels the
-        caller: a request whose reply stayed unread (or half read) would hand every later
-        caller the previous one's answer, or a length read from the middle of a frame.
-
-        The spawner answers at once (it only forks), but it is single-threaded: a request
-        it is slow to check (a root on a hung mount) holds up everyone's. After
-        ``SPAWNER_SILENT_SECONDS`` the caller is told so, and the reply it leaves behind is
-        read, before anything is sent, by the next exchange, which also sweeps whatever
-        that reply says was started for nobody. A request that cannot even be written
-        means the spawner is wedged for good: its channel is closed."""
-        reply: Spawned | None = None
-        async with self._lock:
-            with trio.CancelScope(shield=True):
-                with trio.fail_after(SPAWNER_SILENT_SECONDS):
-                    await self._read_owed_replies()
-                sent = False
-                try:
-                    with trio.fail_after(SPAWNER_SILENT_SECONDS):
-                        if fds is not None:  # (fd 0 is an fd too)
-                            await send_with_fd(self._control, data, fds)
-                        else:
-                            while data:
-                                data = data[await self._control.send(data) :]
-                        sent = True
-                        reply = await self._next_reply()
-                except trio.TooSlowError:
-                    if not sent:
-                        log.error("the spawner takes no requests any more; closing its channel")
-                        self._control.close()
-                        raise
-                    log.warning("the spawner did not answer within %g s", SPAWNER_SILENT_SECONDS)
-                    self._owed.append(token)
-                    raise
-        assert reply is not None
-        return reply
-
-    async def _next_reply(self) -> Spawned:
-        """The spawner's next reply. Bytes read stay in ``_replies`` if this is cancelled."""
-        while (body := self._next_body()) is None:
-            data = await self._control.recv(65536)
-            if not data:
-                raise PeerGone
-            self._replies.add(data)
-        try:
-            return _spawned_decoder.decode(body)
-        except msgspec.DecodeError:  # nothing after this can be trusted to be in step
-            self._control.close()
-            raise PeerGone from None
-
-    def _next_body(self) -> bytes | None:
-        try:
-            return self._replies.next()
-        except ValueError:  # a length over the limit: the channel is out of step for good
-            self._control.close()
-            raise PeerGone from None
-
-    async def _read_owed_replies(self) -> None:
-        """Read the replies of requests whose callers stopped waiting; a command started
-        for one of them is swept (its worker or zygote ends by itself: nobody holds the
-        other end of its socket)."""
-        while self._owed:
-            reply = await self._next_reply()
-            token = self._owed.pop(0)
-            if reply.pid > 0 and token:
-                sweeping.sweep(self.spawner_pid, 0, token)
-
-    async def _collect(self, read_end: int, ctx: ToolContext) -> Outcome:
-        """Frames until the outcome; streamed text goes to ``ctx.emit`` and (bounded) ``ctx.partial``."""
-        buffer = FrameBuffer()
-        kept = 0
-        keep = self.config.tools.output.max_bytes
-        async with trio.lowlevel.FdStream(read_end) as stream:
-            while True:
-                data = await stream.receive_some(65536)
-                if not data:
-                    break
-                chunks: list[Chunk] = []
-                outcome: Outcome | None = None
-                for message in _decode_frames(buffer, data):
-                    if isinstance(message, Outcome):
-                        outcome = message
-                        break
-                    chunks.append(message)
-                for stream_name, text, count in _coalesce(chunks):
-                    room = max(0, keep - kept)
-                    if room:
-                        ctx.partial.append(text[:room])
-                        kept += len(text)
-                    if len(text) > room:
-                        dropped = text[room:]
-                        ctx.partial_dropped[0] += len(dropped.encode("utf-8", "surrogatepass"))
-                        ctx.partial_dropped[1] += dropped.count("\n")
-                    if ctx.emit is not None:
-                        ctx.emit(stream_name, text, count)
-                if outcome is not None:
-                    return outcome
-        raise ChildFailed(
-            ToolErrorType.EXECUTION_FAILED,
-            "CHILD_DIED",
-            "Tool failed: the isolated child exited without a result (killed, or out of memory)",
-            output="".join(ctx.partial) or None,
-        )
+            await self._link.chore(TempDone(path=temp, reusable=reusable))
 
     async def _kill(self, child: _Child) -> None:
         """SIGTERM first when a grace period is configured, then SIGKILL to the call's cgroup,
@@ -819,54 +561,10 @@ class SpawnRunner:
         self.workers.close()
         if self._zygotes is not None:
             self._zygotes.close()
-        self._control.close()  # the spawner then removes every temp dir it made
+        self._link.close()
         if self._temps is not None:
             self._temps.close()
         self.cgroups.remove_bases()
-
-
-_TYPES = {t.value for t in ToolErrorType}
-
-
-def _raise_for(outcome: Outcome) -> None:
-    """A failed outcome as the ToolError it reports."""
-    if not outcome.ok:
-        raise ToolError(
-            ToolErrorType(outcome.error_type) if outcome.error_type in _TYPES else ToolErrorType.EXECUTION_FAILED,
-            outcome.error_code or "TOOL_FAILED",
-            outcome.error_message,
-            output=outcome.content or None,
-            output_tail=outcome.tail or None,
-            unseen_bytes=outcome.unseen_bytes or None,
-            unseen_lines=outcome.unseen_lines or None,
-            **{k: v for k, v in outcome.error_details.items() if k not in OUTPUT_DETAILS},
-        )
-
-
-_COALESCE_CHARS = 64 * 1024
-
-
-def _decode_frames(buffer: FrameBuffer, data: bytes) -> list[Chunk | Outcome]:
-    """The child's messages in ``data``; a malformed channel is a typed ChildFailed."""
-    try:
-        return [child_decoder.decode(body) for body in buffer.feed(data)]
-    except (ValueError, msgspec.DecodeError) as exc:
-        raise ChildFailed(
-            ToolErrorType.EXECUTION_FAILED, "CHILD_PROTOCOL", f"Tool failed: malformed message from the child: {exc}"
-        ) from None
-
-
-def _coalesce(chunks: list[Chunk]) -> list[tuple[str, str, int]]:
-    """Merge consecutive chunks of the same stream that arrived together (up to 64 KiB),
-    so a chatty command costs a few events rather than one per line: (stream, text, merged)."""
-    merged: list[tuple[str, str, int]] = []
-    for chunk in chunks:
-        if merged and merged[-1][0] == chunk.stream and len(merged[-1][1]) + len(chunk.data) <= _COALESCE_CHARS:
-            stream_name, text, count = merged[-1]
-            merged[-1] = (stream_name, text + chunk.data, count + 1)
-        else:
-            merged.append((chunk.stream, chunk.data, 1))
-    return merged
 
 
 async def _wait_exit(pid: int) -> None:
@@ -887,19 +585,3 @@ def _signal_group(pgid: int, signum: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-_users: dict[int, tuple[str, str]] = {}
-
-
-def _home_and_user(uid: int) -> tuple[str, str]:
-    """From the passwd database, remembered (each lookup reads /etc/passwd); a uid not
-    found is looked up again next time."""
-    if uid in _users:
-        return _users[uid]
-    try:
-        entry = pwd.getpwuid(uid)
-    except KeyError:
-        return "/", str(uid)
-    _users[uid] = (entry.pw_dir, entry.pw_name)
-    return _users[uid]
