@@ -282,15 +282,19 @@ class LineSink:
 
     def __call__(self, kind: str, fields: Fields) -> None:
         stream = self._stream or sys.stderr
-        pairs = " ".join(f"{key.removeprefix('TOOLD_').lower()}={_value(value)}" for key, value in fields.items())
         prefix = f"<{_PRIORITY[kind]}>" if self._priority else ""
-        stream.write(f"{prefix}audit={kind} {pairs}\n")
-        stream.flush()
+        words = [f"{prefix}audit={kind}"]
+        for key, value in fields.items():
+            name = _LINE_NAMES.get(key) or _LINE_NAMES.setdefault(key, key.removeprefix("TOOLD_").lower())
+            # plain when it is one safe word (a number, an id, a tool name), else quoted
+            words.append(f"{name}={value}" if _PLAIN.fullmatch(value) else f"{name}={quoted(value)}")
+        stream.write(" ".join(words) + "\n")
+        if not getattr(stream, "line_buffering", False):  # stderr sends each line on by itself
+            stream.flush()
 
 
-def _value(text: str) -> str:
-    """Plain when it is one safe word (a number, an id, a tool name), else quoted."""
-    return text if _PLAIN.fullmatch(text) else quoted(text)
+#: A field's name in a line: ``TOOLD_UID`` is ``uid`` (worked out once per name).
+_LINE_NAMES: dict[str, str] = {}
 
 
 def open_sink(mode: AuditMode, journal_socket: str, *, stderr_is_journal: bool) -> JournalSink | LineSink | None:
