@@ -62,6 +62,20 @@ def test_client_never_imports_trio_or_the_daemon() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_the_protocol_process_does_not_import_what_only_tools_use() -> None:
+    """The HTTP stack, jsonschema and the HTML parser load where tools run (a worker, warmed
+    in the spawner) or at first use, not at every start of the protocol process."""
+    code = (
+        "import sys, toold_daemon.cli, toold_daemon.server\n"
+        "from toold_daemon.tools import builtin_tools\n"
+        "from toold_daemon.config import Config\n"
+        "[(t.unavailable(Config()), t.summary) for t in builtin_tools()]\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('httpx', 'httpcore', 'jsonschema', 'selectolax')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_only_ipc_imports_zmq_in_the_daemon() -> None:
     files = (REPO / "daemon/src/toold_daemon").rglob("*.py")
     assert [path.name for path in files if "zmq" in imported_top_levels(path)] == ["ipc.py"]
