@@ -291,3 +291,22 @@ def test_bad_arguments_are_refused_before_anything_is_sent(daemon: DaemonProcess
         result = fetch(daemon, **arguments)
         assert not result.ok and result.error is not None and result.error.type == kind, (arguments, result.content)
     assert len(site.requests) == before
+
+
+def test_the_http_stack_is_warmed_in_the_spawner_and_never_loaded_by_the_protocol_process(
+    daemon: DaemonProcess,
+) -> None:
+    """The spawner builds web_fetch's stack once it has answered the start's probe, so that
+    every child forked after inherits it; the protocol process, which only plans calls,
+    never loads it (its shared libraries show in a process's memory map)."""
+    protocol = psutil.Process(daemon.proc.pid)
+    spawner = next(child for child in protocol.children() if "serve" in " ".join(child.cmdline()))
+
+    def loads_the_html_parser(process: psutil.Process) -> bool:
+        return any("selectolax" in region.path for region in process.memory_maps())
+
+    deadline = time.monotonic() + 10
+    while not loads_the_html_parser(spawner):
+        assert time.monotonic() < deadline, "the spawner never warmed web_fetch"
+        time.sleep(0.05)
+    assert not loads_the_html_parser(protocol)
