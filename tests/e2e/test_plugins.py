@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,6 +73,13 @@ class Stamp(Tool[StampArgs]):
 class Clash(Shout):
     name = "read_file"
 
+class Cold(Shout):
+    """Its warming fails: the spawner must serve on, and the tool still run."""
+    name = "cold"
+
+    def warm(self) -> None:
+        raise RuntimeError("no heating here")
+
 
 not_a_tool = "just a string"
 '''
@@ -91,6 +99,7 @@ py-modules = ["toold_shout"]
 [project.entry-points."toold.tools"]
 shout = "toold_shout:Shout"
 stamp = "toold_shout:Stamp"
+cold = "toold_shout:Cold"
 clash = "toold_shout:Clash"
 broken = "toold_shout_missing:Nope"
 notatool = "toold_shout:not_a_tool"
@@ -155,6 +164,19 @@ def test_broken_plugins_are_skipped_with_their_reason(daemon: DaemonProcess) -> 
     assert "plugin clash skipped: ValueError: the name 'read_file' is already taken" in log
     assert "plugin notatool skipped: TypeError" in log
     assert "plugin shout: tool shout from toold-shout 1.2.3" in log
+
+
+def test_a_plugin_whose_warming_fails_leaves_the_spawner_serving(daemon: DaemonProcess) -> None:
+    """The spawner warms tools after start; a plugin's failure there is logged, and every
+    tool, that plugin's included, still runs in children forked afterwards."""
+    deadline = time.monotonic() + 10
+    while "warming cold failed: RuntimeError: no heating here" not in daemon.log.read_text():
+        assert time.monotonic() < deadline, daemon.log.read_text()
+        time.sleep(0.05)
+    with daemon.client() as client:
+        assert client.call("cold", {"text": "brr"}).content == "BRR"
+        assert client.call("shout", {"text": "still"}).content == "STILL"
+        assert client.call("stamp", {"path": "y.txt"}, on_confirm=lambda r: APPROVE_ALL).ok
 
 
 def test_a_plugin_runs_as_the_requesting_user(tmp_path: Path, target: Path) -> None:

@@ -8,6 +8,7 @@ inherited by every child through fork for free.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from .confine import landlock_ruleset
 from .roots import roots_identity
 from .wire import SpawnRequest
 
+log = logging.getLogger(__name__)
 _CACHE_SIZE = 16
 K = TypeVar("K")
 V = TypeVar("V")
@@ -60,7 +62,10 @@ class Preparer:
         if not self.warmed:
             self.warmed = True
             for tool in self.tools.values():
-                tool.warm()
+                try:
+                    tool.warm()
+                except Exception as exc:  # a plugin's: its calls still run, unwarmed; the spawner serves on
+                    log.warning("warming %s failed: %s: %s", tool.name, type(exc).__name__, exc)
 
     def prepare(self, request: SpawnRequest) -> Work:
         """Raises ValueError (or msgspec errors) for a request the spawner cannot serve."""

@@ -148,11 +148,11 @@ def _loop(control: socket.socket, preparer: Preparer, admission: Admission, temp
     """Serve requests until the daemon closes its end."""
     my_pid = os.getpid()
     lent: dict[str, int] = {}  # temp dirs handed out -> their uid
-    served = 0
+    first = True
     while True:
-        if served and not preparer.warmed and not _waiting(control):
+        if not first and not preparer.warmed and not _waiting(control):
             preparer.warm()  # after the first request (the daemon's start waits on that one)
-        served += 1
+        first = False
         try:
             received = receive_checked(control, peer.pid)
         except Refused as exc:
@@ -225,4 +225,6 @@ def _temp_chore(
 
 def _waiting(control: socket.socket) -> bool:
     """Whether a request is already there to be read."""
-    return bool(select.select([control], [], [], 0)[0])
+    poller = select.poll()  # (select() refuses descriptors past 1024)
+    poller.register(control.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
