@@ -73,6 +73,15 @@ class ServeOptions:
     activated_fd: int | None = None  # a listening socket passed by systemd (socket activation)
 
 
+def warm_planning(registry: Registry) -> None:
+    """Each tool's planning imports, off the event loop (see ``Tool.warm_planning``)."""
+    for tool in registry.list():
+        try:
+            tool.warm_planning()
+        except Exception as exc:  # a plugin's: its first call loads it instead
+            log.warning("warming the planning of %s failed: %s: %s", tool.name, type(exc).__name__, exc)
+
+
 async def build_runner(config: Config, options: ServeOptions) -> ThreadRunner | SpawnRunner:
     if options.spawner is None:
         return ThreadRunner()
@@ -315,6 +324,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 settle_garbage_collector()
                 notifier.ready(_status(service))  # the socket serves and recovery is done
                 nursery.start_soon(notifier.keep_alive, lambda: _status(service))
+                nursery.start_soon(trio.to_thread.run_sync, warm_planning, registry)
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         notifier.reloading()

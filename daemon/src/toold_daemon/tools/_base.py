@@ -142,6 +142,11 @@ class Tool(Generic[A]):
         """Build, in the spawner before it forks, what each child of this tool would
         otherwise build on first use (compiled patterns, a library's lazy tables)."""
 
+    def warm_planning(self) -> None:
+        """Load what planning a call of this tool needs on first use (a library the
+        protocol process does not import at start): called once, on a thread, after the
+        daemon serves, so that no client's request waits for the import."""
+
     def unavailable(self, config: Config) -> str:
         """Why this daemon's configuration cannot offer the tool ("" when it can): such a
         tool is not advertised, and a call to it gets this reason."""

@@ -87,6 +87,9 @@ class WebFetch(Tool[WebFetchArgs]):
 
         warm_up()
 
+    def warm_planning(self) -> None:
+        import httpx  # noqa: F401 (URLs are parsed as the fetch will parse them)
+
     def validate(self, args: WebFetchArgs) -> None:
         if args.body is not None and args.method != "POST":
             raise bad_args(f"body is only sent with POST, not {args.method}")
