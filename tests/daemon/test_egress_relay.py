@@ -145,9 +145,11 @@ async def test_cancelling_a_relay_mid_transfer_returns_promptly_and_lets_go_of_i
                 nursery.start_soon(read_all, program, bytearray())
                 ended.append(await relay(client, upstream, Budget(1 << 40), lambda out, n: None))
         assert scope.cancelled_caught and not ended
-        # the relay shut the sockets down on its way out: the program sees the end
+        # the relay shut the sockets down on its way out: the program sees the end once it
+        # has read what was already on its way when the cancel came
         with trio.fail_after(2):
-            assert await program.receive_some(1) == b""
+            while await program.receive_some(65536):
+                pass
     with trio.fail_after(2):
         while threading.active_count() > before:
             await trio.sleep(0.01)
