@@ -82,6 +82,16 @@ def test_sanitizer_keeps_printable_text(text: str) -> None:
     assert sanitize_for_terminal(text) == text
 
 
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=300))
+def test_ascii_text_is_sanitized_like_any_other(text: str) -> None:
+    """The ASCII fast path passes exactly the text without controls (tab and newline aside)."""
+    clean = sanitize_for_terminal(text)
+    if not re.search("[\x00-\x08\x0b-\x1f\x7f]", text):
+        assert clean == text
+    else:
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", clean)  # CR too: CRLF is LF, a lone CR is U+FFFD
+
+
 @given(st.text(max_size=300))
 def test_sanitized_text_has_no_control_characters(text: str) -> None:
     clean = sanitize_for_terminal(text)

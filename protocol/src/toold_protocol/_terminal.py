@@ -27,11 +27,21 @@ _ESCAPES = re.compile(
 _CONTROLS = re.compile("[\x00-\x08\x0b\x0c\r\x0e-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
 
 
+#: The ASCII characters that are not printable, tab and newline aside (ESC and CR included).
+_ASCII_UNPRINTABLE = bytes(c for c in range(32) if c not in (9, 10)) + b"\x7f"
+
+
 def sanitize_for_terminal(text: str) -> str:
     """Remove escape sequences and replace other control characters with U+FFFD."""
-    # Fast path: str.isprintable is false for every control, format (bidi) and unassigned
-    # character, so text that is printable apart from tab/newline/CR needs no work.
-    if text.replace("\n", "").replace("\t", "").isprintable() or not _needs_work(text):
+    # Fast paths. ASCII text (most tool output) needs no work when deleting its
+    # unprintable bytes deletes nothing: one C pass, a quarter of the time of the check
+    # below. Otherwise str.isprintable is false for every control, format (bidi) and
+    # unassigned character, so text printable apart from tab/newline needs no work.
+    if text.isascii():
+        raw = text.encode("ascii")
+        if len(raw.translate(None, _ASCII_UNPRINTABLE)) == len(raw):
+            return text
+    elif text.replace("\n", "").replace("\t", "").isprintable() or not _needs_work(text):
         return text
     return _CONTROLS.sub("\ufffd", _ESCAPES.sub("", text.replace("\r\n", "\n")))
 

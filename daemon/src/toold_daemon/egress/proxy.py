@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import select
+import socket
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -246,15 +249,32 @@ async def connect_checked(
 
 
 async def _connect(address: IPAddress, port: int) -> trio.SocketStream:
-    """A TCP connection to an address already checked (no resolving, no racing)."""
-    family = trio.socket.AF_INET6 if address.version == 6 else trio.socket.AF_INET
-    sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+    """A TCP connection to an address already checked (no resolving, no racing).
+
+    A connection to this machine (a local registry, a test server) is made by the time
+    ``connect`` returns, yet trio would still wait for the event loop's next round to
+    learn it (~0.1-0.6 ms on a busy loop): the socket is asked first."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
     try:
-        await sock.connect((str(address), port))
+        try:
+            sock.connect((str(address), port))
+        except BlockingIOError:
+            if not _writable_now(sock):
+                await trio.lowlevel.wait_writable(sock)
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, f"Error connecting to {address}:{port}: {os.strerror(error)}") from None
     except BaseException:
         sock.close()
         raise
-    return trio.SocketStream(sock)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+
+
+def _writable_now(sock: socket.socket) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    return bool(poller.poll(0))
 
 
 # ---- small pieces -------------------------------------------------------------------------
