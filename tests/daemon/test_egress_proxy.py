@@ -240,3 +240,19 @@ async def test_a_name_is_resolved_once_and_the_checked_address_is_the_one_connec
         trio.socket.set_custom_hostname_resolver(previous)
     assert code == 0 and "toold" in out, out
     assert resolver.lookups == 1 and records[0].address == "127.0.0.1"
+
+
+async def test_an_allowed_destination_where_nothing_listens_gets_a_502_and_a_record() -> None:
+    """The connect is judged done from the socket itself: a refused one must still say so
+    (HTTP 502, SOCKS reply 5), never pass for a connection."""
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    async with running(EgressRules.of(allowed_domains=["localhost"], allowed_ports=[closed])) as proxy:
+        _code, out = await curl("-i", "-x", f"http://127.0.0.1:{proxy.port}", f"http://localhost:{closed}/")
+        assert "502" in out, out
+        record = (await recorded(proxy))[-1]
+        assert record.refused.startswith("cannot connect") and "refused" in record.refused.lower(), record.refused
+        code, _out = await curl("--socks5-hostname", f"127.0.0.1:{proxy.port}", f"http://localhost:{closed}/")
+        assert code != 0
+        assert (await recorded(proxy, 2))[-1].refused.startswith("cannot connect")
