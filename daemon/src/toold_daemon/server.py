@@ -275,6 +275,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
     sink = open_sink(
         config.daemon.audit, config.daemon.audit_journal_socket, stderr_is_journal=logs.stderr_is_journal()
     )
+    audit = AuditTrail(sink)
     service = Service(
         config=config,
         registry=registry,
@@ -286,7 +287,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         journal=journal,
         config_path=options.config_path,
         gateway=gateway,
-        audit=AuditTrail(sink),
+        audit=audit,
         audit_dropped=lambda: sink.dropped if isinstance(sink, JournalSink) else 0,
     )
     try:
@@ -312,6 +313,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                     nursery.start_soon(gateway.retire_idle_forever)
                 if isinstance(sink, JournalSink):
                     sink.bind_nursery(nursery)
+                audit.bind_nursery(nursery)
                 metrics_file = config.daemon.metrics_file
                 if metrics_file:
                     every = config.daemon.metrics_interval_seconds
@@ -347,6 +349,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
             journal.close()
         user_state.close()
         notifier.close()
+        audit.write_queued()  # what batches ended with after the audit's task stopped
         if isinstance(sink, JournalSink):
             sink.close()
 

@@ -1,0 +1,118 @@
+"""The audit trail in a serving daemon: records are queued when they happen and built
+and written by a task of their own once the event loop has done what was due, in
+order, as they were when they happened, and none is left unwritten at stop."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+from toold_daemon.execution.batches import Batch, PreparedCall
+from toold_daemon.records.audit import AuditTrail, Fields
+from toold_protocol import Identity, ToolResult
+
+ME = Identity(uid=1000, gid=1000, pid=42)
+
+
+def batch_of(*calls: PreparedCall) -> Batch:
+    return Batch(batch_id="b1", identity=ME, session_id="s1", calls=list(calls), results=[None] * len(calls))
+
+
+def asking_call(index: int = 0) -> PreparedCall:
+    return PreparedCall(index=index, call_id=f"c{index}", name="shell", tool=None, args=None, needs_confirmation=True)
+
+
+def ok(call_id: str) -> ToolResult:
+    return ToolResult(call_id=call_id, ok=True, content="done", duration_ms=1.0)
+
+
+class Written:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, Fields]] = []
+
+    def __call__(self, kind: str, fields: Fields) -> None:
+        self.records.append((kind, dict(fields)))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.records]
+
+
+async def test_records_wait_for_the_loop_and_come_out_in_order() -> None:
+    written = Written()
+    audit = AuditTrail(written)
+    call = asking_call()
+    batch = batch_of(call)
+    async with trio.open_nursery() as nursery:
+        audit.bind_nursery(nursery)
+        audit.batch_accepted(batch, "editor", "/w", None)
+        audit.answered(batch, call, "approved", ME)
+        audit.result(batch, 0, ok("c0"))
+        assert written.records == []  # nothing built on the caller's time
+        await trio.testing.wait_all_tasks_blocked()
+        assert written.kinds() == ["batch", "decision", "answer", "result"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_decision_is_recorded_as_it_was_when_the_batch_was_accepted() -> None:
+    """An approval flips the call to run before the queued record is built: the record
+    still says the policy asked."""
+    written = Written()
+    audit = AuditTrail(written)
+    call = asking_call()
+    async with trio.open_nursery() as nursery:
+        audit.bind_nursery(nursery)
+        audit.batch_accepted(batch_of(call), "editor", "/w", None)
+        call.needs_confirmation = False  # approved
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    decision = next(fields for kind, fields in written.records if kind == "decision")
+    assert decision["TOOLD_DECISION"] == "ask"
+
+
+async def test_a_record_that_fails_is_logged_and_the_others_are_written(caplog: pytest.LogCaptureFixture) -> None:
+    failures = iter([RuntimeError("the sink broke once")])
+
+    def sink(kind: str, fields: Fields) -> None:
+        if kind == "answer" and (failure := next(failures, None)) is not None:
+            raise failure
+        written(kind, fields)
+
+    written = Written()
+    audit = AuditTrail(sink)
+    call = asking_call()
+    batch = batch_of(call)
+    with caplog.at_level(logging.ERROR):
+        async with trio.open_nursery() as nursery:
+            audit.bind_nursery(nursery)
+            audit.answered(batch, call, "approved", ME)
+            audit.result(batch, 0, ok("c0"))
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert written.kinds() == ["result"]
+    assert "audit record could not be written" in caplog.text
+
+
+async def test_records_queued_when_the_daemon_stops_are_written() -> None:
+    written = Written()
+    audit = AuditTrail(written)
+    call = asking_call()
+    batch = batch_of(call)
+    async with trio.open_nursery() as nursery:
+        audit.bind_nursery(nursery)
+        await trio.testing.wait_all_tasks_blocked()
+        audit.batch_accepted(batch, "editor", "/w", None)
+        nursery.cancel_scope.cancel()  # before the writer ran: its way out writes them
+    assert written.kinds() == ["batch", "decision"]
+    audit.result(batch, 0, ok("c0"))  # a batch ending after the writer stopped
+    assert written.kinds() == ["batch", "decision"]
+    audit.write_queued()  # what the server does last
+    assert written.kinds() == ["batch", "decision", "result"]
+
+
+def test_without_a_loop_records_are_written_at_once() -> None:
+    written = Written()
+    call = asking_call()
+    AuditTrail(written).result(batch_of(call), 0, ok("c0"))
+    assert written.kinds() == ["result"]
