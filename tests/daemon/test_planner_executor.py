@@ -206,3 +206,70 @@ async def test_output_is_truncated_within_the_limit(root: Path) -> None:
     result = batch.results[0]
     assert result is not None and result.truncated
     assert len(result.content.encode()) <= 1000 and "lines omitted]" in result.content
+
+
+class BeginningRunner(ThreadRunner):
+    """A ThreadRunner that keeps what the executor asks of a runner that can start a call
+    early: which calls were begun, run (with which context) and abandoned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.begun: list[ToolContext] = []
+        self.ran: list[ToolContext] = []
+        self.abandoned: list[ToolContext] = []
+
+    def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> None:
+        ctx.begun = "sent"
+        self.begun.append(ctx)
+
+    def abandon(self, ctx: ToolContext) -> None:
+        self.abandoned.append(ctx)
+
+    async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput:
+        self.ran.append(ctx)
+        return await super().run(tool, args, ctx, identity)
+
+
+def beginning(calls: list[ToolCall], root: Path, *, dry_run: bool = False) -> tuple[Batch, Executor, BeginningRunner]:
+    batch, executor = make_batch(calls, root)
+    batch.dry_run = dry_run
+    runner = BeginningRunner()
+    executor.runner = runner
+    executor.begin(batch)
+    return batch, executor, runner
+
+
+async def test_a_lone_read_is_begun_and_run_with_the_same_context(root: Path) -> None:
+    (root / "f.txt").write_text("early\n")
+    batch, executor, runner = beginning([call("1", "read_file", path="f.txt")], root)
+    assert len(runner.begun) == 1 and batch.calls[0].context is runner.begun[0]
+    await run_batch(batch, executor)
+    assert runner.ran == runner.begun and runner.abandoned == []
+    assert [c.context for c in batch.calls] == [None]  # taken when it ran
+    result = batch.results[0]
+    assert result is not None and result.ok and "early" in result.content
+
+
+async def test_a_begun_read_whose_batch_is_cancelled_first_is_abandoned_not_run(root: Path) -> None:
+    (root / "f.txt").write_text("never read\n")
+    batch, executor, runner = beginning([call("1", "read_file", path="f.txt")], root)
+    batch.cancel("cancelled by the client")  # before the batch's task ran
+    await run_batch(batch, executor)
+    assert runner.ran == [] and runner.abandoned == runner.begun and len(runner.begun) == 1
+    assert [c.context for c in batch.calls] == [None]
+    result = batch.results[0]
+    assert result is not None and result.error is not None and result.error.type == "Cancelled"
+
+
+async def test_only_a_lone_read_that_runs_at_once_is_begun(root: Path) -> None:
+    (root / "f.txt").write_text("x\n")
+    read = call("1", "read_file", path="f.txt")
+    cases = [
+        beginning([read, call("2", "read_file", path="f.txt")], root),  # two calls
+        beginning([call("1", "write_file", path="g.txt", content="y")], root),  # changes something
+        beginning([read], root, dry_run=True),  # runs nothing
+        beginning([call("1", "read_file", path="../outside")], root),  # refused at planning
+        beginning([call("1", "no_such_tool")], root),
+    ]
+    for batch, _executor, runner in cases:
+        assert runner.begun == [] and all(c.context is None for c in batch.calls)

@@ -16,7 +16,7 @@ import trio
 from toold_protocol import BatchFinished, BatchState, BatchStatus, Disposition, Identity, PlannedCall, ToolResult
 
 from ..sandbox import Sandbox
-from ..tools._base import Tool
+from ..tools._base import Tool, ToolContext
 
 
 @dataclass(slots=True)
@@ -43,6 +43,7 @@ class PreparedCall:
     changes: list[Any] = field(default_factory=list)  # what it did to each path (undo), journaled with its result
     started_recorded: bool = False  # its started mark went into the journal with the batch
     decision: str = ""  # what the policy made of it when it was planned (see policy_decision)
+    context: ToolContext | None = None  # made early by ``Executor.begin``; taken when the call runs
 
     def policy_decision(self) -> tuple[str, str]:
         """What the policy made of this call as planned, and why: allow, ask, deny, pending

@@ -29,6 +29,13 @@ from ..undo.capture import run_capturing
 class ToolRunner(Protocol):
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> ToolOutput: ...
 
+    def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> None:
+        """Start the call now if that needs no waiting (``run`` with the same ``ctx``
+        finishes it); doing nothing is always correct."""
+
+    def abandon(self, ctx: ToolContext) -> None:
+        """``ctx``'s call was begun and will not be run."""
+
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None: ...
 
 
@@ -73,6 +80,12 @@ class ThreadRunner:
         except BaseException:
             ctx.cancelled.set()  # an abandoned thread stops at its next check
             raise
+
+    def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> None:
+        """Nothing starts early on a thread: ``run`` does it all."""
+
+    def abandon(self, ctx: ToolContext) -> None:
+        pass
 
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
         """A diff preview, only for clients with the daemon's own privileges (else None)."""

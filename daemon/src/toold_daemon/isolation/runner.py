@@ -210,6 +210,31 @@ class SpawnRunner:
             changes=list(outcome.changes),
         )
 
+    def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> None:
+        """Send a worker call's request now if a worker of its kind is idle (``Workers.begin``):
+        ``run`` with the same ``ctx`` then only waits for the outcome. Anything else
+        (a command, a gateway tool, no idle worker) simply starts in ``run``."""
+        if (
+            self._euid not in (identity.uid, 0)
+            or (self.gateway is not None and self.gateway.serves(tool))
+            or tool.runs_in_daemon(self.config)
+            or tool.network
+        ):
+            return
+        try:
+            if tool.command(args, ctx) is not None:
+                return
+        except ToolError:
+            return  # ``run`` builds it again and reports why
+        request = self._requests.tool_request(tool, args, ctx, identity, preview=False)
+        ctx.begun = self.workers.begin(request, self._config_bytes)
+
+    def abandon(self, ctx: ToolContext) -> None:
+        """``ctx``'s call was begun and will not be run: its worker ends."""
+        if ctx.begun is not None:
+            begun, ctx.begun = ctx.begun, None
+            self.workers.abandon(begun)
+
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
         """The call's diff preview, computed in a worker with the client's privileges; a
         call that would fail raises its error (the request then shows why)."""
@@ -223,7 +248,11 @@ class SpawnRunner:
         """One Python tool call in a worker of the client's kind. A call that is cancelled
         or times out ends its worker; the partial output says so."""
         self._check_identity(identity)
-        request = self._requests.tool_request(tool, args, ctx, identity, preview=preview)
+        begun, ctx.begun = ctx.begun, None
+        if begun is not None:
+            request = begun.request
+        else:
+            request = self._requests.tool_request(tool, args, ctx, identity, preview=preview)
 
         def on_chunk(chunk: Chunk) -> None:
             ctx.partial.append(chunk.data)
@@ -231,7 +260,7 @@ class SpawnRunner:
                 ctx.emit(chunk.stream, chunk.data, 1)
 
         try:
-            return await self.workers.run(request, self._config_bytes, on_chunk)
+            return await self.workers.run(request, self._config_bytes, on_chunk, begun=begun)
         except WorkerFailed as exc:
             raise ChildFailed(ToolErrorType.EXECUTION_FAILED, "WORKER_DIED", f"Tool failed: {exc}") from None
         except WorkerUnavailable as exc:

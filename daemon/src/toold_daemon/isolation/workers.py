@@ -114,6 +114,16 @@ def _read_soon(fd: int, seconds: float) -> bytes | None:
                 return None
 
 
+@dataclass(eq=False)
+class Begun:
+    """A call whose ``request`` went to ``worker`` before its task ran (``Workers.begin``);
+    ``unsent``: what of the frame the socket did not take at once."""
+
+    request: SpawnRequest
+    worker: Worker
+    unsent: bytes
+
+
 class Workers:
     def __init__(
         self,
@@ -146,24 +156,62 @@ class Workers:
         """The idle workers' pids (for tests and ``toold doctor``)."""
         return [w.pid for w in self._idle]
 
-    async def run(self, request: SpawnRequest, config: bytes, on_chunk: OnChunk) -> Outcome:
+    async def run(
+        self, request: SpawnRequest, config: bytes, on_chunk: OnChunk, *, begun: Begun | None = None
+    ) -> Outcome:
         """Run one call (``request`` without argv or config) in a worker of its kind, which
         is started with ``config`` (the daemon's, encoded) if none is idle: its outcome.
+        ``begun``: the call's request already went to a worker (``begin``).
         Raises ``WorkerFailed`` when the worker dies or misbehaves."""
         for attempt in range(2):
-            outcome = await self._run_once(request, config, on_chunk)
+            outcome = await self._run_once(request, config, on_chunk, begun if not attempt else None)
             if outcome.error_code != STALE or attempt:
                 return outcome
         raise AssertionError("unreachable")
 
-    async def _run_once(self, request: SpawnRequest, config: bytes, on_chunk: OnChunk) -> Outcome:
+    def begin(self, request: SpawnRequest, config: bytes) -> Begun | None:
+        """Hand ``request`` to an idle worker of its kind now, without waiting for anything
+        (None when none is idle): the worker starts on it while the event loop gets to the
+        call's task. The caller then ``run``s it with the result, or ``abandon``s it."""
+        kind = kind_of(request, self._generation(config))
+        self._retire_idle()
+        for worker in reversed(self._idle):
+            if worker.kind == kind:
+                self._idle.remove(worker)
+                if not worker.alive():
+                    self._end(worker)
+                    return None
+                data = frame(request)
+                try:
+                    sent = os.write(worker.sock.fileno(), data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self._end(worker)
+                    return None
+                self._in_flight += 1
+                return Begun(request, worker, data[sent:])
+        return None
+
+    def abandon(self, begun: Begun) -> None:
+        """A begun call that will not be run (its batch was cancelled first): its worker
+        is busy with it, so it ends."""
+        self._in_flight -= 1
+        self._end(begun.worker)
+
+    async def _run_once(self, request: SpawnRequest, config: bytes, on_chunk: OnChunk, begun: Begun | None) -> Outcome:
         """One try: a worker whose workspace was made anew answers ``STALE`` and exits, and
         the call is tried once more on a fresh one."""
-        worker = await self._take(request, config)
+        if begun is None:
+            worker, unsent = await self._take(request, config), frame(request)
+            self._in_flight += 1
+        else:
+            worker, unsent = begun.worker, begun.unsent
         clean = False
-        self._in_flight += 1
         try:
-            await worker.sock.send(frame(request))
+            view = memoryview(unsent)
+            while view:
+                view = view[await worker.sock.send(view) :]
             while True:
                 alone = self._in_flight == 1 and _SPARE_CORE  # nobody else waits for the loop's time
                 message = await worker.receive(SPIN_SECONDS if alone else 0.0)

@@ -142,6 +142,7 @@ class BatchRuns:
                 commit = None  # committed already (the journal's thread was idle): acknowledge now
         self.remember(batch)
         if commit is None:
+            self.shared.executor.begin(batch)  # a lone read goes to its worker while its task starts
             if _answers_quickly(batch, message):
                 self.held.hold(batch_id, self._acceptance_sender(session, accepted, message.outcome_in_acceptance))
             else:

@@ -94,6 +94,8 @@ class ToolContext:
     blobs: dict[str, bytes] = field(default_factory=dict)
     #: (host, port) -> (allowed, why): asks a person about a host a command wants to reach.
     ask_network: Callable[[str, int], Awaitable[tuple[bool, str]]] | None = None
+    #: The runner's own: the call's request already went out (``ToolRunner.begin``).
+    begun: Any = None
 
     def resolve(self, raw: str, *, follow_last: bool = True) -> Path:
         """The canonical path of a path argument: the one the planner validated,
