@@ -160,6 +160,13 @@ async def test_connections_one_after_another_reuse_the_relay_threads() -> None:
     starting per direction: ten relays in turn run on a few threads, not twenty."""
     before = threading.active_count()
     ran_on: set[threading.Thread] = set()  # the objects themselves: no id reused
+
+    def count(outbound: bool, moved: int) -> None:
+        ran_on.add(threading.current_thread())
+
+    async def run(endings: list[str], client: trio.SocketStream, upstream: trio.SocketStream) -> None:
+        endings.append(await relay(client, upstream, Budget(1 << 40), count))
+
     for _ in range(10):
         endings: list[str] = []
         async with (
@@ -167,14 +174,7 @@ async def test_connections_one_after_another_reuse_the_relay_threads() -> None:
             tcp_pair() as (upstream, destination),
             trio.open_nursery() as nursery,
         ):
-
-            async def run() -> None:
-                def count(outbound: bool, moved: int) -> None:
-                    ran_on.add(threading.current_thread())
-
-                endings.append(await relay(client, upstream, Budget(1 << 40), count))
-
-            nursery.start_soon(run)
+            nursery.start_soon(run, endings, client, upstream)
             await destination.send_all(b"ping")
             await program.send_all(b"pong")
             assert await program.receive_some(4) == b"ping"
