@@ -128,6 +128,7 @@ class SpawnRunner:
     def bind_nursery(self, nursery: trio.Nursery) -> None:
         """Where background jobs are followed; cancelling it (shutdown) kills them all."""
         self._nursery = nursery
+        self.workers.nursery = nursery
         if self._zygotes is not None:
             self._zygotes.nursery = nursery
             self._zygotes.on_egress = lambda link: nursery.start_soon(self.egress.serve, link)
@@ -230,7 +231,7 @@ class SpawnRunner:
         ctx.begun = self.workers.begin(request, self._config_bytes)
 
     def abandon(self, ctx: ToolContext) -> None:
-        """``ctx``'s call was begun and will not be run: its worker ends."""
+        """``ctx``'s call was begun and will not be run (``Workers.abandon``)."""
         if ctx.begun is not None:
             begun, ctx.begun = ctx.begun, None
             self.workers.abandon(begun)

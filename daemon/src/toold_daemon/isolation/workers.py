@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 MAX_CALLS = 10_000
 MAX_AGE_S = 600.0
 _READY_TIMEOUT_S = 10.0
+#: How long an abandoned call's outcome is waited for before its worker is ended instead.
+ABANDONED_SECONDS = 2.0
 
 Kind = tuple[int, int, tuple[str, ...], int, tuple[str, ...]]
 # (request for the worker itself, its socket end to hand over) -> the worker's pid
@@ -147,6 +149,8 @@ class Workers:
         self._cgroups_to_remove: list[str] = []
         self._config = b""
         self._config_generation = 0
+        #: Where abandoned calls' outcomes are waited for (without one their workers end).
+        self.nursery: trio.Nursery | None = None
 
     @property
     def live(self) -> int:
@@ -194,10 +198,34 @@ class Workers:
         return None
 
     def abandon(self, begun: Begun) -> None:
-        """A begun call that will not be run (its batch was cancelled first): its worker
-        is busy with it, so it ends."""
-        self._in_flight -= 1
-        self._end(begun.worker)
+        """A begun call that will not be run (its batch was cancelled first). Its worker is
+        busy with it: once the outcome has been read and dropped it goes back to the idle
+        ones, so that a client that cancels a read and asks for the next one does not wait
+        for a new worker; one that has not answered within ``ABANDONED_SECONDS`` ends."""
+        if self.nursery is None:
+            self._in_flight -= 1
+            self._end(begun.worker)
+            return
+        self.nursery.start_soon(self._drain, begun)
+
+    async def _drain(self, begun: Begun) -> None:
+        worker, clean = begun.worker, False
+        try:
+            with trio.move_on_after(ABANDONED_SECONDS):
+                view = memoryview(begun.unsent)
+                while view:
+                    view = view[await worker.sock.send(view) :]
+                while not isinstance(message := await worker.receive(), Outcome):
+                    pass  # streamed output nobody reads any more
+                clean = message.error_code != STALE
+        except (PeerGone, OSError, ValueError, msgspec.DecodeError):
+            pass
+        finally:
+            self._in_flight -= 1
+            if clean:
+                self._give_back(worker)
+            else:
+                self._end(worker)
 
     async def _run_once(self, request: SpawnRequest, config: bytes, on_chunk: OnChunk, begun: Begun | None) -> Outcome:
         """One try: a worker whose workspace was made anew answers ``STALE`` and exits, and
