@@ -81,6 +81,14 @@ class Cold(Shout):
         raise RuntimeError("no heating here")
 
 
+class Moody(Shout):
+    """A bug in how it builds its command: its own calls fail, nothing else does."""
+    name = "moody"
+
+    def command(self, args, ctx):
+        raise RuntimeError("bad mood")
+
+
 not_a_tool = "just a string"
 '''
 
@@ -100,6 +108,7 @@ py-modules = ["toold_shout"]
 shout = "toold_shout:Shout"
 stamp = "toold_shout:Stamp"
 cold = "toold_shout:Cold"
+moody = "toold_shout:Moody"
 clash = "toold_shout:Clash"
 broken = "toold_shout_missing:Nope"
 notatool = "toold_shout:not_a_tool"
@@ -177,6 +186,21 @@ def test_a_plugin_whose_warming_fails_leaves_the_spawner_serving(daemon: DaemonP
         assert client.call("cold", {"text": "brr"}).content == "BRR"
         assert client.call("shout", {"text": "still"}).content == "STILL"
         assert client.call("stamp", {"path": "y.txt"}, on_confirm=lambda r: APPROVE_ALL).ok
+
+
+def test_a_plugin_that_fails_to_build_its_command_fails_its_own_calls_only(daemon: DaemonProcess) -> None:
+    """The daemon asks a read-only tool for its command as soon as a call is planned (to
+    hand a lone call to a worker early) and again when it runs: a plugin raising there
+    fails that call with why, never the submission, other tools or the daemon's stop."""
+    with daemon.client() as client:
+        for _ in range(3):
+            result = client.call("moody", {"text": "hm"})
+            assert not result.ok and result.error is not None and "bad mood" in result.content
+        assert client.call("shout", {"text": "fine"}).content == "FINE"
+    assert "could not be begun early" in daemon.log.read_text()
+    started = time.monotonic()
+    assert daemon.stop() == 0
+    assert time.monotonic() - started < 5
 
 
 def test_a_plugin_runs_as_the_requesting_user(tmp_path: Path, target: Path) -> None:

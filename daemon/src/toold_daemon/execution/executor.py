@@ -135,10 +135,7 @@ class Executor:
                     await commit.durable()
                 emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
         finally:
-            for call in batch.calls:
-                if call.context is not None:  # begun, never reached
-                    self.runner.abandon(call.context)
-                    call.context = None
+            self.abandon(batch)
             # Whatever stopped the loop (even the daemon's own cancellation), every call gets a result.
             for call in batch.calls:
                 if batch.results[call.index] is None:
@@ -197,6 +194,13 @@ class Executor:
             self.runner.begin(tool, call.args, call.context, batch.identity)
         except Exception:  # starting early is an optimisation: the call then starts in ``run``
             log.exception("call %s could not be begun early", call.call_id)
+
+    def abandon(self, batch: Batch) -> None:
+        """Calls of ``batch`` that were begun and will not be run (``ToolRunner.abandon``)."""
+        for call in batch.calls:
+            if call.context is not None:
+                context, call.context = call.context, None
+                self.runner.abandon(context)
 
     def _context(self, batch: Batch, call: PreparedCall) -> ToolContext:
         return ToolContext(

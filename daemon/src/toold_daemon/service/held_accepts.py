@@ -40,6 +40,10 @@ class HeldAccepts:
         held = self._held.pop(batch_id, None)
         return held is not None and held[1](outcome)
 
+    def forget(self, batch_id: str) -> None:
+        """Never send the batch's acceptance (its submission failed after it was held)."""
+        self._held.pop(batch_id, None)
+
     async def send_when_due(self) -> None:
         """Send each acceptance that has been held for ``HOLD_SECONDS`` (runs until cancelled)."""
         while True:

@@ -68,6 +68,9 @@ from .shared import Send, Shared
 
 log = logging.getLogger(__name__)
 
+#: How long a stopping daemon waits for the batches it cancelled to end.
+_CANCELLED_BATCHES_SECONDS = 5.0
+
 
 class Service:
     def __init__(
@@ -350,5 +353,11 @@ class Service:
                 await batch.done.wait()
         for batch in running:
             batch.cancel("the daemon is shutting down")
-        for batch in running:
-            await batch.done.wait()
+        # A cancelled batch ends within milliseconds; one that never got its task (a bug
+        # in accepting it) never would, and must not keep the daemon from stopping.
+        with trio.move_on_after(_CANCELLED_BATCHES_SECONDS) as waiting:
+            for batch in running:
+                await batch.done.wait()
+        if waiting.cancelled_caught:
+            stuck = [b.batch_id for b in running if not b.done.is_set()]
+            log.error("stopping without waiting for batches that did not end when cancelled: %s", ", ".join(stuck))

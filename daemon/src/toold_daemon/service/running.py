@@ -141,21 +141,30 @@ class BatchRuns:
             if commit.settled and commit.error is None:
                 commit = None  # committed already (the journal's thread was idle): acknowledge now
         self.remember(batch)
-        if commit is None:
-            self.shared.executor.begin(batch)  # a lone read goes to its worker while its task starts
-            if _answers_quickly(batch, message):
-                self.held.hold(batch_id, self._acceptance_sender(session, accepted, message.outcome_in_acceptance))
-            else:
-                self.shared.reply(session, accepted)
-        self.start(
-            session,
-            batch,
-            message.events == "all",
-            accepted=accepted,
-            commit=commit,
-            ended=submission,
-            turn=message.turn_id,
-        )
+        try:
+            if commit is None:
+                self.shared.executor.begin(batch)  # a lone read goes to its worker while its task starts
+                if _answers_quickly(batch, message):
+                    self.held.hold(batch_id, self._acceptance_sender(session, accepted, message.outcome_in_acceptance))
+                else:
+                    self.shared.reply(session, accepted)
+            self.start(
+                session,
+                batch,
+                message.events == "all",
+                accepted=accepted,
+                commit=commit,
+                ended=submission,
+                turn=message.turn_id,
+            )
+        except BaseException:
+            # Remembered but never started: nothing would ever end it, and a stopping daemon
+            # waits for every batch it knows. Forgotten, and ended, before the error is reported.
+            self.shared.batches.pop(batch_id, None)
+            self.held.forget(batch_id)
+            self.shared.executor.abandon(batch)
+            batch.done.set()
+            raise
 
     def _acceptance_sender(self, session: Session, accepted: BatchAccepted, may_carry: bool) -> SendAcceptance:
         """How a held acceptance goes out: with the outcome inside when the batch has
@@ -234,11 +243,11 @@ class BatchRuns:
                 call.decision = call.policy_decision()[0]
         if session.peer != NO_PEER:
             batch.listeners.append((session.peer, all_events))
-        session.running += 1
         run = functools.partial(
             self._run_batch, session, batch, accepted=accepted, commit=commit, ended=ended, turn=turn
         )
         self.shared.tasks.start_soon(run)
+        session.running += 1  # (the task, which takes it back when it ends, exists now)
 
     async def _run_batch(
         self,
