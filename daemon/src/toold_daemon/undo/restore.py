@@ -80,8 +80,11 @@ class RestoreFiles(Tool[RestoreArgs]):
             _clear_leftovers(usable, ctx, token)
             already = [entry.path for entry in usable if _put_back_already(entry, ctx)]
             usable = [entry for entry in usable if entry.path not in already]
+        planned = {entry.path.rstrip("/") for entry in usable} | {path.rstrip("/") for path in already}
         conflicts = [
-            entry.path for entry in usable if _changed_since(entry, ctx) and not (args.resume and _midway(entry, ctx))
+            entry.path
+            for entry in usable
+            if _changed_since(entry, ctx) and not (args.resume and _midway(entry, ctx, planned))
         ]
         conflicts += _unplanned_contents(usable, ctx)
         if conflicts and not args.force:
@@ -286,11 +289,28 @@ def _put_back_already(entry: Entry, ctx: ToolContext) -> bool:
     return kind in ("absent", "dir") or digest == entry.hash
 
 
-def _midway(entry: Entry, ctx: ToolContext) -> bool:
+def _midway(entry: Entry, ctx: ToolContext, planned: set[str]) -> bool:
     """Whether the path is as putting it back leaves it between two steps: removed before
-    its old self is made again, or a directory made before its mode is set."""
-    kind, _digest = state_of(str(ctx.resolve(entry.path, follow_last=False)))
-    return kind == "absent" or kind == entry.kind == "dir"
+    its old self is made again, a directory made before its mode is set, or a directory
+    the batch made whose contents the undo had begun to take away (deepest first) and
+    that holds nothing the plan does not account for."""
+    path = str(ctx.resolve(entry.path, follow_last=False))
+    kind, _digest = state_of(path)
+    if kind == "absent" or kind == entry.kind == "dir":
+        return True
+    return entry.kind == "absent" and kind == entry.expect_kind == "dir" and _holds_only(path, entry.path, planned)
+
+
+def _holds_only(path: str, shown: str, planned: set[str]) -> bool:
+    """Whether everything below directory ``path`` (shown as ``shown``) is in ``planned``."""
+    top = shown.rstrip("/")
+    unreadable: list[OSError] = []
+    for parent, dirs, files in os.walk(path, onerror=unreadable.append):  # symlinks are listed, never followed
+        below = os.path.relpath(parent, path)
+        base = top if below == "." else f"{top}/{below}"
+        if any(f"{base}/{name}" not in planned for name in (*dirs, *files)):
+            return False
+    return not unreadable  # what cannot be listed cannot be said to be planned
 
 
 def _clear_leftovers(entries: list[Entry], ctx: ToolContext, token: str) -> None:

@@ -1,0 +1,64 @@
+"""Finishing an undo a crash cut short (``restore_files`` with ``resume``), on real files:
+the undo takes away what the batch made deepest first, so a directory the batch made can
+be found with its contents already gone and itself still there. That is the undo midway,
+not someone's change; a file nobody planned for inside it still is."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from toold_daemon.config import Config
+from toold_daemon.errors import ToolError
+from toold_daemon.sandbox import Sandbox
+from toold_daemon.tools import ToolContext
+from toold_daemon.undo.images import state_of
+from toold_daemon.undo.restore import Entry, RestoreArgs, RestoreFiles
+
+MADE = ["made", "made/deep", "made/deep/new.txt", "moved", "moved/tree", "moved/tree/inner", "moved/tree/inner/x.txt"]
+
+
+def after_the_batch(root: Path) -> list[Entry]:
+    """The batch made these; the undo's plan takes them away, deepest first."""
+    (root / "made/deep").mkdir(parents=True)
+    (root / "made/deep/new.txt").write_text("n\n")
+    (root / "moved/tree/inner").mkdir(parents=True)
+    (root / "moved/tree/inner/x.txt").write_text("x\n")
+    entries = []
+    for path in sorted(MADE, key=lambda p: p.count("/"), reverse=True):
+        kind, digest = state_of(str(root / path))
+        entries.append(Entry(path=path, expect_kind=kind, kind="absent", expect_hash=digest))
+    return entries
+
+
+def resume(root: Path, entries: list[Entry]) -> str:
+    ctx = ToolContext(call_id="undo", sandbox=Sandbox([root]), config=Config())
+    return RestoreFiles().run(RestoreArgs(undoes="b1", entries=entries, resume=True), ctx).content
+
+
+def test_directories_emptied_by_the_cut_short_undo_are_taken_away_when_it_resumes(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    entries = after_the_batch(root)
+    # the undo before the crash: the deepest entries were gone, their directories not yet
+    os.unlink(root / "moved/tree/inner/x.txt")
+    os.rmdir(root / "moved/tree/inner")
+    os.unlink(root / "made/deep/new.txt")
+    content = resume(root, entries)
+    assert "after the daemon restarted" in content
+    assert sorted(os.listdir(root)) == []
+
+
+def test_a_file_nobody_planned_for_in_such_a_directory_is_still_a_conflict(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    entries = after_the_batch(root)
+    shutil.rmtree(root / "moved/tree/inner")
+    (root / "moved/tree/theirs.txt").write_text("someone else's\n")
+    with pytest.raises(ToolError) as refused:
+        resume(root, entries)
+    assert refused.value.code == "UNDO_CONFLICT" and "moved/tree" in refused.value.message
+    assert (root / "moved/tree/theirs.txt").read_text() == "someone else's\n"
