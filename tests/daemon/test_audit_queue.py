@@ -39,11 +39,15 @@ class Written:
         return [kind for kind, _ in self.records]
 
 
-async def test_records_wait_for_the_loop_and_come_out_in_order() -> None:
+def trail() -> tuple[Written, AuditTrail, PreparedCall, Batch]:
+    """A trail writing to a list, and a batch of one call asking for approval."""
     written = Written()
-    audit = AuditTrail(written)
     call = asking_call()
-    batch = batch_of(call)
+    return written, AuditTrail(written), call, batch_of(call)
+
+
+async def test_records_wait_for_the_loop_and_come_out_in_order() -> None:
+    written, audit, call, batch = trail()
     async with trio.open_nursery() as nursery:
         audit.bind_nursery(nursery)
         audit.batch_accepted(batch, "editor", "/w", None)
@@ -95,10 +99,7 @@ async def test_a_record_that_fails_is_logged_and_the_others_are_written(caplog: 
 
 
 async def test_records_queued_when_the_daemon_stops_are_written() -> None:
-    written = Written()
-    audit = AuditTrail(written)
-    call = asking_call()
-    batch = batch_of(call)
+    written, audit, _call, batch = trail()
     async with trio.open_nursery() as nursery:
         audit.bind_nursery(nursery)
         await trio.testing.wait_all_tasks_blocked()
