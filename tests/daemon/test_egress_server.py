@@ -1,0 +1,163 @@
+"""The egress process's server on real sockets: a listener handed over as the zygote
+hands it, a real destination on 127.0.0.1, and the runner's link read frame by frame.
+
+What it must keep when a call is forgotten: every connection's record reaches the runner
+before ``EgressForgotten``, and after it the call's listener takes no more connections;
+a connection still open is ended first, never left running past its call."""
+
+from __future__ import annotations
+
+import functools
+import socket
+
+import msgspec
+import pytest
+import trio
+
+from toold_daemon.egress.process import (
+    EgressForget,
+    EgressForgotten,
+    EgressListen,
+    EgressRecord,
+    EgressServer,
+    EgressUsed,
+    to_runner,
+)
+from toold_daemon.egress.rules import EgressRules
+from toold_daemon.isolation.wire import FrameBuffer, frame
+
+pytestmark = pytest.mark.trio
+TOKEN = "call-under-test"
+
+
+class RunnerEnd:
+    """The protocol process's end of the link, reading what the egress process says."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = trio.socket.from_stdlib_socket(sock)
+        self.buffer = FrameBuffer()
+        self.pending: list[msgspec.Struct] = []
+
+    async def send(self, message: msgspec.Struct) -> None:
+        await self.sock.send(frame(message))
+
+    async def next(self) -> msgspec.Struct:
+        while not self.pending:
+            data = await self.sock.recv(65536)
+            assert data, "the egress process closed its link"
+            self.pending.extend(to_runner.decode(body) for body in self.buffer.feed(data))
+        return self.pending.pop(0)
+
+    async def until_forgotten(self) -> list[msgspec.Struct]:
+        seen = []
+        while not isinstance(message := await self.next(), EgressForgotten):
+            seen.append(message)
+        return seen
+
+
+async def echo_server(nursery: trio.Nursery) -> int:
+    async def echo(stream: trio.SocketStream) -> None:
+        async with stream:
+            while data := await stream.receive_some(65536):
+                await stream.send_all(data)
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def started_server(nursery: trio.Nursery, port: int) -> tuple[RunnerEnd, int]:
+    """An egress server allowing 127.0.0.1:port, with one call's listener: (runner end, proxy port)."""
+    zygote_ours, zygote_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    runner_ours, runner_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    zygote_theirs.setblocking(False)
+    rules = EgressRules.of(allowed_domains=["127.0.0.1"], allowed_ports=[port], allowed_networks=["127.0.0.1/32"])
+    nursery.start_soon(EgressServer(zygote_theirs, runner_theirs, rules).run)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        proxy_port = listener.getsockname()[1]
+        socket.send_fds(zygote_ours, [frame(EgressListen(token=TOKEN, budget=1 << 30))], [listener.fileno()])
+    nursery.start_soon(_hold_open, zygote_ours)
+    return RunnerEnd(runner_ours), proxy_port
+
+
+async def _hold_open(sock: socket.socket) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        sock.close()
+
+
+async def tunnel(proxy_port: int, port: int) -> trio.SocketStream:
+    stream = await trio.open_tcp_stream("127.0.0.1", proxy_port)
+    await stream.send_all(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await stream.receive_some(1024)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return stream
+
+
+async def test_a_call_forgotten_after_its_connections_ended_hands_over_every_record_first() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await echo_server(nursery)
+        runner, proxy_port = await started_server(nursery, port)
+        for payload in (b"one", b"second"):
+            stream = await tunnel(proxy_port, port)
+            await stream.send_all(payload)
+            assert await stream.receive_some(100) == payload
+            await stream.aclose()
+        seen: list[msgspec.Struct] = []
+        while sum(isinstance(m, EgressRecord) for m in seen) < 2:
+            seen.append(await runner.next())  # both connections are over and recorded
+        await runner.send(EgressForget(token=TOKEN))
+        with trio.fail_after(5):
+            seen += await runner.until_forgotten()
+        assert isinstance(seen[0], EgressUsed)
+        records = [m for m in seen if isinstance(m, EgressRecord)]
+        assert [(r.sent, r.received) for r in records] == [(3, 3), (6, 6)]
+        assert all(r.host == "127.0.0.1" and r.port == port and not r.refused for r in records)
+        with trio.fail_after(5):  # the listener went with the call
+            with pytest.raises(OSError):
+                await tunnel(proxy_port, port)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_forgotten_with_a_connection_open_ends_it_and_records_it_before_answering() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await echo_server(nursery)
+        runner, proxy_port = await started_server(nursery, port)
+        stream = await tunnel(proxy_port, port)
+        await stream.send_all(b"still talking")
+        assert await stream.receive_some(100) == b"still talking"
+        await runner.send(EgressForget(token=TOKEN))
+        with trio.fail_after(5):
+            seen = await runner.until_forgotten()
+            assert await _read_to_end(stream) == b""  # the proxy ended the tunnel
+        records = [m for m in seen if isinstance(m, EgressRecord)]
+        assert len(records) == 1, seen
+        assert (records[0].sent, records[0].received) == (13, 13)
+        nursery.cancel_scope.cancel()
+
+
+async def test_forgetting_a_call_that_never_connected_is_answered() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await echo_server(nursery)
+        runner, proxy_port = await started_server(nursery, port)
+        await trio.sleep(0.05)  # the listener has been taken
+        await runner.send(EgressForget(token=TOKEN))
+        with trio.fail_after(5):
+            assert await runner.until_forgotten() == []
+            with pytest.raises(OSError):
+                await trio.open_tcp_stream("127.0.0.1", proxy_port)
+        nursery.cancel_scope.cancel()
+
+
+async def _read_to_end(stream: trio.SocketStream) -> bytes:
+    rest = b""
+    try:
+        while data := await stream.receive_some(65536):
+            rest += data
+    except trio.BrokenResourceError:
+        pass
+    return rest
