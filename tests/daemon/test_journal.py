@@ -9,7 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from toold_daemon.records.journal import DISCARDED, INTERRUPTED, Journal, JournalError, Submission, fingerprint
+from toold_daemon.records.journal import DISCARDED, INTERRUPTED, Journal, JournalError
+from toold_daemon.records.stored_batches import Submission, fingerprint
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolErrorInfo, ToolResult, encode_value
 
 ME = Identity(uid=1000, gid=1000, pid=42)

@@ -32,105 +32,36 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import msgspec
 import trio
 
 from toold_protocol import (
-    BatchFinished,
     BatchState,
-    BatchStatus,
-    Disposition,
     Identity,
     PlannedCall,
-    RiskLevel,
     ToolCall,
     ToolErrorInfo,
     ToolResult,
 )
 
 from ..undo.images import Change
+from .journal_schema import SCHEMA_VERSION, NewerSchema, migrate
 from .journal_writer import Commit, JournalWriter, Rows, Write
 from .state_files import StateFileRefused, refuse_links
+from .stored_batches import StoredBatch, StoredCall, StoredChange, Submission
 
-SCHEMA_VERSION = 4
 JOURNAL_NAME = "journal.sqlite3"
 RECOVERY_NAME = "last-recovery.json"  # what the last start found and did (``toold doctor``)
 INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
 DISCARDED = "discarded after restart"
-
-_MIGRATIONS: dict[int, str] = {
-    1: """
-    CREATE TABLE batches (
-        batch_id    TEXT PRIMARY KEY,
-        uid         INTEGER NOT NULL,
-        gid         INTEGER NOT NULL,
-        pid         INTEGER NOT NULL,
-        client_name TEXT NOT NULL,
-        turn_id     TEXT,
-        submitted   REAL NOT NULL,
-        finished    REAL,
-        state       TEXT NOT NULL,
-        fingerprint TEXT NOT NULL
-    );
-    CREATE INDEX batches_by_state ON batches(state, submitted);
-    CREATE TABLE calls (
-        batch_id    TEXT NOT NULL REFERENCES batches(batch_id) ON DELETE CASCADE,
-        idx         INTEGER NOT NULL,
-        call_id     TEXT NOT NULL,
-        tool        TEXT NOT NULL,
-        arguments   BLOB NOT NULL,
-        disposition TEXT NOT NULL,
-        summary     TEXT NOT NULL,
-        risk        TEXT NOT NULL,
-        started     REAL,
-        PRIMARY KEY (batch_id, idx)
-    );
-    CREATE TABLE results (
-        batch_id    TEXT NOT NULL REFERENCES batches(batch_id) ON DELETE CASCADE,
-        idx         INTEGER NOT NULL,
-        call_id     TEXT NOT NULL,
-        ok          INTEGER NOT NULL,
-        content     TEXT NOT NULL,
-        display     TEXT NOT NULL,
-        data        BLOB,
-        error       BLOB,
-        truncated   INTEGER NOT NULL,
-        duration_ms REAL NOT NULL,
-        finished    REAL NOT NULL,
-        PRIMARY KEY (batch_id, idx)
-    );
-    """,
-    # The session's workspace ("" = the daemon's roots): a recovered batch runs there again.
-    2: "ALTER TABLE batches ADD COLUMN workspace TEXT NOT NULL DEFAULT ''",
-    # What each mutating call did to each path, for undo (the bytes live in the undo store).
-    3: """
-    CREATE TABLE changes (
-        batch_id    TEXT NOT NULL REFERENCES batches(batch_id) ON DELETE CASCADE,
-        seq         INTEGER NOT NULL,
-        idx         INTEGER NOT NULL,
-        path        TEXT NOT NULL,
-        kind        TEXT NOT NULL,
-        mode        INTEGER NOT NULL,
-        hash        TEXT NOT NULL,
-        note        TEXT NOT NULL,
-        after_kind  TEXT NOT NULL,
-        after_hash  TEXT NOT NULL,
-        PRIMARY KEY (batch_id, seq)
-    )
-    """,
-    # Most results show what they say: their display is not stored a second time.
-    4: "ALTER TABLE results ADD COLUMN display_is_content INTEGER NOT NULL DEFAULT 0",
-}
 
 _encoder = msgspec.msgpack.Encoder()
 _error_decoder = msgspec.msgpack.Decoder(ToolErrorInfo)
@@ -139,94 +70,6 @@ _data_decoder = msgspec.msgpack.Decoder(dict[str, Any])
 
 class JournalError(Exception):
     """The journal cannot be used (corrupt, newer schema, unreadable). The message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredChange:
-    index: int
-    path: str
-    kind: str
-    mode: int
-    hash: str
-    note: str
-    after_kind: str
-    after_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class StoredCall:
-    index: int
-    call_id: str
-    tool: str
-    arguments: bytes
-    disposition: str
-    summary: str
-    risk: str
-    started: float | None
-
-    def planned(self, result: ToolResult | None) -> PlannedCall:
-        return PlannedCall(
-            index=self.index,
-            call_id=self.call_id,
-            name=self.tool,
-            disposition=cast(Disposition, self.disposition),
-            summary=self.summary,
-            risk=cast(RiskLevel, self.risk),
-            result=result,
-        )
-
-    def tool_call(self) -> ToolCall:
-        return ToolCall(call_id=self.call_id, name=self.tool, arguments=msgspec.Raw(self.arguments))
-
-
-@dataclass(frozen=True, slots=True)
-class StoredBatch:
-    batch_id: str
-    identity: Identity
-    client_name: str
-    turn_id: str | None
-    submitted: float
-    finished: float | None
-    state: BatchState
-    fingerprint: str
-    calls: list[StoredCall]
-    results: list[ToolResult | None]  # by call index
-    workspace: str = ""  # the session's workspace, "" for the daemon's roots
-
-    def plan(self) -> list[PlannedCall]:
-        return [call.planned(result) for call, result in zip(self.calls, self.results, strict=True)]
-
-    def finished_results(self) -> list[ToolResult]:
-        return [r for r in self.results if r is not None]
-
-    def status(self, request_id: int) -> BatchStatus:
-        results = self.finished_results()
-        return BatchStatus(id=request_id, batch_id=self.batch_id, state=self.state, calls=self.plan(), results=results)
-
-    def outcome(self) -> BatchFinished:
-        return BatchFinished(batch_id=self.batch_id, state=self.state, results=self.finished_results())
-
-
-@dataclass(frozen=True, slots=True)
-class Submission:
-    """What the journal records of a submitted batch, whenever it records it."""
-
-    batch_id: str
-    identity: Identity
-    client_name: str
-    turn_id: str | None
-    digest: str
-    calls: Sequence[ToolCall]
-    planned: Sequence[PlannedCall]
-    workspace: str = ""  # "" for the daemon's roots
-
-
-def fingerprint(calls: Sequence[ToolCall]) -> str:
-    """What makes two submissions "the same batch": call ids, tool names and argument bytes, in order."""
-    digest = hashlib.sha256()
-    for call in calls:
-        digest.update(_encoder.encode([call.call_id, call.name, bytes(call.arguments)]))
-    return digest.hexdigest()
 
 
 class Journal:
@@ -289,15 +132,14 @@ class Journal:
             self._lock_fd = None
 
     def _migrate(self) -> None:
-        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA_VERSION:
-            raise JournalError(
-                f"{self.path}: the journal has schema version {version}, newer than this daemon's "
-                f"{SCHEMA_VERSION}; run a newer toold or move the journal aside"
-            )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
+        try:
             with self._transaction():
-                self._db.executescript(f"BEGIN; {_MIGRATIONS[target]}; PRAGMA user_version={target}; COMMIT;")
+                migrate(self._db)
+        except NewerSchema as exc:
+            raise JournalError(
+                f"{self.path}: the journal has schema version {exc.version}, newer than this daemon's "
+                f"{SCHEMA_VERSION}; run a newer toold or move the journal aside"
+            ) from None
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -33,7 +33,8 @@ from ..config.loading import load_file
 from ..egress.rules import NETWORKED_TOOLS, network_summary
 from ..execution.batches import Batch
 from ..policy import planner
-from ..records.journal import Journal, StoredBatch
+from ..records.journal import Journal
+from ..records.stored_batches import StoredBatch
 from ..sandbox.workspaces import WorkspaceRefused
 from ..tools import Tool
 from .running import BatchRuns

@@ -34,8 +34,8 @@ from toold_protocol import (
 )
 
 from ..execution.batches import Batch, PreparedCall
-from ..records.journal import Submission, fingerprint
 from ..records.journal_writer import Commit, JournalWriteFailed
+from ..records.stored_batches import Submission, fingerprint
 from .confirming import ConfirmationFlow
 from .held_accepts import HeldAccepts, SendAcceptance
 from .sessions import NO_PEER, Session

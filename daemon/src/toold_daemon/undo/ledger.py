@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-from ..records.journal import Journal, StoredBatch, StoredChange
+from ..records.journal import Journal
+from ..records.stored_batches import StoredBatch, StoredChange
 from .images import Change
 from .restore import RestoreArgs
 from .store import UndoStore

@@ -1,0 +1,89 @@
+"""The journal's tables and how an older journal is brought up to date: one migration per
+schema version, applied in order at open, each in its own transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA_VERSION = 4
+
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE batches (
+        batch_id    TEXT PRIMARY KEY,
+        uid         INTEGER NOT NULL,
+        gid         INTEGER NOT NULL,
+        pid         INTEGER NOT NULL,
+        client_name TEXT NOT NULL,
+        turn_id     TEXT,
+        submitted   REAL NOT NULL,
+        finished    REAL,
+        state       TEXT NOT NULL,
+        fingerprint TEXT NOT NULL
+    );
+    CREATE INDEX batches_by_state ON batches(state, submitted);
+    CREATE TABLE calls (
+        batch_id    TEXT NOT NULL REFERENCES batches(batch_id) ON DELETE CASCADE,
+        idx         INTEGER NOT NULL,
+        call_id     TEXT NOT NULL,
+        tool        TEXT NOT NULL,
+        arguments   BLOB NOT NULL,
+        disposition TEXT NOT NULL,
+        summary     TEXT NOT NULL,
+        risk        TEXT NOT NULL,
+        started     REAL,
+        PRIMARY KEY (batch_id, idx)
+    );
+    CREATE TABLE results (
+        batch_id    TEXT NOT NULL REFERENCES batches(batch_id) ON DELETE CASCADE,
+        idx         INTEGER NOT NULL,
+        call_id     TEXT NOT NULL,
+        ok          INTEGER NOT NULL,
+        content     TEXT NOT NULL,
+        display     TEXT NOT NULL,
+        data        BLOB,
+        error       BLOB,
+        truncated   INTEGER NOT NULL,
+        duration_ms REAL NOT NULL,
+        finished    REAL NOT NULL,
+        PRIMARY KEY (batch_id, idx)
+    );
+    """,
+    # The session's workspace ("" = the daemon's roots): a recovered batch runs there again.
+    2: "ALTER TABLE batches ADD COLUMN workspace TEXT NOT NULL DEFAULT ''",
+    # What each mutating call did to each path, for undo (the bytes live in the undo store).
+    3: """
+    CREATE TABLE changes (
+        batch_id    TEXT NOT NULL REFERENCES batches(batch_id) ON DELETE CASCADE,
+        seq         INTEGER NOT NULL,
+        idx         INTEGER NOT NULL,
+        path        TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        mode        INTEGER NOT NULL,
+        hash        TEXT NOT NULL,
+        note        TEXT NOT NULL,
+        after_kind  TEXT NOT NULL,
+        after_hash  TEXT NOT NULL,
+        PRIMARY KEY (batch_id, seq)
+    )
+    """,
+    # Most results show what they say: their display is not stored a second time.
+    4: "ALTER TABLE results ADD COLUMN display_is_content INTEGER NOT NULL DEFAULT 0",
+}
+
+
+class NewerSchema(Exception):
+    """The journal was written by a newer daemon."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """Apply the migrations ``db`` lacks; raise ``NewerSchema`` for a journal of a newer schema."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise NewerSchema(version)
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        db.executescript(f"BEGIN; {MIGRATIONS[target]}; PRAGMA user_version={target}; COMMIT;")
