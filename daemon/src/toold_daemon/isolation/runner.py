@@ -11,7 +11,8 @@ confined like a command, kept warm, one frame each way per call. Commands run th
 zygote (``zygotes``) or a fresh child.
 
 Beside it: ``spawn_requests`` builds what the spawner is asked for, ``spawner_link``
-carries each request and its reply, ``child_output`` reads what a child sends back.
+carries each request and its reply, ``child_output`` reads what a child sends back,
+``call_end`` kills whatever a call started and gives its temp dir back.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ..sandbox import Sandbox
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import sweep as sweeping
 from .admission import peer_credentials
+from .call_end import CallKiller, CallProcess, signal_group
 from .cgroup import Cgroups
 from .child_output import ChildFailed, collect, decode_frames, raise_for
 from .jobs import Job, Jobs
@@ -61,23 +63,10 @@ STALE_CGROUP_TRIES = 60
 
 
 @dataclass(frozen=True, slots=True)
-class _Child:
-    """A started child: whoever holds this must kill it (by pid and token) and remove temp."""
-
-    pid: int
-    read_end: int
-    token: str
-    temp: str
-    uid: int
-    cgroup: str  # its call cgroup's name ("" without one)
-    zygote_left: trio.Event | None = None  # set once the zygote that started it left its cgroup
-
-
-@dataclass(frozen=True, slots=True)
 class StdioChild:
     """A long-lived confined program: its stdio socket and the read end of its stderr."""
 
-    child: _Child
+    child: CallProcess
     channel: socket.socket
     stderr: int
 
@@ -124,10 +113,12 @@ class SpawnRunner:
             idle_seconds=isolation.worker_idle_seconds,
         )
         self._nursery: trio.Nursery | None = None
+        self._killer = CallKiller(self.cgroups, spawner_pid, isolation.kill_grace_seconds, self._give_back_temp)
 
     def bind_nursery(self, nursery: trio.Nursery) -> None:
         """Where background jobs are followed; cancelling it (shutdown) kills them all."""
         self._nursery = nursery
+        self._killer.nursery = nursery
         self.workers.nursery = nursery
         if self._zygotes is not None:
             self._zygotes.nursery = nursery
@@ -300,14 +291,14 @@ class SpawnRunner:
             job = self.jobs.add(identity.uid, tool.summary(args), child.pid)
         except ValueError as exc:
             os.close(child.read_end)
-            await self._kill(child)
+            await self._killer.kill(child)
             raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "LIMITS_EXCEEDED", str(exc)) from None
 
         def kill() -> None:  # from shell_jobs' worker thread; the follower then sweeps
             job.state = "killed"  # before the signal: the outcome that follows must not say "exited"
             # the cgroup first: an unprivileged daemon cannot signal another user's group
             if not self.cgroups.kill(child.cgroup):
-                _signal_group(child.pid, signal.SIGKILL)
+                signal_group(child.pid, signal.SIGKILL)
 
         job.kill = kill
         limit = tool.timeout_seconds(args) or BACKGROUND_TIMEOUT_S
@@ -317,7 +308,7 @@ class SpawnRunner:
             data={"job_id": job.job_id, "pid": child.pid},
         )
 
-    async def _follow(self, job: Job, child: _Child, limit: float) -> None:
+    async def _follow(self, job: Job, child: CallProcess, limit: float) -> None:
         """Read a background job's frames into its bounded buffer until it ends, its time
         limit passes, or the daemon stops; then kill what is left and clean up."""
         keep = self.config.tools.output.max_bytes
@@ -339,7 +330,7 @@ class SpawnRunner:
         finally:
             with trio.CancelScope(shield=True):
                 await self.egress.forget(child.token)  # its proxy listener goes with it
-                await self._kill(child)
+                await self._killer.kill(child)
             if job.state == "running":
                 job.state = "killed"
 
@@ -367,7 +358,7 @@ class SpawnRunner:
         finally:
             with trio.CancelScope(shield=True):
                 await self.egress.forget(child.token)
-                await self._kill(child)
+                await self._killer.kill(child)
 
     async def _launch(
         self,
@@ -379,7 +370,7 @@ class SpawnRunner:
         command: Command | None,
         probe: bool = False,
         preview: bool = False,
-    ) -> _Child:
+    ) -> CallProcess:
         """Start a child for one call: its token, temp dir, cgroup and channel. On failure
         nothing is left behind; on success the caller owns killing and cleaning up."""
         self._check_identity(identity)
@@ -407,7 +398,7 @@ class SpawnRunner:
             raise
         finally:
             os.close(write_end)
-        return _Child(pid, read_end, token, temp, identity.uid, group, left)
+        return CallProcess(pid, read_end, token, temp, identity.uid, group, left)
 
     async def _decide_egress(self, call: EgressCall, host: str, port: int) -> tuple[bool, str]:
         """The rules first; a host they neither allow nor deny is the person's to answer."""
@@ -450,14 +441,14 @@ class SpawnRunner:
         finally:
             theirs.close()
             os.close(err_write)
-        return StdioChild(_Child(pid, -1, token, temp, identity.uid, group), ours, err_read)
+        return StdioChild(CallProcess(pid, -1, token, temp, identity.uid, group), ours, err_read)
 
     async def stop_stdio(self, started: StdioChild) -> None:
         """Kill a program ``start_stdio`` started, everything it started, and clean up."""
         started.channel.close()
         with trio.CancelScope(shield=True):
             await self.egress.forget(started.child.token)
-            await self._kill(started.child)
+            await self._killer.kill(started.child)
 
     async def _fork_with_egress(self, request: SpawnRequest, fds: list[int], ctx: ToolContext) -> tuple[int, str]:
         """A fresh child (not a zygote); in proxy mode with one more fd, the link its
@@ -538,55 +529,6 @@ class SpawnRunner:
         else:
             await self._link.chore(TempDone(path=temp, reusable=reusable))
 
-    async def _kill(self, child: _Child) -> None:
-        """SIGTERM first when a grace period is configured, then SIGKILL to the call's cgroup,
-        its group and every escapee carrying its token, until a sweep pass finds nothing new.
-
-        After ``cgroup.kill``, every process of the call has SIGKILL pending, so the token
-        sweep (a check behind the cgroup), waiting for the group to exit, removing the
-        cgroup and clearing the temp dir finish in the background; without a cgroup they
-        are part of the kill (see ``_finish_kill``)."""
-        if child.zygote_left is not None:
-            await child.zygote_left.wait()  # the call's cgroup.kill must not reach the zygote
-        grace = self.config.tools.isolation.kill_grace_seconds
-        if grace > 0 and _signal_group(child.pid, signal.SIGTERM):
-            with trio.move_on_after(grace):
-                while _signal_group(child.pid, 0):
-                    await trio.sleep(0.02)
-        # cgroup.kill reaches every process of the call, whatever session or environment it has now
-        killed_by_cgroup = self.cgroups.kill(child.cgroup)
-        killed: set[int] = set()
-        if killed_by_cgroup and self._nursery is not None:
-            _signal_group(child.pid, signal.SIGKILL)
-            self._nursery.start_soon(self._finish_kill, child, killed)
-            return
-        await self._sweep_until_quiet(child.pid, child.token, killed)
-        await self._finish_kill(child, killed)
-
-    async def _finish_kill(self, child: _Child, killed: set[int]) -> None:
-        # A process being reparented while its parent exits can be missing from both
-        # parents' /proc children lists for an instant: once the whole group is gone (no
-        # more reparenting), look once more.
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(2.0):
-                await _wait_exit(child.pid)
-                while _signal_group(child.pid, 0):
-                    await trio.sleep(0.0005)
-            await self._sweep_until_quiet(child.pid, child.token, killed)
-            emptied = False  # only an emptied cgroup proves nothing of the call can still write
-            if child.cgroup:
-                with trio.move_on_after(2.0):
-                    while not self.cgroups.remove(child.cgroup):
-                        await trio.sleep(0.001)
-                    emptied = True
-            await self._give_back_temp(child.temp, child.uid, reusable=emptied)
-
-    async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
-        for _ in range(1000):
-            if sweeping.sweep_once(self.spawner_pid, pid, token, killed) == 0:
-                return
-            await trio.sleep(0)
-
     def close(self) -> None:
         self.workers.close()
         if self._zygotes is not None:
@@ -595,23 +537,3 @@ class SpawnRunner:
         if self._temps is not None:
             self._temps.close()
         self.cgroups.remove_bases()
-
-
-async def _wait_exit(pid: int) -> None:
-    """Until ``pid`` has exited: a pidfd becomes readable then (no polling)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return  # already gone, or no pidfd support (the caller polls the group anyway)
-    try:
-        await trio.lowlevel.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
-
-
-def _signal_group(pgid: int, signum: int) -> bool:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True

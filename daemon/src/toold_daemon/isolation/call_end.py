@@ -1,0 +1,114 @@
+"""Ending a call's processes: whatever ends a call (its outcome, a timeout, a cancel, a
+crash), everything it started is killed, by its cgroup, its process group and every
+escapee carrying its token, until a sweep finds nothing new; then its cgroup is removed
+and its temp dir given back (for reuse only once the emptied cgroup proves that nothing
+of the call can still write there)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from . import sweep as sweeping
+from .cgroup import Cgroups
+
+
+@dataclass(frozen=True, slots=True)
+class CallProcess:
+    """A started call's child: whoever holds this must kill it (``CallKiller.kill``)."""
+
+    pid: int
+    read_end: int
+    token: str
+    temp: str
+    uid: int
+    cgroup: str  # its call cgroup's name ("" without one)
+    zygote_left: trio.Event | None = None  # set once the zygote that started it left its cgroup
+
+
+class GiveBackTemp(Protocol):
+    async def __call__(self, temp: str, uid: int, *, reusable: bool) -> None: ...
+
+
+class CallKiller:
+    def __init__(self, cgroups: Cgroups, spawner_pid: int, grace_seconds: float, give_back_temp: GiveBackTemp) -> None:
+        self.cgroups = cgroups
+        self.spawner_pid = spawner_pid
+        self._grace_seconds = grace_seconds
+        self._give_back_temp = give_back_temp
+        #: Where a kill finishes once ``cgroup.kill`` has reached every process (set by the runner).
+        self.nursery: trio.Nursery | None = None
+
+    async def kill(self, child: CallProcess) -> None:
+        """SIGTERM first when a grace period is configured, then SIGKILL to the call's cgroup,
+        its group and every escapee carrying its token, until a sweep pass finds nothing new.
+
+        After ``cgroup.kill``, every process of the call has SIGKILL pending, so the token
+        sweep (a check behind the cgroup), waiting for the group to exit, removing the
+        cgroup and clearing the temp dir finish in the background; without a cgroup they
+        are part of the kill (see ``_finish``)."""
+        if child.zygote_left is not None:
+            await child.zygote_left.wait()  # the call's cgroup.kill must not reach the zygote
+        grace = self._grace_seconds
+        if grace > 0 and signal_group(child.pid, signal.SIGTERM):
+            with trio.move_on_after(grace):
+                while signal_group(child.pid, 0):
+                    await trio.sleep(0.02)
+        # cgroup.kill reaches every process of the call, whatever session or environment it has now
+        killed_by_cgroup = self.cgroups.kill(child.cgroup)
+        killed: set[int] = set()
+        if killed_by_cgroup and self.nursery is not None:
+            signal_group(child.pid, signal.SIGKILL)
+            self.nursery.start_soon(self._finish, child, killed)
+            return
+        await self._sweep_until_quiet(child.pid, child.token, killed)
+        await self._finish(child, killed)
+
+    async def _finish(self, child: CallProcess, killed: set[int]) -> None:
+        # A process being reparented while its parent exits can be missing from both
+        # parents' /proc children lists for an instant: once the whole group is gone (no
+        # more reparenting), look once more.
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(2.0):
+                await wait_exit(child.pid)
+                while signal_group(child.pid, 0):
+                    await trio.sleep(0.0005)
+            await self._sweep_until_quiet(child.pid, child.token, killed)
+            emptied = False  # only an emptied cgroup proves nothing of the call can still write
+            if child.cgroup:
+                with trio.move_on_after(2.0):
+                    while not self.cgroups.remove(child.cgroup):
+                        await trio.sleep(0.001)
+                    emptied = True
+            await self._give_back_temp(child.temp, child.uid, reusable=emptied)
+
+    async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
+        for _ in range(1000):
+            if sweeping.sweep_once(self.spawner_pid, pid, token, killed) == 0:
+                return
+            await trio.sleep(0)
+
+
+async def wait_exit(pid: int) -> None:
+    """Until ``pid`` has exited: a pidfd becomes readable then (no polling)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return  # already gone, or no pidfd support (the caller polls the group anyway)
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    """Signal a process group; False if it is gone (or not ours to signal)."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
