@@ -4,13 +4,14 @@ order, as they were when they happened, and none is left unwritten at stop."""
 
 from __future__ import annotations
 
+import io
 import logging
 
 import pytest
 import trio
 
 from toold_daemon.execution.batches import Batch, PreparedCall
-from toold_daemon.records.audit import AuditTrail, Fields
+from toold_daemon.records.audit import AuditTrail, Fields, LineSink
 from toold_protocol import Identity, ToolResult
 
 ME = Identity(uid=1000, gid=1000, pid=42)
@@ -117,3 +118,48 @@ def test_without_a_loop_records_are_written_at_once() -> None:
     call = asking_call()
     AuditTrail(written).result(batch_of(call), 0, ok("c0"))
     assert written.kinds() == ["result"]
+
+
+class CountedWrites(io.StringIO):
+    """A line-buffered stream that counts its writes (each is a system call on stderr)."""
+
+    line_buffering = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_lines_of_the_records_written_together_go_out_in_one_write() -> None:
+    stream = CountedWrites()
+    audit = AuditTrail(LineSink(stream))
+    call = asking_call()
+    batch = batch_of(call)
+    async with trio.open_nursery() as nursery:
+        audit.bind_nursery(nursery)
+        audit.batch_accepted(batch, "editor", "/w", None)
+        audit.result(batch, 0, ok("c0"))
+        await trio.testing.wait_all_tasks_blocked()
+        lines = stream.getvalue().splitlines()
+        assert [line.split()[0] for line in lines] == ["audit=batch", "audit=decision", "audit=result"]
+        assert stream.writes == 1
+        audit.answered(batch, call, "approved", ME)  # a later pass writes its own
+        await trio.testing.wait_all_tasks_blocked()
+        assert stream.getvalue().splitlines()[3].startswith("audit=answer")
+        assert stream.writes == 2
+        nursery.cancel_scope.cancel()
+
+
+def test_without_a_loop_each_line_is_written_at_once() -> None:
+    stream = CountedWrites()
+    audit = AuditTrail(LineSink(stream))
+    call = asking_call()
+    audit.result(batch_of(call), 0, ok("c0"))
+    assert stream.getvalue().startswith("audit=result ")
+    audit.answered(batch_of(call), call, "denied", ME)
+    assert stream.getvalue().splitlines()[1].startswith("audit=answer ")
+    assert stream.writes == 2

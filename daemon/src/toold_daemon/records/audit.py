@@ -96,6 +96,7 @@ class AuditTrail:
     def _record(self, build: Callable[[], None]) -> None:
         if self._queued is None:
             build()
+            self._flush_sink()
             return
         self._queued.append(build)
         self._writer.unpark()
@@ -117,6 +118,16 @@ class AuditTrail:
                 build()
             except Exception:
                 log.exception("an audit record could not be written")
+        self._flush_sink()
+
+    def _flush_sink(self) -> None:
+        """Let a sink that gathers records (lines) write what it has, in one go."""
+        flush = getattr(self._sink, "flush", None)
+        if flush is not None:
+            try:
+                flush()
+            except Exception:
+                log.exception("audit records could not be written")
 
     def batch_accepted(self, batch: Batch, client: str, workspace: str, turn: str | None) -> None:
         if self._sink is None:
@@ -352,22 +363,33 @@ class JournalSink:
 
 
 class LineSink:
-    """``audit=result uid=1000 batch=... tool=shell result=ok ...`` on stderr, one line each."""
+    """``audit=result uid=1000 batch=... tool=shell result=ok ...`` on stderr, one line each.
+
+    Lines are gathered and written by ``flush``, which the audit trail calls once it has
+    built what was queued: a read's three records (and, under load, those of many calls)
+    cost one write instead of one each (stderr is line-buffered: a write per line)."""
 
     def __init__(self, stream: TextIO | None = None, *, journal_priority: bool = False) -> None:
         self._stream = stream
         self._priority = journal_priority
+        self._lines: list[str] = []
 
     def __call__(self, kind: str, fields: Fields) -> None:
-        stream = self._stream or sys.stderr
         prefix = f"<{_PRIORITY[kind]}>" if self._priority else ""
         words = [f"{prefix}audit={kind}"]
         for key, value in fields.items():
             name = _LINE_NAMES.get(key) or _LINE_NAMES.setdefault(key, key.removeprefix("TOOLD_").lower())
             # plain when it is one safe word (a number, an id, a tool name), else quoted
             words.append(f"{name}={value}" if _PLAIN.fullmatch(value) else f"{name}={quoted(value)}")
-        stream.write(" ".join(words) + "\n")
-        if not getattr(stream, "line_buffering", False):  # stderr sends each line on by itself
+        self._lines.append(" ".join(words) + "\n")
+
+    def flush(self) -> None:
+        if not self._lines:
+            return
+        text, self._lines = "".join(self._lines), []
+        stream = self._stream or sys.stderr
+        stream.write(text)
+        if not getattr(stream, "line_buffering", False):  # a line-buffered stream has sent it already
             stream.flush()
 
 
