@@ -93,7 +93,7 @@ def main(n: int = 1000) -> None:
             peer.close()
         print(
             f"toold / peer p50: median {statistics.median(ratios):.2f}x, "
-            f"range {min(ratios):.2f}-{max(ratios):.2f}x over {ROUNDS} rounds (goal <= 0.50x)"
+            f"range {min(ratios):.2f}-{max(ratios):.2f}x over {ROUNDS} rounds (goal <= 0.80x)"
         )
 
 
