@@ -14,8 +14,26 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
+#: Where each package's sources live in a checkout (for ``tree_environment``).
+SOURCES = ("protocol/src", "client/src", "daemon/src")
+
+
+def tree_environment(tree: Path) -> dict[str, str]:
+    """The environment that runs ``toold`` from another checkout's sources (compiled
+    first: this machine may set PYTHONDONTWRITEBYTECODE, which would compile every module
+    at every start)."""
+    import compileall
+    import os
+
+    for source in SOURCES:
+        compileall.compile_dir(tree / source, quiet=1)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(str(tree / s) for s in SOURCES))
+
+
 @contextmanager
-def running_daemon(root: Path, *extra: str) -> Iterator[str]:
+def running_daemon(root: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A daemon serving ``root`` on a private endpoint until the block ends; ``env``: that
+    of another checkout (``tree_environment``)."""
     from toold_client import Client, DaemonUnavailable
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -39,6 +57,7 @@ def running_daemon(root: Path, *extra: str) -> Iterator[str]:
                 *extra,
             ],
             stderr=log,
+            env=env,
         )
         try:
             deadline = time.monotonic() + 10

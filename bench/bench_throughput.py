@@ -3,11 +3,21 @@
 against 16 processes pinging a raw ZeroMQ echo server (msgspec framing) in the same run.
 
 The daemon's protocol loop only speaks the protocol; the reads run in tool workers,
-which can use the other cores. Several rounds; median and range reported.
+which can use the other cores. Several rounds; median and range reported, with the
+protocol process's CPU time per call (its journal thread included) over the middle of
+each round.
+
+With ``--against DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base
+COMMIT``) a daemon of that tree runs beside this tree's, rounds alternating between
+them, and the ratio of their rates is reported round by round.
+
+    .venv/bin/python bench/bench_throughput.py [rounds] [--against DIR]
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import multiprocessing
 import statistics
 import sys
@@ -15,9 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import zmq
 
-from _common import running_daemon
+from _common import running_daemon, tree_environment
 from bench_roundtrip import four_kb_root, start_echo_server
 from toold_client import Client
 from toold_protocol import Ping, decode_daemon_message, encode
@@ -53,37 +64,75 @@ def _read_client(endpoint: str, start: float, counts: multiprocessing.Queue) -> 
     counts.put(done)
 
 
-def rate(target: object, endpoint: str) -> float:
+def rate(target: object, endpoint: str, protocol: psutil.Process | None = None) -> tuple[float, float]:
+    """Calls per second of ``CLIENTS`` processes running ``target``, and ``protocol``'s CPU
+    µs per call over the middle of the round (0 without a process to watch)."""
     counts: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     start = time.time() + 1.0
     procs = [multiprocessing.Process(target=target, args=(endpoint, start, counts)) for _ in range(CLIENTS)]
     for proc in procs:
         proc.start()
+    cpu = 0.0
+    if protocol is not None:
+        time.sleep(max(0.0, start + 0.5 - time.time()))
+        before = sum(protocol.cpu_times()[:2])
+        time.sleep(SECONDS - 1.0)
+        cpu = sum(protocol.cpu_times()[:2]) - before
     total = sum(counts.get(timeout=60) for _ in procs)
     for proc in procs:
         proc.join()
-    return total / SECONDS
+    calls_per_second = total / SECONDS
+    return calls_per_second, cpu / (calls_per_second * (SECONDS - 1.0)) * 1e6
 
 
-def main(rounds: int = 3) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+def protocol_process(endpoint: str) -> psutil.Process:
+    """The daemon serving ``endpoint`` (its protocol process: the one whose command line names it)."""
+    for process in psutil.process_iter(["cmdline"]):
+        if endpoint in (process.info["cmdline"] or []):
+            return process
+    raise SystemExit(f"no daemon serves {endpoint}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("rounds", type=int, nargs="?", default=3)
+    parser.add_argument("--against", type=Path, help="another checkout, measured in the same run")
+    args = parser.parse_args()
+    trees: dict[str, dict[str, str] | None] = {"this tree": None}
+    if args.against:
+        trees[str(args.against)] = tree_environment(args.against.resolve())
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = four_kb_root(Path(tmp))
         echo_endpoint = f"ipc://{tmp}/echo.sock"
         server = start_echo_server(echo_endpoint)
-        echo_rates, read_rates = [], []
-        with running_daemon(root) as endpoint:
-            for _ in range(rounds):
-                echo_rates.append(rate(_echo_client, echo_endpoint))
-                read_rates.append(rate(_read_client, endpoint))
+        endpoints = {name: stack.enter_context(running_daemon(root, env=env)) for name, env in trees.items()}
+        protocols = {name: protocol_process(endpoint) for name, endpoint in endpoints.items()}
+        echo_rates: list[float] = []
+        reads: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+        for round_ in range(args.rounds):
+            echo_rates.append(rate(_echo_client, echo_endpoint)[0])
+            for name in list(trees) if round_ % 2 == 0 else list(trees)[::-1]:
+                reads[name].append(rate(_read_client, endpoints[name], protocols[name]))
         server.terminate()
-    ratios = [r / e for r, e in zip(read_rates, echo_rates, strict=True)]
-    print(f"# {CLIENTS} clients at once, {SECONDS:g} s per round, {rounds} rounds ({sys.platform})")
+    print(f"# {CLIENTS} clients at once, {SECONDS:g} s per round, {args.rounds} rounds ({sys.platform})")
     print(f"raw zmq echo [baseline]        {statistics.median(echo_rates):9.0f} calls/s")
-    print(
-        f"read_file 4 KB via Client.call {statistics.median(read_rates):9.0f} calls/s   "
-        f"ratio {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})"
-    )
+    for name, figures in reads.items():
+        rates = [r for r, _ in figures]
+        ratios = [r / e for r, e in zip(rates, echo_rates, strict=True)]
+        label = "read_file 4 KB via Client.call" + ("" if name == "this tree" else f" ({name})")
+        print(
+            f"{label} {statistics.median(rates):9.0f} calls/s   ratio {statistics.median(ratios):.3f} "
+            f"(range {min(ratios):.3f}-{max(ratios):.3f})   protocol CPU "
+            f"{statistics.median(c for _, c in figures):.0f} µs/call"
+        )
+    if args.against:
+        ours, theirs = reads["this tree"], reads[str(args.against)]
+        ratios = [a / b for (a, _), (b, _) in zip(ours, theirs, strict=True)]
+        print(
+            f"this tree / {args.against}: {statistics.median(ratios):.2f}x "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f}x over {args.rounds} rounds)"
+        )
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    main()
