@@ -1,15 +1,26 @@
 """The runner's side of an egress link, over a real socket pair: what the egress process
 says about a call before the runner has registered it (the first connection can race the
-spawn's reply) is kept, not lost or refused."""
+spawn's reply) is kept, not lost or refused, and what belongs to no call that will come
+does not take its room."""
 
 from __future__ import annotations
 
 import socket
 
+import pytest
 import trio
 
+from toold_daemon.egress import calls as calls_module
 from toold_daemon.egress.calls import EgressCalls
-from toold_daemon.egress.process import EgressAnswer, EgressAsk, EgressRecord, EgressUsed, from_runner
+from toold_daemon.egress.process import (
+    EgressAnswer,
+    EgressAsk,
+    EgressForget,
+    EgressForgotten,
+    EgressRecord,
+    EgressUsed,
+    from_runner,
+)
 from toold_daemon.isolation.wire import FrameBuffer, frame
 
 
@@ -34,10 +45,85 @@ async def test_messages_for_a_call_not_registered_yet_are_kept() -> None:
 
         async def forgotten() -> None:  # play the egress process: answer the forget
             await egress.recv(4096)
-            from toold_daemon.egress.process import EgressForgotten
-
             await egress.send(frame(EgressForgotten(token="t")))
 
         nursery.start_soon(forgotten)
         assert await calls.forget("t") == [record]
+        nursery.cancel_scope.cancel()
+
+
+async def _allow(call: object, host: str, port: int) -> tuple[bool, str]:
+    return True, "allowed"
+
+
+async def _answer_every_forget(egress: trio.socket.SocketType, answered: list[str]) -> None:
+    """Play the egress process: answer each ``EgressForget`` as it does."""
+    buffer = FrameBuffer()
+    while data := await egress.recv(65536):
+        for body in buffer.feed(data):
+            message = from_runner.decode(body)
+            if isinstance(message, EgressForget):
+                await egress.send(frame(EgressForgotten(token=message.token)))
+                answered.append(message.token)
+
+
+async def _late_call_keeps_its_records(
+    calls: EgressCalls, link: trio.socket.SocketType, egress: trio.socket.SocketType
+) -> None:
+    """A call whose first connection and its record arrive before it is registered."""
+    record = EgressRecord(token="late", host="h", port=443, protocol="connect", sent=3, received=4)
+    await egress.send(frame(EgressUsed(token="late")) + frame(record))
+    await trio.sleep(0.05)
+    calls.register("late", link, None)
+    with trio.fail_after(5):
+        assert await calls.forget("late") == [record]
+
+
+async def test_answers_to_the_batched_forgets_of_quiet_calls_leave_room_for_early_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls without connections have their listeners closed a moment later, in one batch
+    of forgets; the answers come for calls the runner is done with. More of them than the
+    early messages have room for must not crowd out a racing call's first connection (its
+    record would be lost from the journal and its result)."""
+    monkeypatch.setattr(calls_module, "IDLE_FORGET_SECONDS", 0.01)
+    ours, theirs = socket.socketpair()
+    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
+    calls = EgressCalls(_allow)
+    answered: list[str] = []
+    quiet = calls_module._EARLY_TOKENS + 100
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(calls.serve, link)
+        nursery.start_soon(_answer_every_forget, egress, answered)
+        for i in range(quiet):
+            calls.register(f"quiet-{i}", link, None)
+            assert await calls.forget(f"quiet-{i}") == []
+        with trio.fail_after(10):
+            while len(answered) < quiet:
+                await trio.sleep(0.01)
+        await trio.sleep(0.05)  # the last answers have been read
+        await _late_call_keeps_its_records(calls, link, egress)
+        nursery.cancel_scope.cancel()
+
+
+async def test_early_messages_no_call_came_for_make_room_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records of calls the runner gave up on (their forget timed out) arrive for tokens
+    that will never be registered: they are kept only for a while."""
+    ours, theirs = socket.socketpair()
+    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
+    calls = EgressCalls(_allow)
+    answered: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(calls.serve, link)
+        nursery.start_soon(_answer_every_forget, egress, answered)
+        strays = b"".join(
+            frame(EgressRecord(token=f"gone-{i}", host="h", port=443, protocol="connect"))
+            for i in range(calls_module._EARLY_TOKENS)
+        )
+        view = memoryview(strays)
+        while view:
+            view = view[await egress.send(view) :]
+        await trio.sleep(0.2)
+        monkeypatch.setattr(calls_module, "_EARLY_SECONDS", 0.1)  # as if they had waited long
+        await _late_call_keeps_its_records(calls, link, egress)
         nursery.cancel_scope.cancel()

@@ -26,6 +26,9 @@ FORGET_SECONDS = 2.0
 IDLE_FORGET_SECONDS = 1.0
 _REGISTER_SECONDS = 2.0
 _EARLY_TOKENS = 1024
+#: What arrives for a token not registered (yet) is kept this long: far longer than a
+#: spawn's reply takes, and not forever (the records of a call whose forget timed out).
+_EARLY_SECONDS = 10.0
 #: What a link whose egress process is gone (or that was closed) raises.
 _GONE = (OSError, trio.ClosedResourceError, trio.BrokenResourceError)
 
@@ -53,14 +56,15 @@ class EgressCalls:
         self._idle: dict[int, list[str]] = {}
         # A command may connect before the runner has registered its call (the spawn's
         # reply and the first connection race): what arrives for an unknown token waits
-        # here, a little while, instead of being lost or refused.
-        self._early: dict[str, list[msgspec.Struct]] = {}
+        # here, a little while, instead of being lost or refused. Per token: when its
+        # first message came, and its messages (tokens in order of arrival).
+        self._early: dict[str, tuple[float, list[msgspec.Struct]]] = {}
         self._arrived: dict[str, trio.Event] = {}
 
     def register(self, token: str, link: trio.socket.SocketType, context: Any) -> EgressCall:
         call = EgressCall(token, link, context)
         self._calls[token] = call
-        for message in self._early.pop(token, []):
+        for message in self._early.pop(token, (0.0, []))[1]:
             self._apply(call, message)
         arrived = self._arrived.pop(token, None)
         if arrived is not None:
@@ -132,10 +136,25 @@ class EgressCalls:
         token = getattr(message, "token", "")
         call = self._calls.get(token)
         if call is None:
-            if len(self._early) < _EARLY_TOKENS:
-                self._early.setdefault(token, []).append(message)
+            # An answer to a forget comes after the call (the runner forgets only calls it
+            # registered): one for a call already gone, such as the batched forgets of
+            # calls without connections, would only take the room of real early messages.
+            if not isinstance(message, EgressForgotten):
+                self._keep_early(token, message)
             return
         self._apply(call, message)
+
+    def _keep_early(self, token: str, message: msgspec.Struct) -> None:
+        now = trio.current_time()
+        while self._early:  # what waited too long belongs to no call that will come
+            oldest = next(iter(self._early))
+            if self._early[oldest][0] > now - _EARLY_SECONDS:
+                break
+            del self._early[oldest]
+        if token in self._early:
+            self._early[token][1].append(message)
+        elif len(self._early) < _EARLY_TOKENS:
+            self._early[token] = (now, [message])
 
     def _apply(self, call: EgressCall, message: msgspec.Struct) -> None:
         if isinstance(message, EgressUsed):
