@@ -94,17 +94,42 @@ def proxy_environment(port: int) -> dict[str, str]:
     return {**names, **{name.lower(): value for name, value in names.items()}}
 
 
+class ProxyListener:
+    """A listening socket on this namespace's loopback for one command's connections, and
+    the command's request with its environment pointing its HTTP clients at it. It is
+    handed to the egress process (``hand_over``), which accepts on it from outside the
+    namespace; a command that did not start never hands it over (it would stay open
+    there, served for a call nobody ends)."""
+
+    def __init__(self, request: SpawnRequest) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self._socket.bind(("127.0.0.1", 0))
+            self._socket.listen(64)  # connections made before the hand-over wait in the backlog
+        except OSError:
+            self._socket.close()
+            raise
+        port = self._socket.getsockname()[1]
+        self.request = msgspec.structs.replace(request, env={**request.env, **proxy_environment(port)})
+
+    def hand_over(self, to_egress: socket.socket) -> None:
+        listen = EgressListen(token=self.request.token, budget=self.request.egress_budget)
+        socket.send_fds(to_egress, [frame(listen)], [self._socket.fileno()])
+
+    def close(self) -> None:
+        """Our copy (the egress process holds its own once handed over)."""
+        self._socket.close()
+
+
 def listen_through_the_proxy(request: SpawnRequest, to_egress: socket.socket) -> SpawnRequest:
-    """A listening socket on this namespace's loopback for the command's connections,
-    handed to the egress process (which accepts on it from outside the namespace); the
-    command's environment points its HTTP clients at it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(64)
-        port = listener.getsockname()[1]
-        listen = EgressListen(token=request.token, budget=request.egress_budget)
-        socket.send_fds(to_egress, [frame(listen)], [listener.fileno()])
-    return msgspec.structs.replace(request, env={**request.env, **proxy_environment(port)})
+    """Hand a listener to an egress process that lives and dies with this process (a
+    fresh child's): the request whose command will use it."""
+    listener = ProxyListener(request)
+    try:
+        listener.hand_over(to_egress)
+    finally:
+        listener.close()
+    return listener.request
 
 
 @dataclass

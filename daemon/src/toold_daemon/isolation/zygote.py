@@ -17,6 +17,7 @@ command starts inside it, and the runner moves it on right after the spawn
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ import time
 
 import msgspec
 
-from ..egress.process import listen_through_the_proxy
+from ..egress.process import ProxyListener
 from .command_start import start_command
 from .roots import roots_identity
 from .supervisor import Supervisor
@@ -84,10 +85,31 @@ def _start(
     started = time.monotonic()
     try:
         os.chdir(request.cwd or "/")
-        if to_egress is not None and request.egress_proxy:
-            request = listen_through_the_proxy(request, to_egress)
-        pid, pipes = start_command(request, setsid=True)
+        listener = ProxyListener(request) if to_egress is not None and request.egress_proxy else None
+        try:
+            request = listener.request if listener is not None else request
+            pid, pipes = start_command(request, setsid=True)
+            if listener is not None and to_egress is not None:
+                _hand_over(listener, to_egress, pid, pipes)
+        finally:
+            if listener is not None:
+                listener.close()
     except OSError as exc:
         os.close(channel)
         return Spawned(error=f"cannot start {request.argv[0]}: {exc.strerror or exc}"), None
     return Spawned(pid=pid), (request, channel, pid, pipes, started)
+
+
+def _hand_over(listener: ProxyListener, to_egress: socket.socket, pid: int, pipes: dict[int, str]) -> None:
+    """Only a started command's listener goes to the egress process; one it cannot take
+    (the egress process is gone) leaves the command without a way out, so the command
+    is ended and the start reported as failed."""
+    try:
+        listener.hand_over(to_egress)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+        close_fds(list(pipes))
+        raise
