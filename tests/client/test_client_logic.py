@@ -85,3 +85,22 @@ def test_call_ids_are_generated_unique_and_arguments_travel_encoded() -> None:
     assert [c.call_id for c in sent.calls] == ["call_0", "call_1"]
     assert [msgspec.msgpack.decode(c.arguments) for c in sent.calls] == [{"x": 1}, {"y": 2}]
     assert transport.closed
+
+
+def test_connection_lines_count_the_connections_a_result_does_not_list() -> None:
+    from toold_client._connections import connection_lines
+
+    listed = {
+        "host": "pypi.example",
+        "port": 443,
+        "protocol": "connect",
+        "allowed_by": "rule",
+        "sent": 1,
+        "received": 2,
+    }
+    omitted = {"connections": 7, "refused": 3, "sent": 10, "received": 20}
+    result = p.ToolResult(call_id="c", ok=True, content="", data={"network": [listed], "network_omitted": omitted})
+    lines = connection_lines(result)
+    assert lines[0] == "-> pypi.example:443 (connect) allowed: rule; sent 1 B, received 2 B"
+    assert lines[1] == "-> and 7 more connection(s) not listed (3 refused); sent 10 B, received 20 B"
+    assert connection_lines(p.ToolResult(call_id="c", ok=True, content="", data={"network": [listed]})) == lines[:1]

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from toold_daemon.egress import calls as calls_module
-from toold_daemon.egress.calls import EgressCalls
+from toold_daemon.egress.calls import MAX_RECORDS, EgressCalls, record_data
 from toold_daemon.egress.process import (
     EgressAnswer,
     EgressAsk,
@@ -48,7 +48,7 @@ async def test_messages_for_a_call_not_registered_yet_are_kept() -> None:
             await egress.send(frame(EgressForgotten(token="t")))
 
         nursery.start_soon(forgotten)
-        assert await calls.forget("t") == [record]
+        assert await calls.forget("t") == {"network": record_data([record])}
         nursery.cancel_scope.cancel()
 
 
@@ -76,7 +76,7 @@ async def _late_call_keeps_its_records(
     await trio.sleep(0.05)
     calls.register("late", link, None)
     with trio.fail_after(5):
-        assert await calls.forget("late") == [record]
+        assert await calls.forget("late") == {"network": record_data([record])}
 
 
 async def test_answers_to_the_batched_forgets_of_quiet_calls_leave_room_for_early_messages(
@@ -97,7 +97,7 @@ async def test_answers_to_the_batched_forgets_of_quiet_calls_leave_room_for_earl
         nursery.start_soon(_answer_every_forget, egress, answered)
         for i in range(quiet):
             calls.register(f"quiet-{i}", link, None)
-            assert await calls.forget(f"quiet-{i}") == []
+            assert await calls.forget(f"quiet-{i}") == {}
         with trio.fail_after(10):
             while len(answered) < quiet:
                 await trio.sleep(0.01)
@@ -126,4 +126,34 @@ async def test_early_messages_no_call_came_for_make_room_after_a_while(monkeypat
         await trio.sleep(0.2)
         monkeypatch.setattr(calls_module, "_EARLY_SECONDS", 0.1)  # as if they had waited long
         await _late_call_keeps_its_records(calls, link, egress)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_lists_its_first_connections_and_counts_the_rest() -> None:
+    """A command looping over connections cannot grow its result without bound."""
+    ours, theirs = socket.socketpair()
+    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
+    calls = EgressCalls(_allow)
+    answered: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(calls.serve, link)
+        calls.register("busy", link, None)
+        records = [
+            EgressRecord(token="busy", host=f"h{i}", port=443, protocol="connect", sent=i, received=2 * i)
+            for i in range(MAX_RECORDS)
+        ]
+        extra = [
+            EgressRecord(token="busy", host="x", port=443, protocol="connect", sent=5, received=7),
+            EgressRecord(token="busy", host="y", port=443, protocol="connect", refused="denied"),
+            EgressRecord(token="busy", host="z", port=80, protocol="http", refused="denied"),
+        ]
+        view = memoryview(b"".join(frame(m) for m in [EgressUsed(token="busy"), *records, *extra]))
+        while view:
+            view = view[await egress.send(view) :]
+        await trio.sleep(0.1)
+        nursery.start_soon(_answer_every_forget, egress, answered)
+        with trio.fail_after(5):
+            data = await calls.forget("busy")
+        assert data["network"] == record_data(records)
+        assert data["network_omitted"] == {"connections": 3, "refused": 2, "sent": 5, "received": 7}
         nursery.cancel_scope.cancel()

@@ -15,4 +15,10 @@ def connection_lines(result: ToolResult | None) -> list[str]:
         where = f"{record.get('host')}:{record.get('port')} ({record.get('protocol')})"
         verdict = f"refused: {record['refused']}" if record.get("refused") else f"allowed: {record.get('allowed_by')}"
         lines.append(f"-> {where} {verdict}; sent {record.get('sent', 0)} B, received {record.get('received', 0)} B")
+    omitted = (result.data or {}).get("network_omitted") if result is not None else None
+    if isinstance(omitted, dict) and omitted.get("connections"):
+        lines.append(
+            f"-> and {omitted.get('connections')} more connection(s) not listed ({omitted.get('refused', 0)} refused); "
+            f"sent {omitted.get('sent', 0)} B, received {omitted.get('received', 0)} B"
+        )
     return lines

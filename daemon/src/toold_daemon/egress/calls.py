@@ -10,6 +10,7 @@ first, then whoever may be asked.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,8 +30,28 @@ _EARLY_TOKENS = 1024
 #: What arrives for a token not registered (yet) is kept this long: far longer than a
 #: spawn's reply takes, and not forever (the records of a call whose forget timed out).
 _EARLY_SECONDS = 10.0
+#: Connections a call's result lists one by one; the rest are counted (``Omitted``), so
+#: that a command looping over connections cannot grow the result, the journal row or
+#: this process's memory without bound.
+MAX_RECORDS = 500
 #: What a link whose egress process is gone (or that was closed) raises.
 _GONE = (OSError, trio.ClosedResourceError, trio.BrokenResourceError)
+
+
+@dataclass
+class Omitted:
+    """The connections of a call past ``MAX_RECORDS``, counted."""
+
+    connections: int = 0
+    refused: int = 0
+    sent: int = 0
+    received: int = 0
+
+    def add(self, record: EgressRecord) -> None:
+        self.connections += 1
+        self.refused += bool(record.refused)
+        self.sent += record.sent
+        self.received += record.received
 
 
 @dataclass
@@ -39,6 +60,7 @@ class EgressCall:
     link: trio.socket.SocketType
     context: Any  # the call's ToolContext (its ask_network, if a person can be asked)
     records: list[EgressRecord] = field(default_factory=list)
+    omitted: Omitted = field(default_factory=Omitted)
     forgotten: trio.Event = field(default_factory=trio.Event)
     asked: bool = False  # a connection was made (asked, or told as used): its records are worth waiting for
 
@@ -71,16 +93,18 @@ class EgressCalls:
             arrived.set()
         return call
 
-    async def forget(self, token: str) -> list[EgressRecord]:
-        """End the call's connections and return their records (waiting a moment for them)."""
+    async def forget(self, token: str) -> dict[str, Any]:
+        """End the call's connections and return what its result says of them (waiting a
+        moment for their records): ``network``, and ``network_omitted`` past ``MAX_RECORDS``
+        (``result_data``); empty without connections."""
         self._early.pop(token, None)
         call = self._calls.get(token)
         if call is None:
-            return []
+            return {}
         if not call.asked:  # no connection: only the listener to close, nothing to wait for
             self._calls.pop(token, None)
             self._idle.setdefault(id(call.link), []).append(token)
-            return []
+            return {}
         try:
             with trio.move_on_after(FORGET_SECONDS):
                 await self._send(call.link, EgressForget(token=token))
@@ -89,7 +113,7 @@ class EgressCalls:
             pass  # the egress process is gone: its connections went with it
         finally:
             self._calls.pop(token, None)
-        return call.records
+        return result_data(call)
 
     async def serve(self, link: trio.socket.SocketType) -> None:
         """Answer one egress process until it goes away (with its zygote). Nothing it sends
@@ -152,7 +176,9 @@ class EgressCalls:
                 break
             del self._early[oldest]
         if token in self._early:
-            self._early[token][1].append(message)
+            kept = self._early[token][1]
+            if len(kept) < MAX_RECORDS + 2:  # (a flood before registering is no real call's)
+                kept.append(message)
         elif len(self._early) < _EARLY_TOKENS:
             self._early[token] = (now, [message])
 
@@ -160,7 +186,10 @@ class EgressCalls:
         if isinstance(message, EgressUsed):
             call.asked = True
         elif isinstance(message, EgressRecord):
-            call.records.append(message)
+            if len(call.records) < MAX_RECORDS:
+                call.records.append(message)
+            else:
+                call.omitted.add(message)
         elif isinstance(message, EgressForgotten):
             call.forgotten.set()
 
@@ -192,6 +221,17 @@ class EgressCalls:
             view = memoryview(frame(message))
             while view:
                 view = view[await link.send(view) :]
+
+
+def result_data(call: EgressCall) -> dict[str, Any]:
+    """What a call's result says of its connections: ``network``, one entry each (the
+    first ``MAX_RECORDS``), and ``network_omitted`` counting the others."""
+    if not call.records:
+        return {}
+    data: dict[str, Any] = {"network": record_data(call.records)}
+    if call.omitted.connections:
+        data["network_omitted"] = dataclasses.asdict(call.omitted)
+    return data
 
 
 def record_data(records: list[EgressRecord]) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ import trio
 from toold_protocol import Identity, IsolationLayer, ToolErrorType
 
 from ..config import Config
-from ..egress.calls import EgressCall, EgressCalls, record_data
+from ..egress.calls import EgressCall, EgressCalls
 from ..egress.rules import EgressRules
 from ..errors import ToolError
 from ..output import Unseen
@@ -350,10 +350,9 @@ class SpawnRunner:
         child = await self._launch(tool, args, ctx, identity, command=command, probe=probe, preview=preview)
         try:
             outcome = await collect(child.read_end, ctx, self.config.tools.output.max_bytes)
-            records = await self.egress.forget(child.token)
-            if records:
-                data = {**(outcome.data or {}), "network": record_data(records)}
-                outcome = msgspec.structs.replace(outcome, data=data)
+            network = await self.egress.forget(child.token)
+            if network:
+                outcome = msgspec.structs.replace(outcome, data={**(outcome.data or {}), **network})
             return outcome
         finally:
             with trio.CancelScope(shield=True):
