@@ -6,12 +6,16 @@ does not take its room."""
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
+import msgspec
 import pytest
 import trio
 
 from toold_daemon.egress import calls as calls_module
-from toold_daemon.egress.calls import MAX_RECORDS, EgressCalls, record_data
+from toold_daemon.egress.calls import _EARLY_TOKENS, MAX_RECORDS, EgressCalls, record_data
 from toold_daemon.egress.process import (
     EgressAnswer,
     EgressAsk,
@@ -67,6 +71,33 @@ async def _answer_every_forget(egress: trio.socket.SocketType, answered: list[st
                 answered.append(message.token)
 
 
+@dataclass
+class Served:
+    """The runner's side serving a link, and the egress process's end answering forgets."""
+
+    calls: EgressCalls
+    link: trio.socket.SocketType
+    egress: trio.socket.SocketType
+    answered: list[str]
+
+    async def send(self, messages: list[msgspec.Struct]) -> None:
+        view = memoryview(b"".join(frame(m) for m in messages))
+        while view:
+            view = view[await self.egress.send(view) :]
+
+
+@asynccontextmanager
+async def served() -> AsyncIterator[Served]:
+    ours, theirs = socket.socketpair()
+    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
+    here = Served(EgressCalls(_allow), link, egress, [])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(here.calls.serve, link)
+        nursery.start_soon(_answer_every_forget, egress, here.answered)
+        yield here
+        nursery.cancel_scope.cancel()
+
+
 async def _late_call_keeps_its_records(
     calls: EgressCalls, link: trio.socket.SocketType, egress: trio.socket.SocketType
 ) -> None:
@@ -87,57 +118,34 @@ async def test_answers_to_the_batched_forgets_of_quiet_calls_leave_room_for_earl
     early messages have room for must not crowd out a racing call's first connection (its
     record would be lost from the journal and its result)."""
     monkeypatch.setattr(calls_module, "IDLE_FORGET_SECONDS", 0.01)
-    ours, theirs = socket.socketpair()
-    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
-    calls = EgressCalls(_allow)
-    answered: list[str] = []
     quiet = calls_module._EARLY_TOKENS + 100
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(calls.serve, link)
-        nursery.start_soon(_answer_every_forget, egress, answered)
+    async with served() as here:
         for i in range(quiet):
-            calls.register(f"quiet-{i}", link, None)
-            assert await calls.forget(f"quiet-{i}") == {}
+            here.calls.register(f"quiet-{i}", here.link, None)
+            assert await here.calls.forget(f"quiet-{i}") == {}
         with trio.fail_after(10):
-            while len(answered) < quiet:
+            while len(here.answered) < quiet:
                 await trio.sleep(0.01)
         await trio.sleep(0.05)  # the last answers have been read
-        await _late_call_keeps_its_records(calls, link, egress)
-        nursery.cancel_scope.cancel()
+        await _late_call_keeps_its_records(here.calls, here.link, here.egress)
 
 
 async def test_early_messages_no_call_came_for_make_room_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
     """Records of calls the runner gave up on (their forget timed out) arrive for tokens
     that will never be registered: they are kept only for a while."""
-    ours, theirs = socket.socketpair()
-    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
-    calls = EgressCalls(_allow)
-    answered: list[str] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(calls.serve, link)
-        nursery.start_soon(_answer_every_forget, egress, answered)
-        strays = b"".join(
-            frame(EgressRecord(token=f"gone-{i}", host="h", port=443, protocol="connect"))
-            for i in range(calls_module._EARLY_TOKENS)
+    async with served() as here:
+        await here.send(
+            [EgressRecord(token=f"gone-{i}", host="h", port=443, protocol="connect") for i in range(_EARLY_TOKENS)]
         )
-        view = memoryview(strays)
-        while view:
-            view = view[await egress.send(view) :]
         await trio.sleep(0.2)
         monkeypatch.setattr(calls_module, "_EARLY_SECONDS", 0.1)  # as if they had waited long
-        await _late_call_keeps_its_records(calls, link, egress)
-        nursery.cancel_scope.cancel()
+        await _late_call_keeps_its_records(here.calls, here.link, here.egress)
 
 
 async def test_a_call_lists_its_first_connections_and_counts_the_rest() -> None:
     """A command looping over connections cannot grow its result without bound."""
-    ours, theirs = socket.socketpair()
-    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
-    calls = EgressCalls(_allow)
-    answered: list[str] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(calls.serve, link)
-        calls.register("busy", link, None)
+    async with served() as here:
+        here.calls.register("busy", here.link, None)
         records = [
             EgressRecord(token="busy", host=f"h{i}", port=443, protocol="connect", sent=i, received=2 * i)
             for i in range(MAX_RECORDS)
@@ -147,13 +155,9 @@ async def test_a_call_lists_its_first_connections_and_counts_the_rest() -> None:
             EgressRecord(token="busy", host="y", port=443, protocol="connect", refused="denied"),
             EgressRecord(token="busy", host="z", port=80, protocol="http", refused="denied"),
         ]
-        view = memoryview(b"".join(frame(m) for m in [EgressUsed(token="busy"), *records, *extra]))
-        while view:
-            view = view[await egress.send(view) :]
+        await here.send([EgressUsed(token="busy"), *records, *extra])
         await trio.sleep(0.1)
-        nursery.start_soon(_answer_every_forget, egress, answered)
         with trio.fail_after(5):
-            data = await calls.forget("busy")
+            data = await here.calls.forget("busy")
         assert data["network"] == record_data(records)
         assert data["network_omitted"] == {"connections": 3, "refused": 2, "sent": 5, "received": 7}
-        nursery.cancel_scope.cancel()
