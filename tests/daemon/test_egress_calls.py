@@ -13,9 +13,17 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from toold_daemon.egress import calls as calls_module
-from toold_daemon.egress.calls import _EARLY_TOKENS, MAX_RECORDS, EgressCalls, record_data
+from toold_daemon.egress.calls import (
+    _EARLY_TOKENS,
+    MAX_OPEN_QUESTIONS,
+    MAX_RECORDS,
+    EgressCall,
+    EgressCalls,
+    record_data,
+)
 from toold_daemon.egress.process import (
     EgressAnswer,
     EgressAsk,
@@ -161,3 +169,58 @@ async def test_a_call_lists_its_first_connections_and_counts_the_rest() -> None:
             data = await here.calls.forget("busy")
         assert data["network"] == record_data(records)
         assert data["network_omitted"] == {"connections": 3, "refused": 2, "sent": 5, "received": 7}
+
+
+class Person:
+    """Answers questions about hosts when told to, counting them."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int]] = []
+        self.go = trio.Event()
+
+    async def ask(self, host: str, port: int) -> tuple[bool, str]:
+        self.asked.append((host, port))
+        await self.go.wait()
+        return True, f"{host} approved"
+
+
+async def test_connections_waiting_on_the_same_new_host_share_one_question() -> None:
+    call = EgressCall("t", None, None)  # type: ignore[arg-type]
+    person = Person()
+    answers: list[tuple[bool, str]] = []
+
+    async def connect() -> None:
+        answers.append(await call.ask_person("new.example", 443, person.ask))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(20):
+            nursery.start_soon(connect)
+        await trio.testing.wait_all_tasks_blocked()
+        assert person.asked == [("new.example", 443)]
+        person.go.set()
+    assert answers == [(True, "new.example approved")] * 20
+    await call.ask_person("new.example", 443, person.ask)  # a later connection: asked again
+    assert person.asked == [("new.example", 443)] * 2
+
+
+async def test_a_call_asks_about_a_few_hosts_at_a_time_and_refuses_more() -> None:
+    call = EgressCall("t", None, None)  # type: ignore[arg-type]
+    person = Person()
+    answers: dict[str, tuple[bool, str]] = {}
+
+    async def connect(host: str) -> None:
+        answers[host] = await call.ask_person(host, 443, person.ask)
+
+    hosts = [f"h{i}.example" for i in range(MAX_OPEN_QUESTIONS + 3)]
+    async with trio.open_nursery() as nursery:
+        for host in hosts:
+            nursery.start_soon(connect, host)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(person.asked) == MAX_OPEN_QUESTIONS
+        refused = [h for h in hosts if h in answers]  # answered at once, without asking
+        assert len(refused) == 3
+        assert all(not answers[h][0] and "already waits for answers" in answers[h][1] for h in refused)
+        person.go.set()
+    assert sum(allowed for allowed, _ in answers.values()) == MAX_OPEN_QUESTIONS
+    assert call.questions == {}
+    assert (await call.ask_person("later.example", 443, person.ask))[0]  # room again once answered

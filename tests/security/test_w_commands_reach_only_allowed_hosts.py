@@ -9,7 +9,8 @@ by ``allowed_networks``; 127.0.0.4 is denied by name."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,41 @@ def test_a_yes_lets_the_connection_through(daemon: DaemonProcess, unknown_web: S
         result = c.call("shell", {"command": f"curl -sS {unknown_web.url('/json')}"}, on_confirm=lambda r: APPROVE_ALL)
     assert result.ok and '"toold"' in result.content, result.content
     assert "approved by uid" in result.data["network"][0]["allowed_by"]
+
+
+def _slow_no(asked: list[object]) -> Callable[[object], Decision]:
+    """A person who takes a moment before each no: questions stay open meanwhile."""
+
+    def answer(request: object) -> Decision:
+        asked.append(request)
+        time.sleep(1.0)  # the connections of a command started at once all want it meanwhile
+        return DENY_ALL
+
+    return answer
+
+
+def test_parallel_connections_to_one_new_host_ask_the_person_once(daemon: DaemonProcess, unknown_web: Server) -> None:
+    """Attack: flood the approvers with one question per connection."""
+    asked: list[object] = []
+    curls = " & ".join([f"curl -sS -o /dev/null {unknown_web.url('/json')}"] * 10)
+    with daemon.client(timeout=60) as c:
+        result = c.call("shell", {"command": f"{curls}; wait"}, on_confirm=_slow_no(asked))
+    assert len(asked) == 1, asked
+    network = result.data["network"]
+    assert len(network) == 10 and all(record["refused"] for record in network), network
+
+
+def test_a_command_has_only_a_few_new_hosts_asked_about_at_a_time(daemon: DaemonProcess, unknown_web: Server) -> None:
+    """Attack: flood the approvers with a question per host (eight new hosts at once)."""
+    asked: list[object] = []
+    hosts = [f"127.0.0.{10 + i}" for i in range(8)]
+    curls = " & ".join(f"curl -sS -o /dev/null http://{host}:{unknown_web.port}/" for host in hosts)
+    with daemon.client(timeout=60) as c:
+        result = c.call("shell", {"command": f"{curls}; wait"}, on_confirm=_slow_no(asked))
+    network = result.data["network"]
+    assert sorted(record["host"] for record in network) == sorted(hosts)
+    unasked = [record for record in network if "already waits for answers" in record["refused"]]
+    assert len(asked) <= 4 and len(asked) + len(unasked) == 8, (asked, network)
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,19 @@ class Omitted:
         self.received += record.received
 
 
+#: Hosts one call may have a person asked about at the same time; a connection to yet
+#: another new host is refused while they are open (a command cannot flood the approvers).
+MAX_OPEN_QUESTIONS = 4
+
+Ask = Callable[[str, int], Awaitable[tuple[bool, str]]]
+
+
+@dataclass
+class _Question:
+    answered: trio.Event = field(default_factory=trio.Event)
+    answer: tuple[bool, str] = (False, "the question ended without an answer")
+
+
 @dataclass
 class EgressCall:
     token: str
@@ -63,6 +76,30 @@ class EgressCall:
     omitted: Omitted = field(default_factory=Omitted)
     forgotten: trio.Event = field(default_factory=trio.Event)
     asked: bool = False  # a connection was made (asked, or told as used): its records are worth waiting for
+    questions: dict[tuple[str, int], _Question] = field(default_factory=dict)  # open, by host and port
+
+    async def ask_person(self, host: str, port: int, ask: Ask) -> tuple[bool, str]:
+        """Have ``ask`` put ``host:port`` to the person, once for the connections that want
+        it while the question is open (they share its answer; a later connection is asked
+        again, as an answer counts once), and for at most ``MAX_OPEN_QUESTIONS`` hosts at
+        a time."""
+        key = (host, port)
+        question = self.questions.get(key)
+        if question is not None:
+            await question.answered.wait()
+            return question.answer
+        if len(self.questions) >= MAX_OPEN_QUESTIONS:
+            return False, (
+                f"{host}:{port} was not asked about: this call already waits for answers about "
+                f"{MAX_OPEN_QUESTIONS} other hosts"
+            )
+        question = self.questions[key] = _Question()
+        try:
+            question.answer = await ask(host, port)
+            return question.answer
+        finally:
+            del self.questions[key]
+            question.answered.set()
 
 
 Decide = Callable[[EgressCall, str, int], Awaitable[tuple[bool, str]]]

@@ -407,7 +407,7 @@ class SpawnRunner:
         ask = getattr(call.context, "ask_network", None)
         if ask is None:
             return False, f"{normal} is not in [tools.network] allowed_domains, and nobody can be asked"
-        allowed, answer = await ask(normal, port)
+        allowed, answer = await call.ask_person(normal, port, ask)
         return bool(allowed), str(answer)
 
     async def start_stdio(
