@@ -5,6 +5,7 @@ loopback and so refused unless ``allowed_networks`` exempts it."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import struct
@@ -256,3 +257,40 @@ async def test_an_allowed_destination_where_nothing_listens_gets_a_502_and_a_rec
         code, _out = await curl("--socks5-hostname", f"127.0.0.1:{proxy.port}", f"http://localhost:{closed}/")
         assert code != 0
         assert (await recorded(proxy, 2))[-1].refused.startswith("cannot connect")
+
+
+class OutOfDescriptors(trio.abc.Listener[trio.SocketStream]):
+    """A listener whose first accepts fail as a process out of descriptors sees them fail."""
+
+    def __init__(self, listener: trio.SocketListener, failures: int) -> None:
+        self.listener = listener
+        self.failures = failures
+
+    async def accept(self) -> trio.SocketStream:
+        if self.failures:
+            self.failures -= 1
+            await trio.sleep(0)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return await self.listener.accept()
+
+    async def aclose(self) -> None:
+        await self.listener.aclose()
+
+
+async def test_a_proxy_out_of_descriptors_accepts_again_once_it_can(web: Server) -> None:
+    rules = EgressRules.of(allowed_domains=["localhost"], allowed_ports=[web.port])
+
+    async def decide(host: str, port: int) -> tuple[bool, str]:
+        judgement, why, _normal = rules.judge(host, port)
+        return judgement == "allow", why
+
+    (real,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    listener = OutOfDescriptors(real, failures=3)
+    records: list[Connection] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(Proxy(decide, records.append, LOOPBACK).serve, listener)
+        port = real.socket.getsockname()[1]
+        code, out = await curl("-x", f"http://127.0.0.1:{port}", f"http://localhost:{web.port}/json")
+        assert code == 0 and "toold" in out, out
+        assert listener.failures == 0
+        nursery.cancel_scope.cancel()

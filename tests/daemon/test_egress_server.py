@@ -65,13 +65,18 @@ async def echo_server(nursery: trio.Nursery) -> int:
     return int(listeners[0].socket.getsockname()[1])
 
 
-async def started_server(nursery: trio.Nursery, port: int) -> tuple[RunnerEnd, int]:
-    """An egress server allowing 127.0.0.1:port, with one call's listener: (runner end, proxy port)."""
+async def started_server(
+    nursery: trio.Nursery, port: int, before: tuple[str, socket.socket] | None = None
+) -> tuple[RunnerEnd, int]:
+    """An egress server allowing 127.0.0.1:port, with one call's listener: (runner end, proxy
+    port); ``before``: a call's token and socket handed over first, as they are."""
     zygote_ours, zygote_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     runner_ours, runner_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     zygote_theirs.setblocking(False)
     rules = EgressRules.of(allowed_domains=["127.0.0.1"], allowed_ports=[port], allowed_networks=["127.0.0.1/32"])
     nursery.start_soon(EgressServer(zygote_theirs, runner_theirs, rules).run)
+    if before is not None:
+        socket.send_fds(zygote_ours, [frame(EgressListen(token=before[0], budget=1 << 30))], [before[1].fileno()])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
@@ -161,3 +166,29 @@ async def _read_to_end(stream: trio.SocketStream) -> bytes:
     except trio.BrokenResourceError:
         pass
     return rest
+
+
+@pytest.mark.parametrize("how", ["never listening", "shut down after the hand-over"])
+async def test_a_call_whose_listener_fails_ends_alone(how: str) -> None:
+    """A socket that cannot accept ends that call's proxy, not the egress process: the
+    other calls go on, and the broken call is forgotten."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as broken:
+        broken.bind(("127.0.0.1", 0))
+        if how != "never listening":
+            broken.listen(8)
+        async with trio.open_nursery() as nursery:
+            port = await echo_server(nursery)
+            runner, proxy_port = await started_server(nursery, port, before=("broken", broken))
+            if how != "never listening":
+                broken.shutdown(socket.SHUT_RDWR)  # the egress process's accept now fails
+            await trio.sleep(0.05)
+            stream = await tunnel(proxy_port, port)
+            await stream.send_all(b"ping")
+            assert await stream.receive_some(100) == b"ping"
+            await stream.aclose()
+            await runner.send(EgressForget(token="broken"))
+            with trio.fail_after(5):
+                while not isinstance(message := await runner.next(), EgressForgotten):
+                    pass
+            assert message.token == "broken"
+            nursery.cancel_scope.cancel()

@@ -180,7 +180,12 @@ class EgressServer:
             if len(fds) != 1:
                 close_fds(fds)
                 continue
-            listener = trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fds[0])))
+            try:
+                listener = trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fds[0])))
+            except (OSError, ValueError) as exc:  # not a listening TCP socket: that call has no proxy
+                log.warning("the zygote handed over no listening socket for a call (%s)", exc)
+                close_fds(fds)
+                continue
             self._nursery.start_soon(self._serve_call, listen, listener)
 
     async def _serve_call(self, listen: EgressListen, listener: trio.SocketListener) -> None:
@@ -217,6 +222,8 @@ class EgressServer:
             with call.scope:
                 async with listener:
                     await proxy.serve(listener)
+        except Exception:  # this call's proxy ends; the other calls' go on
+            log.exception("the egress proxy of a call failed; its listener is closed")
         finally:
             call.done.set()
 

@@ -17,6 +17,7 @@ past its byte budget has its connections closed.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -37,6 +38,9 @@ MAX_HEAD_BYTES = 64 * 1024
 FIRST_BYTE_SECONDS = 30.0
 CONNECT_SECONDS = 15.0
 _CHUNK = 64 * 1024
+#: What ``accept`` fails with when the process is out of room, and how long to wait then.
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_RETRY_SECONDS = 0.1
 
 #: (host, port) -> (allowed, why). Called once per client connection.
 Decide = Callable[[str, int], Awaitable[tuple[bool, str]]]
@@ -67,11 +71,20 @@ class Proxy:
     allowed_networks: Sequence[IPNetwork] = ()
     budget: Budget = field(default_factory=lambda: Budget(1 << 62))
 
-    async def serve(self, listener: trio.SocketListener) -> None:
-        """Accept and serve connections until cancelled."""
+    async def serve(self, listener: trio.abc.Listener[trio.SocketStream]) -> None:
+        """Accept and serve connections until cancelled. Out of descriptors or memory (a
+        command holding many connections open), it waits a moment and accepts again: the
+        connections it serves meanwhile go on, and so does the proxy."""
         async with trio.open_nursery() as nursery:
             while True:
-                stream = await listener.accept()
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.warning("egress proxy cannot accept (%s); retrying shortly", os.strerror(exc.errno or 0))
+                    await trio.sleep(_ACCEPT_RETRY_SECONDS)
+                    continue
                 nursery.start_soon(self._serve_one, stream)
 
     async def _serve_one(self, stream: trio.SocketStream) -> None:
