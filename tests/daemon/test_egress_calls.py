@@ -5,6 +5,7 @@ does not take its room."""
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -224,3 +225,25 @@ async def test_a_call_asks_about_a_few_hosts_at_a_time_and_refuses_more() -> Non
     assert sum(allowed for allowed, _ in answers.values()) == MAX_OPEN_QUESTIONS
     assert call.questions == {}
     assert (await call.ask_person("later.example", 443, person.ask))[0]  # room again once answered
+
+
+async def test_a_connection_said_just_before_the_command_ended_is_waited_for() -> None:
+    """The egress process says a call connects before the connection goes on, so the
+    command's end comes after it; but the runner may read the command's outcome first,
+    with that message still unread on the link. Forgetting the call must not then take
+    it for a call without connections (their records were lost)."""
+    ours, theirs = socket.socketpair()
+    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
+    calls = EgressCalls(_allow)
+    answered: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(calls.serve, link)
+        await trio.testing.wait_all_tasks_blocked()  # the link's reader waits for data
+        calls.register("t", link, None)
+        record = EgressRecord(token="t", host="h", port=443, protocol="connect", refused="port 80 is not allowed")
+        os.write(egress.fileno(), frame(EgressUsed(token="t")) + frame(record))  # no checkpoint: unread
+        nursery.start_soon(_answer_every_forget, egress, answered)
+        with trio.fail_after(5):
+            assert await calls.forget("t") == {"network": record_data([record])}
+        assert answered == ["t"]
+        nursery.cancel_scope.cancel()

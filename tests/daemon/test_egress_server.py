@@ -66,15 +66,28 @@ async def echo_server(nursery: trio.Nursery) -> int:
 
 
 async def started_server(
-    nursery: trio.Nursery, port: int, before: tuple[str, socket.socket] | None = None
+    nursery: trio.Nursery,
+    port: int,
+    before: tuple[str, socket.socket] | None = None,
+    *,
+    zygote_leaves: bool = False,
+    ended: trio.Event | None = None,
 ) -> tuple[RunnerEnd, int]:
     """An egress server allowing 127.0.0.1:port, with one call's listener: (runner end, proxy
-    port); ``before``: a call's token and socket handed over first, as they are."""
+    port); ``before``: a call's token and socket handed over first, as they are;
+    ``zygote_leaves``: the zygote's end closes once the listener is handed over (a
+    fresh child's command); ``ended``: set when the server returns."""
     zygote_ours, zygote_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     runner_ours, runner_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     zygote_theirs.setblocking(False)
     rules = EgressRules.of(allowed_domains=["127.0.0.1"], allowed_ports=[port], allowed_networks=["127.0.0.1/32"])
-    nursery.start_soon(EgressServer(zygote_theirs, runner_theirs, rules).run)
+
+    async def run() -> None:
+        await EgressServer(zygote_theirs, runner_theirs, rules).run()
+        if ended is not None:
+            ended.set()
+
+    nursery.start_soon(run)
     if before is not None:
         socket.send_fds(zygote_ours, [frame(EgressListen(token=before[0], budget=1 << 30))], [before[1].fileno()])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
@@ -82,7 +95,10 @@ async def started_server(
         listener.listen(8)
         proxy_port = listener.getsockname()[1]
         socket.send_fds(zygote_ours, [frame(EgressListen(token=TOKEN, budget=1 << 30))], [listener.fileno()])
-    nursery.start_soon(_hold_open, zygote_ours)
+    if zygote_leaves:
+        zygote_ours.close()
+    else:
+        nursery.start_soon(_hold_open, zygote_ours)
     return RunnerEnd(runner_ours), proxy_port
 
 
@@ -120,7 +136,8 @@ async def test_a_call_forgotten_after_its_connections_ended_hands_over_every_rec
             seen += await runner.until_forgotten()
         assert isinstance(seen[0], EgressUsed)
         records = [m for m in seen if isinstance(m, EgressRecord)]
-        assert [(r.sent, r.received) for r in records] == [(3, 3), (6, 6)]
+        # (each connection records itself when its end is noticed: in either order)
+        assert sorted((r.sent, r.received) for r in records) == [(3, 3), (6, 6)]
         assert all(r.host == "127.0.0.1" and r.port == port and not r.refused for r in records)
         with trio.fail_after(5):  # the listener went with the call
             with pytest.raises(OSError):
@@ -192,3 +209,27 @@ async def test_a_call_whose_listener_fails_ends_alone(how: str) -> None:
                     pass
             assert message.token == "broken"
             nursery.cancel_scope.cancel()
+
+
+async def test_with_its_zygote_gone_the_egress_process_serves_its_calls_until_they_are_forgotten() -> None:
+    """A fresh child hands over its command's listener and closes its end; the child then
+    waits for the egress process to end before it exits (its egress process dies with it).
+    The egress process must serve the call, hand over its records when the call is
+    forgotten, and only then end."""
+    ended = trio.Event()
+    async with trio.open_nursery() as nursery:
+        port = await echo_server(nursery)
+        runner, proxy_port = await started_server(nursery, port, zygote_leaves=True, ended=ended)
+        await trio.sleep(0.05)
+        assert not ended.is_set()
+        stream = await tunnel(proxy_port, port)
+        await stream.send_all(b"last words")
+        assert await stream.receive_some(100) == b"last words"
+        await stream.aclose()
+        await runner.send(EgressForget(token=TOKEN))
+        with trio.fail_after(5):
+            seen = await runner.until_forgotten()
+            await ended.wait()
+        records = [m for m in seen if isinstance(m, EgressRecord)]
+        assert [(r.sent, r.received) for r in records] == [(10, 10)]
+        nursery.cancel_scope.cancel()

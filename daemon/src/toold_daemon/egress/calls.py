@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,8 @@ class EgressCalls:
         # first message came, and its messages (tokens in order of arrival).
         self._early: dict[str, tuple[float, list[msgspec.Struct]]] = {}
         self._arrived: dict[str, trio.Event] = {}
+        #: Per link being served: its frames read so far, and the nursery its asks run in.
+        self._served: dict[int, tuple[FrameBuffer, trio.Nursery]] = {}
 
     def register(self, token: str, link: trio.socket.SocketType, context: Any) -> EgressCall:
         call = EgressCall(token, link, context)
@@ -138,6 +141,10 @@ class EgressCalls:
         call = self._calls.get(token)
         if call is None:
             return {}
+        if not call.asked:
+            # The egress process says a call connects before the connection goes anywhere,
+            # so before the command could end: it may be waiting on the link, unread.
+            self._read_now(call.link)
         if not call.asked:  # no connection: only the listener to close, nothing to wait for
             self._calls.pop(token, None)
             self._idle.setdefault(id(call.link), []).append(token)
@@ -157,12 +164,14 @@ class EgressCalls:
         or does may end the daemon."""
         try:
             async with trio.open_nursery() as nursery:
+                self._served[id(link)] = (FrameBuffer(), nursery)
                 nursery.start_soon(self._close_idle_listeners, link)
-                await self._read(link, nursery)
+                await self._read(link)
                 nursery.cancel_scope.cancel()
         except Exception:
             log.exception("an egress link failed; it is closed")
         finally:
+            self._served.pop(id(link), None)
             self._locks.pop(id(link), None)
             self._idle.pop(id(link), None)
             link.close()
@@ -179,16 +188,33 @@ class EgressCalls:
             except _GONE:
                 return
 
-    async def _read(self, link: trio.socket.SocketType, nursery: trio.Nursery) -> None:
-        buffer = FrameBuffer()
+    async def _read(self, link: trio.socket.SocketType) -> None:
         try:
             while data := await link.recv(65536):
-                for body in buffer.feed(data):
-                    self._take(nursery, link, to_runner.decode(body))
+                self._feed(link, data)
         except _GONE:
             pass  # the egress process is gone
         except (msgspec.DecodeError, ValueError):
             log.warning("an egress process sent garbage; its link is closed")
+
+    def _read_now(self, link: trio.socket.SocketType) -> None:
+        """Take in what the link holds now, without waiting (beside ``_read``, which takes
+        the rest when the loop gets to it)."""
+        if id(link) not in self._served:
+            return
+        try:
+            while data := os.read(link.fileno(), 65536):
+                self._feed(link, data)
+        except (BlockingIOError, OSError):
+            pass  # nothing more now, or the link is gone (``_read`` sees it too)
+        except (msgspec.DecodeError, ValueError):
+            log.warning("an egress process sent garbage; its link is closed")
+            link.close()
+
+    def _feed(self, link: trio.socket.SocketType, data: bytes) -> None:
+        buffer, nursery = self._served[id(link)]
+        for body in buffer.feed(data):
+            self._take(nursery, link, to_runner.decode(body))
 
     def _take(self, nursery: trio.Nursery, link: trio.socket.SocketType, message: msgspec.Struct) -> None:
         if isinstance(message, EgressAsk):

@@ -151,13 +151,21 @@ class EgressServer:
         self._waiting: dict[int, tuple[trio.Event, list[tuple[bool, str]]]] = {}
         self._calls: dict[str, _Call] = {}
         self._send_lock = trio.Lock()
+        self._zygote_gone = False
 
     async def run(self) -> None:
+        """Serve until the runner closes its end, or until the zygote (or the command's own
+        child) is gone and every call has been forgotten: a fresh child waits for that
+        before it exits, so that the records of its command's last connections go out."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._from_zygote)
-            await self._from_runner()  # the runner closing its end ends us
+            await self._from_runner()
             nursery.cancel_scope.cancel()
+
+    def _end_if_done(self) -> None:
+        if self._zygote_gone and not self._calls:
+            self._nursery.cancel_scope.cancel()
 
     async def _send(self, message: msgspec.Struct) -> None:
         async with self._send_lock:
@@ -169,8 +177,10 @@ class EgressServer:
         while True:
             await trio.lowlevel.wait_readable(self._zygote)
             received = receive_with_fds(self._zygote)
-            if received is None:
-                return  # the zygote is gone; calls already listening finish
+            if received is None:  # the zygote is gone; calls already listening finish
+                self._zygote_gone = True
+                self._end_if_done()
+                return
             body, fds = received
             try:
                 listen = _listen_decoder.decode(body)
@@ -186,21 +196,20 @@ class EgressServer:
                 log.warning("the zygote handed over no listening socket for a call (%s)", exc)
                 close_fds(fds)
                 continue
-            self._nursery.start_soon(self._serve_call, listen, listener)
+            call = self._calls[listen.token] = _Call(listen.token, trio.CancelScope())  # known at once
+            self._nursery.start_soon(self._serve_call, listen, call, listener)
 
-    async def _serve_call(self, listen: EgressListen, listener: trio.SocketListener) -> None:
+    async def _serve_call(self, listen: EgressListen, call: _Call, listener: trio.SocketListener) -> None:
         token = listen.token
-        call = _Call(token, trio.CancelScope())
-        self._calls[token] = call
 
         async def decide(host: str, port: int) -> tuple[bool, str]:
             """The administrator's rules here, at once; a host they leave open goes to the
             protocol process (which may ask the person)."""
             judgement, why, _normal = self._rules.judge(host, port)
             if judgement != "ask":
-                if not call.used:
+                if not call.used:  # said before the connection goes on, so before the command ends
                     call.used = True
-                    self._nursery.start_soon(self._send, EgressUsed(token=token))
+                    await self._send(EgressUsed(token=token))
                 return judgement == "allow", why
             call.used = True
             ask_id = next(self._ids)
@@ -250,6 +259,7 @@ class EgressServer:
             await call.done.wait()  # every connection of the call has recorded itself
             await self._flush(call)
         await self._send(EgressForgotten(token=token))
+        self._end_if_done()
 
     async def _flush(self, call: _Call) -> None:
         """Send the call's records not sent yet, each once."""

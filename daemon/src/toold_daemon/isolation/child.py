@@ -15,11 +15,15 @@ import msgspec
 
 from ..egress.process import listen_through_the_proxy
 from .command_start import start_command
-from .confine import ConfinementFailed, confine, egress_links
+from .confine import ConfinementFailed, confine, egress_links, wait_for_egress
 from .prepare import Work
 from .supervisor import Supervisor
 from .tool_run import run_tool
 from .wire import SpawnRequest, failure, write_frame
+
+#: How long a finished command's child waits for its egress process (see ``wait_for_egress``):
+#: longer than the runner waits for a call's records.
+EGRESS_WAIT_SECONDS = 3.0
 
 
 def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: int, daemon_pid: int) -> None:
@@ -63,6 +67,7 @@ def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: in
         os.environ.update(request.env)
         if request.argv:
             _supervise(request, channel, layers)
+            wait_for_egress(EGRESS_WAIT_SECONDS)  # the records of its last connections go out first
         else:
             outcome = run_tool(request, channel, work)
             write_frame(channel, msgspec.structs.replace(outcome, layers=layers))

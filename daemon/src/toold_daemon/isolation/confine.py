@@ -15,6 +15,7 @@ import resource
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 
 from ..config.capabilities import capability_number
@@ -121,11 +122,29 @@ def confine(
 
 #: A proxy-mode zygote's links to its egress process: (to the process, the runner's end).
 _egress: list[tuple[socket.socket, socket.socket | None]] = []
+_egress_pid: list[int] = []
 
 
 def egress_links() -> tuple[socket.socket, socket.socket | None] | None:
     """The zygote's link to its egress process and the end it hands to the runner."""
     return _egress[0] if _egress else None
+
+
+def wait_for_egress(seconds: float) -> None:
+    """Before a process whose command is over exits (its egress process dies with it),
+    let the egress process finish: it ends once every call it served has been
+    forgotten by the runner, which first receives the records of their connections.
+    At most ``seconds``; the runner's kill ends both anyway."""
+    if not _egress_pid:
+        return
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(_egress_pid[0], os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.005)
 
 
 def _start_egress(
@@ -163,6 +182,7 @@ def _start_egress(
             serve(egress_zygote_end, egress_runner_end, _egress_rules(request))
         finally:
             os._exit(0)
+    _egress_pid.append(pid)
     egress_zygote_end.close()
     egress_runner_end.close()
     return to_egress, runner_end
