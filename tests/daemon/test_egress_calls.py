@@ -247,3 +247,32 @@ async def test_a_connection_said_just_before_the_command_ended_is_waited_for() -
             assert await calls.forget("t") == {"network": record_data([record])}
         assert answered == ["t"]
         nursery.cancel_scope.cancel()
+
+
+async def test_an_egress_process_cannot_fill_the_runner_with_early_messages() -> None:
+    """The egress process runs as the client: messages for calls never registered are
+    kept within a bound whatever it sends, and the real early messages of a call that
+    comes next are still not lost once the strays have expired or been taken."""
+    async with served() as here:
+        strays = [
+            EgressRecord(token=f"gone-{i % 100}", host="h", port=443, protocol="connect")
+            for i in range(calls_module._EARLY_MESSAGES * 3)
+        ]
+        await here.send(strays)
+        await trio.sleep(0.3)
+        assert here.calls._early_count == calls_module._EARLY_MESSAGES
+        assert sum(len(kept) for _at, kept in here.calls._early.values()) == calls_module._EARLY_MESSAGES
+        for i in range(100):  # their calls come after all, and take them
+            here.calls.register(f"gone-{i}", here.link, None)
+        assert here.calls._early_count == 0
+
+
+async def test_a_record_past_its_bounds_is_garbage_and_closes_the_link(caplog: pytest.LogCaptureFixture) -> None:
+    async with served() as here:
+        here.calls.register("t", here.link, None)
+        await here.send([EgressRecord(token="t", host="h" * 100_000, port=443, protocol="connect")])
+        with trio.fail_after(5):
+            while here.link.fileno() != -1:
+                await trio.sleep(0.01)
+        assert "garbage" in caplog.text
+        assert here.calls._calls["t"].records == []

@@ -233,3 +233,23 @@ async def test_with_its_zygote_gone_the_egress_process_serves_its_calls_until_th
         records = [m for m in seen if isinstance(m, EgressRecord)]
         assert [(r.sent, r.received) for r in records] == [(10, 10)]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_host_name_of_any_length_is_recorded_cut_to_fit() -> None:
+    """What a command writes as the host goes into the record: a very long one is cut to
+    the bounds the runner holds records to, not sent whole (the runner would take it for
+    garbage and close the link, losing every other record)."""
+    async with trio.open_nursery() as nursery:
+        port = await echo_server(nursery)
+        runner, proxy_port = await started_server(nursery, port)
+        stream = await trio.open_tcp_stream("127.0.0.1", proxy_port)
+        await stream.send_all(b"CONNECT " + b"a" * 20_000 + b".example:443 HTTP/1.1\r\n\r\n")
+        with trio.fail_after(5):
+            assert (await stream.receive_some(1024)).startswith(b"HTTP/1.1 4")
+        await stream.aclose()
+        await runner.send(EgressForget(token=TOKEN))
+        with trio.fail_after(5):
+            seen = await runner.until_forgotten()
+        (record,) = [m for m in seen if isinstance(m, EgressRecord)]
+        assert record.refused and len(record.host) == 256 and record.host.endswith("…")
+        nursery.cancel_scope.cancel()

@@ -28,6 +28,9 @@ FORGET_SECONDS = 2.0
 IDLE_FORGET_SECONDS = 1.0
 _REGISTER_SECONDS = 2.0
 _EARLY_TOKENS = 1024
+#: Early messages kept in all (a few per call are real: the first connections of a call
+#: whose registration is a moment behind).
+_EARLY_MESSAGES = 4096
 #: What arrives for a token not registered (yet) is kept this long: far longer than a
 #: spawn's reply takes, and not forever (the records of a call whose forget timed out).
 _EARLY_SECONDS = 10.0
@@ -119,6 +122,7 @@ class EgressCalls:
         # here, a little while, instead of being lost or refused. Per token: when its
         # first message came, and its messages (tokens in order of arrival).
         self._early: dict[str, tuple[float, list[msgspec.Struct]]] = {}
+        self._early_count = 0
         self._arrived: dict[str, trio.Event] = {}
         #: Per link being served: its frames read so far, and the nursery its asks run in.
         self._served: dict[int, tuple[FrameBuffer, trio.Nursery]] = {}
@@ -126,7 +130,7 @@ class EgressCalls:
     def register(self, token: str, link: trio.socket.SocketType, context: Any) -> EgressCall:
         call = EgressCall(token, link, context)
         self._calls[token] = call
-        for message in self._early.pop(token, (0.0, []))[1]:
+        for message in self._take_early(token):
             self._apply(call, message)
         arrived = self._arrived.pop(token, None)
         if arrived is not None:
@@ -137,7 +141,7 @@ class EgressCalls:
         """End the call's connections and return what its result says of them (waiting a
         moment for their records): ``network``, and ``network_omitted`` past ``MAX_RECORDS``
         (``result_data``); empty without connections."""
-        self._early.pop(token, None)
+        self._take_early(token)
         call = self._calls.get(token)
         if call is None:
             return {}
@@ -237,13 +241,21 @@ class EgressCalls:
             oldest = next(iter(self._early))
             if self._early[oldest][0] > now - _EARLY_SECONDS:
                 break
-            del self._early[oldest]
+            self._take_early(oldest)
+        if self._early_count >= _EARLY_MESSAGES:
+            return
         if token in self._early:
-            kept = self._early[token][1]
-            if len(kept) < MAX_RECORDS + 2:  # (a flood before registering is no real call's)
-                kept.append(message)
+            self._early[token][1].append(message)
         elif len(self._early) < _EARLY_TOKENS:
             self._early[token] = (now, [message])
+        else:
+            return
+        self._early_count += 1
+
+    def _take_early(self, token: str) -> list[msgspec.Struct]:
+        kept = self._early.pop(token, (0.0, []))[1]
+        self._early_count -= len(kept)
+        return kept
 
     def _apply(self, call: EgressCall, message: msgspec.Struct) -> None:
         if isinstance(message, EgressUsed):

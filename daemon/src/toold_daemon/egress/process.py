@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import msgspec
 import trio
@@ -34,6 +35,16 @@ from .rules import EgressRules
 log = logging.getLogger(__name__)
 
 
+#: Bounds on what the egress process says (it runs as the client: the runner decodes its
+#: messages as untrusted, and a message past them is garbage that closes the link). A
+#: record is cut to fit before it is sent.
+_NAME_CHARS = 256
+_TEXT_CHARS = 2048
+Name = Annotated[str, msgspec.Meta(max_length=_NAME_CHARS)]
+Text = Annotated[str, msgspec.Meta(max_length=_TEXT_CHARS)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
 class EgressListen(msgspec.Struct, frozen=True, kw_only=True, tag="egress_listen"):
     token: str  # the call's token
     budget: int  # bytes the call may move, both ways together
@@ -41,8 +52,8 @@ class EgressListen(msgspec.Struct, frozen=True, kw_only=True, tag="egress_listen
 
 class EgressAsk(msgspec.Struct, frozen=True, kw_only=True, tag="egress_ask"):
     id: int
-    token: str
-    host: str
+    token: Name
+    host: Name
     port: int
 
 
@@ -56,19 +67,19 @@ class EgressUsed(msgspec.Struct, frozen=True, kw_only=True, tag="egress_used"):
     """The call made its first connection (decided here by the rules): its records are
     worth waiting for when it ends."""
 
-    token: str
+    token: Name
 
 
 class EgressRecord(msgspec.Struct, frozen=True, kw_only=True, tag="egress_record"):
-    token: str
-    host: str
+    token: Name
+    host: Name
     port: int
-    protocol: str
-    address: str = ""
-    allowed_by: str = ""
-    refused: str = ""
-    sent: int = 0
-    received: int = 0
+    protocol: Name
+    address: Name = ""
+    allowed_by: Text = ""
+    refused: Text = ""
+    sent: Count = 0
+    received: Count = 0
 
 
 class EgressForget(msgspec.Struct, frozen=True, kw_only=True, tag="egress_forget"):
@@ -76,7 +87,7 @@ class EgressForget(msgspec.Struct, frozen=True, kw_only=True, tag="egress_forget
 
 
 class EgressForgotten(msgspec.Struct, frozen=True, kw_only=True, tag="egress_forgotten"):
-    token: str
+    token: Name
 
 
 FromRunner = EgressAnswer | EgressForget
@@ -268,17 +279,23 @@ class EgressServer:
 
 
 def _record_of(token: str, connection: Connection) -> EgressRecord:
+    """The connection's record, each field cut to the bounds the runner holds it to (a
+    host is whatever the command wrote in its request)."""
     return EgressRecord(
         token=token,
-        host=connection.host,
+        host=_cut(connection.host, _NAME_CHARS),
         port=connection.port,
-        protocol=connection.protocol,
-        address=connection.address,
-        allowed_by=connection.allowed_by,
-        refused=connection.refused,
-        sent=connection.sent,
-        received=connection.received,
+        protocol=_cut(connection.protocol, _NAME_CHARS),
+        address=_cut(connection.address, _NAME_CHARS),
+        allowed_by=_cut(connection.allowed_by, _TEXT_CHARS),
+        refused=_cut(connection.refused, _TEXT_CHARS),
+        sent=max(0, connection.sent),
+        received=max(0, connection.received),
     )
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def serve(zygote: socket.socket, runner: socket.socket, rules: EgressRules) -> None:
