@@ -73,6 +73,12 @@ class Worker:
     calls: int = 0
     buffer: FrameBuffer = field(default_factory=FrameBuffer)
 
+    async def send(self, data: bytes) -> None:
+        """All of ``data`` (a request, or what a begun call's first write left)."""
+        view = memoryview(data)
+        while view:
+            view = view[await self.sock.send(view) :]
+
     async def receive(self, spin: float = 0.0) -> Chunk | Outcome:
         """The worker's next message (one recv usually brings a whole frame). ``spin``:
         first poll for it this long without yielding (see ``SPIN_SECONDS``)."""
@@ -212,9 +218,7 @@ class Workers:
         worker, clean = begun.worker, False
         try:
             with trio.move_on_after(ABANDONED_SECONDS):
-                view = memoryview(begun.unsent)
-                while view:
-                    view = view[await worker.sock.send(view) :]
+                await worker.send(begun.unsent)
                 while not isinstance(message := await worker.receive(), Outcome):
                     pass  # streamed output nobody reads any more
                 clean = message.error_code != STALE
@@ -237,9 +241,7 @@ class Workers:
             worker, unsent = begun.worker, begun.unsent
         clean = False
         try:
-            view = memoryview(unsent)
-            while view:
-                view = view[await worker.sock.send(view) :]
+            await worker.send(unsent)
             while True:
                 alone = self._in_flight == 1 and _SPARE_CORE  # nobody else waits for the loop's time
                 message = await worker.receive(SPIN_SECONDS if alone else 0.0)
