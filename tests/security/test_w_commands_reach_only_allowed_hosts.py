@@ -123,6 +123,29 @@ def test_a_command_has_only_a_few_new_hosts_asked_about_at_a_time(daemon: Daemon
     assert len(asked) <= 4 and len(asked) + len(unasked) == 8, (asked, network)
 
 
+_CONNECTION_LOOP = """
+import os, socket
+host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[1].split(":")
+for _ in range({count}):
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"CONNECT 127.0.0.4:{target} HTTP/1.1\\r\\n\\r\\n")
+        s.recv(100)
+"""
+
+
+def test_a_command_looping_over_connections_cannot_grow_its_result_without_bound(
+    daemon: DaemonProcess, allowed_web: Server
+) -> None:
+    """Attack: 520 refused connections in a loop; the result lists 500 and counts the rest."""
+    code = _CONNECTION_LOOP.format(count=520, target=allowed_web.port)
+    with daemon.client(timeout=120) as c:
+        result = c.call("run_code", {"language": "python", "code": code, "network": True, "timeout_ms": 100_000})
+    assert result.ok, result.content
+    assert len(result.data["network"]) == 500
+    assert all(record["refused"] for record in result.data["network"])
+    assert result.data["network_omitted"] == {"connections": 20, "refused": 20, "sent": 0, "received": 0}
+
+
 @pytest.mark.parametrize(
     "target",
     ["http://127.0.0.4:{port}/json", "http://169.254.169.254/latest/meta-data/", "http://[::1]:{port}/json",
