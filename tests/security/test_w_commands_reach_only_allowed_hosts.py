@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from tests.conftest import DaemonProcess, start_daemon
 from tests.webserver import Server, serving
@@ -144,6 +145,37 @@ def test_a_command_looping_over_connections_cannot_grow_its_result_without_bound
     assert len(result.data["network"]) == 500
     assert all(record["refused"] for record in result.data["network"])
     assert result.data["network_omitted"] == {"connections": 20, "refused": 20, "sent": 0, "received": 0}
+    with daemon.client() as c:
+        schema = {d.name: d for d in c.tools()}["run_code"].data_schema  # type: ignore[union-attr]
+    Draft202012Validator(schema).validate(result.data)  # what the tool advertises, MCP clients check
+
+
+def test_a_background_commands_connections_are_journaled_with_its_output(
+    daemon: DaemonProcess, allowed_web: Server
+) -> None:
+    """A background job's connections reach the journal too: ``shell_jobs output`` of the
+    ended job lists them (and only then reads ``exited``), as a command's result does."""
+    command = (
+        f"curl -sS -o /dev/null {allowed_web.url('/json')}; curl -sS -o /dev/null http://127.0.0.4:{allowed_web.port}/"
+    )
+    with daemon.client(timeout=30) as c:
+        started = c.call("shell", {"command": command, "background": True})
+        assert started.ok, started.content
+        job_id = started.data["job_id"]
+        deadline = time.monotonic() + 20
+        while (read := c.call("shell_jobs", {"action": "output", "job_id": job_id})).data["state"] == "running":
+            assert time.monotonic() < deadline, read.content
+            time.sleep(0.05)
+        schema = {d.name: d for d in c.tools()}["shell_jobs"].data_schema  # type: ignore[union-attr]
+        batch = c.get_batch(c.list_batches()[0].batch_id)
+    assert read.data["state"] == "exited", read.content
+    allowed, denied = read.data["network"]
+    assert (allowed["host"], allowed["port"], allowed["refused"]) == ("127.0.0.2", allowed_web.port, "")
+    assert allowed["received"] > 0
+    assert denied["host"] == "127.0.0.4" and "denied_domains" in denied["refused"]
+    Draft202012Validator(schema).validate(read.data)
+    (stored,) = batch.results  # the shell_jobs call that read it, as journaled
+    assert stored.data is not None and stored.data["network"] == read.data["network"]
 
 
 @pytest.mark.parametrize(

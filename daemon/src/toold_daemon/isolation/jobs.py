@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -28,6 +29,9 @@ class Job:
     tail: str = ""
     total: int = 0
     kill: Callable[[], None] | None = None
+    #: Once it has ended: what a command's result says of its connections (``network``,
+    #: ``network_omitted``), empty without any.
+    network: dict[str, Any] = field(default_factory=dict)
 
     def add_output(self, text: str, keep: int) -> None:
         self.total += len(text)

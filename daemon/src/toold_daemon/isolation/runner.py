@@ -313,6 +313,7 @@ class SpawnRunner:
         limit passes, or the daemon stops; then kill what is left and clean up."""
         keep = self.config.tools.output.max_bytes
         buffer = FrameBuffer()
+        exited = False
         try:
             with trio.move_on_after(limit):
                 async with trio.lowlevel.FdStream(child.read_end) as stream:
@@ -323,16 +324,17 @@ class SpawnRunner:
                             elif isinstance(message, Outcome):
                                 exit_code = (message.data or {}).get("exit_code")
                                 job.exit_code = exit_code if isinstance(exit_code, int) else None
-                                if job.state == "running":
-                                    job.state = "exited"
+                                exited = True
         except ChildFailed as exc:  # garbage on the channel: end the job, never the daemon
             job.add_output(f"\n[toold: {exc.message}]\n", keep)
         finally:
             with trio.CancelScope(shield=True):
-                await self.egress.forget(child.token)  # its proxy listener goes with it
+                # its proxy listener goes with it; its connections are kept with the job,
+                # which reads as ended only once they are (so its output has them all)
+                job.network = await self.egress.forget(child.token)
                 await self._killer.kill(child)
             if job.state == "running":
-                job.state = "killed"
+                job.state = "exited" if exited else "killed"
 
     async def _spawn(
         self,

@@ -34,6 +34,15 @@ class NetworkRecord(_Data):
     received: int = 0
 
 
+class NetworkOmitted(_Data):
+    """The connections past the ones listed in ``network``, counted."""
+
+    connections: int
+    refused: int
+    sent: int
+    received: int
+
+
 class CommandData(_Data):
     """``shell``, ``run_code`` and command tools; a background ``shell``: job_id and pid."""
 
@@ -45,6 +54,7 @@ class CommandData(_Data):
     job_id: str | UnsetType = UNSET
     pid: int | UnsetType = UNSET
     network: list[NetworkRecord] | UnsetType = UNSET
+    network_omitted: NetworkOmitted | UnsetType = UNSET
 
 
 class ReadFileData(_Data):
@@ -176,13 +186,16 @@ class Job(_Data):
 
 
 class ShellJobsData(_Data):
-    """list: jobs; read: job_id, state, exit_code, total_chars; kill: job_id."""
+    """list: jobs; output: job_id, state, exit_code, total_chars, and once the job has
+    ended its connections (as a command's); kill: job_id."""
 
     jobs: list[Job] | UnsetType = UNSET
     job_id: str | UnsetType = UNSET
     state: str | UnsetType = UNSET
     exit_code: int | UnsetType | None = UNSET
     total_chars: int | UnsetType = UNSET
+    network: list[NetworkRecord] | UnsetType = UNSET
+    network_omitted: NetworkOmitted | UnsetType = UNSET
 
 
 class DryRunData(_Data):

@@ -25,7 +25,7 @@ class ShellJobs(Tool[ShellJobsArgs]):
     data_type = ShellJobsData
     output = (
         "data: list {jobs: [{job_id, state, pid, exit_code, command}]}; "
-        "read {job_id, state, exit_code, total_chars}; kill {job_id}"
+        "output {job_id, state, exit_code, total_chars, network (once ended)}; kill {job_id}"
     )
     description = (
         "Background shell commands started with shell(background=true): list them, read their output so far, "
@@ -63,5 +63,11 @@ class ShellJobs(Tool[ShellJobsArgs]):
         state = f"[{job.state}" + (f", exit code {job.exit_code}" if job.exit_code is not None else "") + "]"
         return ToolOutput(
             f"{job.job_id} {state}\n{job.output()}",
-            data={"job_id": job.job_id, "state": job.state, "exit_code": job.exit_code, "total_chars": job.total},
+            data={
+                "job_id": job.job_id,
+                "state": job.state,
+                "exit_code": job.exit_code,
+                "total_chars": job.total,
+                **job.network,  # set once the job has ended: its connections, journaled with this call
+            },
         )
