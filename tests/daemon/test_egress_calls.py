@@ -10,6 +10,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import pytest
@@ -49,12 +50,12 @@ async def test_messages_for_a_call_not_registered_yet_are_kept() -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(calls.serve, link)
         record = EgressRecord(token="t", host="h", port=443, protocol="connect", sent=1, received=2)
-        for message in (EgressUsed(token="t"), record, EgressAsk(id=1, token="t", host="h", port=443)):
+        for message in (EgressUsed(id=2, token="t"), record, EgressAsk(id=1, token="t", host="h", port=443)):
             await egress.send(frame(message))
         await trio.sleep(0.05)
         calls.register("t", link, None)  # late: after the first connection
-        answer = from_runner.decode(FrameBuffer().feed(await egress.recv(4096))[0])
-        assert isinstance(answer, EgressAnswer) and answer.allowed and answer.why == "h allowed"
+        answers = await _answers(egress, 2)
+        assert answers == {1: EgressAnswer(id=1, allowed=True, why="h allowed"), 2: EgressAnswer(id=2, allowed=True)}
 
         async def forgotten() -> None:  # play the egress process: answer the forget
             await egress.recv(4096)
@@ -62,6 +63,64 @@ async def test_messages_for_a_call_not_registered_yet_are_kept() -> None:
 
         nursery.start_soon(forgotten)
         assert await calls.forget("t") == {"network": record_data([record])}
+        nursery.cancel_scope.cancel()
+
+
+async def _answers(egress: trio.socket.SocketType, count: int) -> dict[int, EgressAnswer]:
+    """Read the runner's answers off the egress process's end until ``count`` have come."""
+    buffer, answers = FrameBuffer(), dict[int, EgressAnswer]()
+    with trio.fail_after(5):
+        while len(answers) < count:
+            for body in buffer.feed(await egress.recv(4096)):
+                answer = from_runner.decode(body)
+                assert isinstance(answer, EgressAnswer)
+                answers[answer.id] = answer
+    return answers
+
+
+async def test_a_first_connection_goes_on_only_while_its_call_runs() -> None:
+    """The runner answers a call's first connection (``EgressUsed``): yes while the call
+    runs, no once it has been forgotten as a call without connections, when a connection
+    that went on would be in no result and no journal row."""
+    ours, theirs = socket.socketpair()
+    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
+    calls = EgressCalls(_allow)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(calls.serve, link)
+        calls.register("running", link, None)
+        calls.register("ended", link, None)
+        assert await calls.forget("ended") == {}  # no connection said: forgotten at once
+        await egress.send(frame(EgressUsed(id=1, token="running")) + frame(EgressUsed(id=2, token="ended")))
+        answers = await _answers(egress, 2)
+        assert answers[1].allowed
+        assert not answers[2].allowed and answers[2].why == "the call is not running"
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_connection_goes_on_once_the_call_is_being_forgotten() -> None:
+    """Once the runner has asked for a call's records, a connection said after that would
+    have no record in the result: it is refused."""
+    ours, theirs = socket.socketpair()
+    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
+    calls = EgressCalls(_allow)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(calls.serve, link)
+        calls.register("t", link, None)
+        await egress.send(frame(EgressUsed(id=1, token="t")))
+        assert (await _answers(egress, 1))[1].allowed
+        forgotten: dict[str, Any] = {}
+
+        async def forget() -> None:
+            forgotten.update(await calls.forget("t"))
+
+        nursery.start_soon(forget)
+        buffer = FrameBuffer()
+        with trio.fail_after(5):  # the runner asks for the records
+            assert isinstance(from_runner.decode(buffer.feed(await egress.recv(4096))[0]), EgressForget)
+        await egress.send(frame(EgressUsed(id=2, token="t")))
+        answer = (await _answers(egress, 1))[2]
+        assert not answer.allowed and answer.why == "the call is not running"
+        await egress.send(frame(EgressForgotten(token="t")))
         nursery.cancel_scope.cancel()
 
 
@@ -112,7 +171,7 @@ async def _late_call_keeps_its_records(
 ) -> None:
     """A call whose first connection and its record arrive before it is registered."""
     record = EgressRecord(token="late", host="h", port=443, protocol="connect", sent=3, received=4)
-    await egress.send(frame(EgressUsed(token="late")) + frame(record))
+    await egress.send(frame(EgressUsed(id=1, token="late")) + frame(record))
     await trio.sleep(0.05)
     calls.register("late", link, None)
     with trio.fail_after(5):
@@ -164,7 +223,7 @@ async def test_a_call_lists_its_first_connections_and_counts_the_rest() -> None:
             EgressRecord(token="busy", host="y", port=443, protocol="connect", refused="denied"),
             EgressRecord(token="busy", host="z", port=80, protocol="http", refused="denied"),
         ]
-        await here.send([EgressUsed(token="busy"), *records, *extra])
+        await here.send([EgressUsed(id=1, token="busy"), *records, *extra])
         await trio.sleep(0.1)
         with trio.fail_after(5):
             data = await here.calls.forget("busy")
@@ -241,7 +300,7 @@ async def test_a_connection_said_just_before_the_command_ended_is_waited_for() -
         await trio.testing.wait_all_tasks_blocked()  # the link's reader waits for data
         calls.register("t", link, None)
         record = EgressRecord(token="t", host="h", port=443, protocol="connect", refused="port 80 is not allowed")
-        os.write(egress.fileno(), frame(EgressUsed(token="t")) + frame(record))  # no checkpoint: unread
+        os.write(egress.fileno(), frame(EgressUsed(id=1, token="t")) + frame(record))  # no checkpoint: unread
         nursery.start_soon(_answer_every_forget, egress, answered)
         with trio.fail_after(5):
             assert await calls.forget("t") == {"network": record_data([record])}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import socket
+from typing import Any
 
 import msgspec
 import pytest
 import trio
 
 from toold_daemon.egress.process import (
+    EgressAnswer,
     EgressForget,
     EgressForgotten,
     EgressListen,
@@ -31,22 +33,43 @@ TOKEN = "call-under-test"
 
 
 class RunnerEnd:
-    """The protocol process's end of the link, reading what the egress process says."""
+    """The protocol process's end of the link, reading what the egress process says and
+    answering a call's first connection (``EgressUsed``) as the runner does while the
+    call runs: yes, unless told the call is over (``ended``)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = trio.socket.from_stdlib_socket(sock)
-        self.buffer = FrameBuffer()
-        self.pending: list[msgspec.Struct] = []
+        self.ended: set[str] = set()
+        self._sent, self._received = trio.open_memory_channel[msgspec.Struct](1000)
+
+    async def serve(self) -> None:
+        buffer = FrameBuffer()
+        while data := await self.sock.recv(65536):
+            for body in buffer.feed(data):
+                message = to_runner.decode(body)
+                if isinstance(message, EgressUsed):
+                    running = message.token not in self.ended
+                    await self.send(EgressAnswer(id=message.id, allowed=running, why="" if running else "over"))
+                await self._sent.send(message)
+        self._sent.close()
 
     async def send(self, message: msgspec.Struct) -> None:
         await self.sock.send(frame(message))
 
+    def pending_now(self) -> list[msgspec.Struct]:
+        """What has been said and not taken yet, without waiting."""
+        pending = []
+        while True:
+            try:
+                pending.append(self._received.receive_nowait())
+            except trio.WouldBlock:
+                return pending
+
     async def next(self) -> msgspec.Struct:
-        while not self.pending:
-            data = await self.sock.recv(65536)
-            assert data, "the egress process closed its link"
-            self.pending.extend(to_runner.decode(body) for body in self.buffer.feed(data))
-        return self.pending.pop(0)
+        try:
+            return await self._received.receive()
+        except trio.EndOfChannel:
+            raise AssertionError("the egress process closed its link") from None
 
     async def until_forgotten(self) -> list[msgspec.Struct]:
         seen = []
@@ -72,11 +95,13 @@ async def started_server(
     *,
     zygote_leaves: bool = False,
     ended: trio.Event | None = None,
+    zygote_end: list[socket.socket] | None = None,
 ) -> tuple[RunnerEnd, int]:
     """An egress server allowing 127.0.0.1:port, with one call's listener: (runner end, proxy
     port); ``before``: a call's token and socket handed over first, as they are;
     ``zygote_leaves``: the zygote's end closes once the listener is handed over (a
-    fresh child's command); ``ended``: set when the server returns."""
+    fresh child's command); ``ended``: set when the server returns; ``zygote_end``: given
+    the zygote's end (to close when the test says)."""
     zygote_ours, zygote_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     runner_ours, runner_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     zygote_theirs.setblocking(False)
@@ -97,9 +122,13 @@ async def started_server(
         socket.send_fds(zygote_ours, [frame(EgressListen(token=TOKEN, budget=1 << 30))], [listener.fileno()])
     if zygote_leaves:
         zygote_ours.close()
+    elif zygote_end is not None:
+        zygote_end.append(zygote_ours)
     else:
         nursery.start_soon(_hold_open, zygote_ours)
-    return RunnerEnd(runner_ours), proxy_port
+    runner = RunnerEnd(runner_ours)
+    nursery.start_soon(runner.serve)
+    return runner, proxy_port
 
 
 async def _hold_open(sock: socket.socket) -> None:
@@ -252,4 +281,85 @@ async def test_a_host_name_of_any_length_is_recorded_cut_to_fit() -> None:
             seen = await runner.until_forgotten()
         (record,) = [m for m in seen if isinstance(m, EgressRecord)]
         assert record.refused and len(record.host) == 256 and record.host.endswith("…")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_first_connection_the_runner_says_is_too_late_goes_nowhere() -> None:
+    """The runner answers "no" to a call's first connection once it has taken the call for
+    one without connections: the proxy refuses it, and nothing reaches the destination."""
+    reached: list[bytes] = []
+
+    async def note(stream: trio.SocketStream) -> None:
+        async with stream:
+            reached.append(await stream.receive_some(100))
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(functools.partial(trio.serve_tcp, note, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        runner, proxy_port = await started_server(nursery, port)
+        runner.ended.add(TOKEN)
+        stream = await trio.open_tcp_stream("127.0.0.1", proxy_port)
+        await stream.send_all(f"GET http://127.0.0.1:{port}/secret HTTP/1.0\r\n\r\n".encode())
+        with trio.fail_after(5):
+            assert (await _read_to_end(stream)).startswith(b"HTTP/1.1 403")
+        await trio.sleep(0.1)
+        assert reached == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_listener_that_comes_after_its_call_was_forgotten_is_closed_unserved() -> None:
+    """The zygote's hand-over and the runner's forget come on different sockets: a command
+    that ended at once can be forgotten before its listener arrives. What waits in that
+    listener's backlog must go nowhere (it would be in no result)."""
+    async with trio.open_nursery() as nursery:
+        port = await echo_server(nursery)
+        zygote: list[socket.socket] = []
+        runner, _ = await started_server(nursery, port, zygote_end=zygote)
+        await runner.send(EgressForget(token="gone-early"))
+        with trio.fail_after(5):
+            assert await runner.until_forgotten() == []
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as late:
+            late.bind(("127.0.0.1", 0))
+            late.listen(8)
+            waiting = socket.create_connection(late.getsockname())  # in the backlog already
+            waiting.sendall(f"GET http://127.0.0.1:{port}/ HTTP/1.0\r\n\r\n".encode())
+            socket.send_fds(zygote[0], [frame(EgressListen(token="gone-early", budget=1 << 30))], [late.fileno()])
+        with trio.fail_after(5):
+            waiting.setblocking(False)
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(waiting))
+            assert await _read_to_end(stream) == b""  # closed unserved: no answer, no 200
+        await trio.sleep(0.1)
+        assert not runner.pending_now(), "nothing was said about the late call"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_forgotten_as_its_zygote_goes_still_hands_over_its_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh child's egress process ends once its starter is gone and it knows no call.
+    The starter going while a forget is still on its way (here: just before the records
+    go out) must not end it before the records and the answer are out."""
+    zygote: list[socket.socket] = []
+    flush = EgressServer._flush
+
+    async def starter_leaves_first(self: EgressServer, call: Any) -> None:
+        if zygote:
+            zygote.pop().close()
+            await trio.sleep(0.05)  # the egress process has seen its starter go
+        await flush(self, call)
+
+    monkeypatch.setattr(EgressServer, "_flush", starter_leaves_first)
+    ended = trio.Event()
+    async with trio.open_nursery() as nursery:
+        port = await echo_server(nursery)
+        runner, proxy_port = await started_server(nursery, port, ended=ended, zygote_end=zygote)
+        stream = await tunnel(proxy_port, port)
+        await stream.send_all(b"open")
+        assert await stream.receive_some(100) == b"open"
+        await runner.send(EgressForget(token=TOKEN))
+        with trio.fail_after(5):
+            seen = await runner.until_forgotten()
+            await ended.wait()
+        records = [m for m in seen if isinstance(m, EgressRecord)]
+        assert [(r.sent, r.received) for r in records] == [(4, 4)]
         nursery.cancel_scope.cancel()

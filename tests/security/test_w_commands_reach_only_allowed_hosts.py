@@ -150,6 +150,38 @@ def test_a_command_looping_over_connections_cannot_grow_its_result_without_bound
     Draft202012Validator(schema).validate(result.data)  # what the tool advertises, MCP clients check
 
 
+_SEND_AND_VANISH = """
+import os, socket
+host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[1].split(":")
+kept = []
+for i in range({count}):
+    s = socket.create_connection((host, int(port)))
+    s.sendall(b"GET http://127.0.0.2:{target}/{mark}-%d HTTP/1.0\\r\\n\\r\\n" % i)
+    kept.append(s)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("count", [1, 8])
+def test_a_request_left_in_the_proxy_as_the_command_ends_is_journaled_or_goes_nowhere(
+    daemon: DaemonProcess, allowed_web: Server, count: int
+) -> None:
+    """Attack: send requests to an allowed host and exit before the proxy has taken them,
+    hoping they go out after the call's result (and so outside the journal). Every request
+    that reaches the server must be a connection the result records as made."""
+    made: dict[str, int] = {}
+    with daemon.client(timeout=30) as c:
+        for attempt in range(12):
+            mark = f"vanish{count}x{attempt}"
+            code = _SEND_AND_VANISH.format(count=count, target=allowed_web.port, mark=mark)
+            result = c.call("run_code", {"language": "python", "code": code, "network": True})
+            assert result.ok, result.content
+            made[mark] = len([r for r in (result.data or {}).get("network", []) if not r["refused"]])
+    time.sleep(1.5)  # what would go out late has gone out by now
+    reached = {mark: len([s for s in allowed_web.requests if s.path.startswith(f"/{mark}-")]) for mark in made}
+    assert all(reached[mark] <= made[mark] for mark in made), (reached, made)
+
+
 def test_a_background_commands_connections_are_journaled_with_its_output(
     daemon: DaemonProcess, allowed_web: Server
 ) -> None:

@@ -2,8 +2,10 @@
 the decision for each connection, and the records a call's result carries.
 
 A proxy-mode zygote hands the runner one link to its egress process. Over it the egress
-process asks about each connection (``EgressAsk``: the call's token, host and port) and,
-when the runner says the call is over (``EgressForget``), sends the records of the call's
+process asks about each connection the rules leave open (``EgressAsk``: the call's token,
+host and port), says a call's first connection before it goes on (``EgressUsed``: answered
+"no" once the call is over, so nothing goes out that no result records) and, when the
+runner says the call is over (``EgressForget``), sends the records of the call's
 connections and ``EgressForgotten``. Deciding is ``decide(call, host, port)``: the rules
 first, then whoever may be asked.
 """
@@ -80,6 +82,7 @@ class EgressCall:
     omitted: Omitted = field(default_factory=Omitted)
     forgotten: trio.Event = field(default_factory=trio.Event)
     asked: bool = False  # a connection was made (asked, or told as used): its records are worth waiting for
+    over: bool = False  # the call is being forgotten: no further connection may go on
     questions: dict[tuple[str, int], _Question] = field(default_factory=dict)  # open, by host and port
 
     async def ask_person(self, host: str, port: int, ask: Ask) -> tuple[bool, str]:
@@ -133,7 +136,8 @@ class EgressCalls:
         for message in self._take_early(token):
             self._apply(call, message)
         arrived = self._arrived.pop(token, None)
-        if arrived is not None:
+        if arrived is not None:  # a connection of the call waits for it: said, whatever runs first
+            call.asked = True
             arrived.set()
         return call
 
@@ -153,6 +157,7 @@ class EgressCalls:
             self._calls.pop(token, None)
             self._idle.setdefault(id(call.link), []).append(token)
             return {}
+        call.over = True
         try:
             with trio.move_on_after(FORGET_SECONDS):
                 await self._send(call.link, EgressForget(token=token))
@@ -221,7 +226,10 @@ class EgressCalls:
             self._take(nursery, link, to_runner.decode(body))
 
     def _take(self, nursery: trio.Nursery, link: trio.socket.SocketType, message: msgspec.Struct) -> None:
-        if isinstance(message, EgressAsk):
+        if isinstance(message, (EgressAsk, EgressUsed)):
+            call = self._calls.get(message.token)
+            if call is not None and call.link is link:
+                call.asked = True  # now, not when the answer's task runs: a forget may come first
             nursery.start_soon(self._answer, link, message)
             return
         token = getattr(message, "token", "")
@@ -258,9 +266,7 @@ class EgressCalls:
         return kept
 
     def _apply(self, call: EgressCall, message: msgspec.Struct) -> None:
-        if isinstance(message, EgressUsed):
-            call.asked = True
-        elif isinstance(message, EgressRecord):
+        if isinstance(message, EgressRecord):
             if len(call.records) < MAX_RECORDS:
                 call.records.append(message)
             else:
@@ -268,18 +274,25 @@ class EgressCalls:
         elif isinstance(message, EgressForgotten):
             call.forgotten.set()
 
-    async def _answer(self, link: trio.socket.SocketType, ask: EgressAsk) -> None:
-        if ask.token not in self._calls:  # perhaps not registered yet: wait a moment
+    async def _answer(self, link: trio.socket.SocketType, ask: EgressAsk | EgressUsed) -> None:
+        """Whether the connection may go on: only while its call runs (a call the runner
+        has forgotten, or one of another link, gets no more connections), and for an
+        ``EgressAsk`` only if the person (or a grant) says so."""
+        if ask.token in self._idle.get(id(link), ()):
+            pass  # forgotten a moment ago as a call without connections: refused at once
+        elif ask.token not in self._calls:  # perhaps not registered yet: wait a moment
             arrived = self._arrived.setdefault(ask.token, trio.Event())
             with trio.move_on_after(_REGISTER_SECONDS):
                 await arrived.wait()
             self._arrived.pop(ask.token, None)
         call = self._calls.get(ask.token)
-        if call is not None:
-            call.asked = True
-        if call is None or call.link is not link:  # a token of another link, or a finished call
+        if call is None or call.link is not link or call.over:  # another link's token, or a call ending
             allowed, why = False, "the call is not running"
+        elif isinstance(ask, EgressUsed):
+            call.asked = True
+            allowed, why = True, ""
         else:
+            call.asked = True
             try:
                 allowed, why = await self._decide(call, ask.host, ask.port)
             except Exception as exc:  # a failure to decide is a refusal, never a hang

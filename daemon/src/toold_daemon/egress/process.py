@@ -9,8 +9,9 @@ confines itself (``confine_egress``) and then serves two sockets:
   zygote made *inside* the command's network namespace (127.0.0.1, a free port): a
   socket keeps the namespace it was made in, so this process accepts the command's
   connections there and connects out here;
-- to and from the protocol process (the runner): ``EgressAsk`` for each connection (the
-  runner judges it, asking the person for a new host) and ``EgressAnswer`` back;
+- to and from the protocol process (the runner): ``EgressAsk`` for each connection the
+  rules leave open (the runner asks the person) and ``EgressUsed`` for a call's first
+  connection the rules decide, each answered by ``EgressAnswer``;
   ``EgressRecord`` for each finished connection; ``EgressForget`` when the call is over,
   answered by ``EgressForgotten`` once its connections are closed and recorded.
 """
@@ -20,7 +21,9 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -43,6 +46,8 @@ _TEXT_CHARS = 2048
 Name = Annotated[str, msgspec.Meta(max_length=_NAME_CHARS)]
 Text = Annotated[str, msgspec.Meta(max_length=_TEXT_CHARS)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
+#: Calls forgotten before their listener came, remembered (see ``_forgotten_unseen``).
+_FORGOTTEN_UNSEEN = 4096
 
 
 class EgressListen(msgspec.Struct, frozen=True, kw_only=True, tag="egress_listen"):
@@ -64,9 +69,12 @@ class EgressAnswer(msgspec.Struct, frozen=True, kw_only=True, tag="egress_answer
 
 
 class EgressUsed(msgspec.Struct, frozen=True, kw_only=True, tag="egress_used"):
-    """The call made its first connection (decided here by the rules): its records are
-    worth waiting for when it ends."""
+    """The call's first connection, decided here by the rules: its records are worth
+    waiting for when it ends. Answered (``EgressAnswer``) once the runner has taken that
+    in, allowed only while the call still runs: a connection that would go out after the
+    runner took the call for one without connections would be in no result."""
 
+    id: int
     token: Name
 
 
@@ -163,6 +171,11 @@ class EgressServer:
         self._calls: dict[str, _Call] = {}
         self._send_lock = trio.Lock()
         self._zygote_gone = False
+        #: Calls the runner forgot before their listener came: the two come on different
+        #: sockets, so a listener can arrive after its command has ended (and been
+        #: forgotten); it is then closed unserved. The oldest make room past the bound
+        #: (a command that failed to start never hands its listener over).
+        self._forgotten_unseen: dict[str, None] = {}
 
     async def run(self) -> None:
         """Serve until the runner closes its end, or until the zygote (or the command's own
@@ -177,6 +190,18 @@ class EgressServer:
     def _end_if_done(self) -> None:
         if self._zygote_gone and not self._calls:
             self._nursery.cancel_scope.cancel()
+
+    async def _ask_runner(self, question: Callable[[int], EgressAsk | EgressUsed]) -> tuple[bool, str]:
+        """Send ``question(id)`` and wait for the runner's answer to it."""
+        ask_id = next(self._ids)
+        event, answer = trio.Event(), list[tuple[bool, str]]()
+        self._waiting[ask_id] = (event, answer)
+        try:
+            await self._send(question(ask_id))
+            await event.wait()
+        finally:
+            self._waiting.pop(ask_id, None)
+        return answer[0]
 
     async def _send(self, message: msgspec.Struct) -> None:
         async with self._send_lock:
@@ -198,8 +223,8 @@ class EgressServer:
             except msgspec.DecodeError:
                 close_fds(fds)
                 continue
-            if len(fds) != 1:
-                close_fds(fds)
+            if len(fds) != 1 or self._forgotten_unseen.pop(listen.token, 0) is None:
+                close_fds(fds)  # no listener; or the call is over: its backlog goes nowhere
                 continue
             try:
                 listener = trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fds[0])))
@@ -217,21 +242,15 @@ class EgressServer:
             """The administrator's rules here, at once; a host they leave open goes to the
             protocol process (which may ask the person)."""
             judgement, why, _normal = self._rules.judge(host, port)
-            if judgement != "ask":
-                if not call.used:  # said before the connection goes on, so before the command ends
-                    call.used = True
-                    await self._send(EgressUsed(token=token))
-                return judgement == "allow", why
-            call.used = True
-            ask_id = next(self._ids)
-            event, answer = trio.Event(), list[tuple[bool, str]]()
-            self._waiting[ask_id] = (event, answer)
-            try:
-                await self._send(EgressAsk(id=ask_id, token=token, host=host, port=port))
-                await event.wait()
-            finally:
-                self._waiting.pop(ask_id, None)
-            return answer[0]
+            if judgement == "ask":
+                call.used = True
+                return await self._ask_runner(lambda ask_id: EgressAsk(id=ask_id, token=token, host=host, port=port))
+            if not call.used:  # the runner learns of it before the connection goes on
+                running, not_running = await self._ask_runner(lambda ask_id: EgressUsed(id=ask_id, token=token))
+                call.used = running
+                if not running:
+                    return False, not_running
+            return judgement == "allow", why
 
         def record(connection: Connection) -> None:
             call.records.append(_record_of(token, connection))
@@ -264,12 +283,20 @@ class EgressServer:
                     self._nursery.start_soon(self._forget, message.token)
 
     async def _forget(self, token: str) -> None:
-        call = self._calls.pop(token, None)
+        """End the call's connections, send their records, then ``EgressForgotten``. The
+        call stays known until then: a process whose starter is gone ends once it knows
+        no call, and ending earlier would lose the records on their way."""
+        call = self._calls.get(token)
         if call is not None:
             call.scope.cancel()
             await call.done.wait()  # every connection of the call has recorded itself
             await self._flush(call)
+        else:
+            self._forgotten_unseen[token] = None
+            if len(self._forgotten_unseen) > _FORGOTTEN_UNSEEN:
+                del self._forgotten_unseen[next(iter(self._forgotten_unseen))]
         await self._send(EgressForgotten(token=token))
+        self._calls.pop(token, None)
         self._end_if_done()
 
     async def _flush(self, call: _Call) -> None:
@@ -299,7 +326,11 @@ def _cut(text: str, most: int) -> str:
 
 
 def serve(zygote: socket.socket, runner: socket.socket, rules: EgressRules) -> None:
-    """The egress process's whole life: serve until the runner closes its end."""
+    """The egress process's whole life: serve until the runner closes its end. It is
+    forked from a child that gave its commands the default signal dispositions; a write
+    to a connection whose command has gone must be an error here, not a ``SIGPIPE``
+    that ends the proxy of every command of the zygote, records on their way and all."""
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
         trio.run(EgressServer(zygote, runner, rules).run)
     finally:
