@@ -209,6 +209,7 @@ class Service:
         self.shared.confirmations.approvers.pop(peer, None)
         if session is None:
             return
+        session.deferred.clear()  # submissions waiting on the journal: nobody to answer
         self.shared.executor.reads.forget(session.session_id)
         why = "stopped reading its events" if overflowed else "disconnected"
         if self.shared.config.daemon.on_client_disconnect == "cancel":

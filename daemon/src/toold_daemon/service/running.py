@@ -15,6 +15,7 @@ import itertools
 import logging
 import secrets
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -69,6 +70,9 @@ class BatchRuns:
         if session.workspace_problem:
             self.shared.error(session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, session.workspace_problem)
             return
+        if session.journal_waits:
+            self._defer(session, lambda: self.submit(session, message, discovered=True, trusted=trusted), message.id)
+            return
         chosen = own_batch_id(session.identity.uid, message.batch_id) if message.batch_id is not None else None
         if chosen is not None and self._resubmitted(session, message, chosen):
             return
@@ -81,7 +85,7 @@ class BatchRuns:
             )
             return
         uid = session.identity.uid
-        running = sum(s.running for s in self.shared.sessions if s.identity.uid == uid)
+        running = sum(s.running - s.journal_waits for s in self.shared.sessions if s.identity.uid == uid)
         if running >= self.shared.config.daemon.max_running_batches_per_uid:
             self.shared.error(
                 session.peer,
@@ -313,11 +317,18 @@ class BatchRuns:
             if batch.journaled_at_end and ended is not None:
                 # Queued before any await (nothing can have forgotten the batch yet); waited
                 # for only when the journal falls behind, which holds this session's batch
-                # slot until the disk catches up (and so slows that client, not the others).
+                # slot until the disk catches up: its next submissions wait (and so slow
+                # that client, not the others; they are not refused).
                 commit = self._journal_ended(batch, ended)
                 if commit.awaited:
-                    with contextlib.suppress(JournalWriteFailed):  # logged by the writer
-                        await commit.durable()
+                    session.journal_waits += 1
+                    try:
+                        with contextlib.suppress(JournalWriteFailed):  # logged by the writer
+                            await commit.durable()
+                    finally:
+                        session.journal_waits -= 1
+                        if not session.journal_waits:
+                            self._resume(session)
         except Exception:
             # A failed journal write must not take the daemon down with it; the batch's
             # clients still get every result the executor produced.
@@ -325,6 +336,29 @@ class BatchRuns:
             emit(batch.outcome())
         finally:
             session.running -= 1
+
+    def _defer(self, session: Session, submit: Callable[[], None], request_id: int) -> None:
+        """Hold a submission until the session's ended batches are journaled; past as many
+        as a session may run, it is refused."""
+        if len(session.deferred) >= self.shared.config.daemon.max_batches_per_session:
+            self.shared.error(
+                session.peer,
+                request_id,
+                ProtocolErrorCode.TOO_MANY_BATCHES,
+                f"this session already has {len(session.deferred)} batches waiting for the journal",
+            )
+            return
+        session.deferred.append(submit)
+
+    def _resume(self, session: Session) -> None:
+        """The session's submissions held for the journal, in the order they came (one of
+        them may find the journal behind again and wait anew, the rest behind it)."""
+        waiting, session.deferred = session.deferred, []
+        for index, submit in enumerate(waiting):
+            submit()
+            if session.journal_waits:
+                session.deferred[:0] = waiting[index + 1 :]
+                return
 
     def _observe(self, batch: Batch, index: int, result: ToolResult) -> None:
         """A call's result, for the audit trail and the metrics (once per call)."""

@@ -31,6 +31,10 @@ class Session:
     client_name: str = ""
     protocol_version: int = PROTOCOL_VERSION
     running: int = 0
+    #: Of ``running``: batches that have ended and been answered, holding their slot only
+    #: until the journal (behind) has their record. Submissions wait meanwhile (``deferred``).
+    journal_waits: int = 0
+    deferred: list[Callable[[], None]] = field(default_factory=list)
     grants: set[str] = field(default_factory=set)  # "allow for this session" answers
     sandbox: Sandbox | None = None  # its workspace's; None: the daemon's roots
     workspace: str = ""  # as accepted (canonical), "" for the daemon's roots
