@@ -309,6 +309,7 @@ class BatchRuns:
                 if peer != session.peer:
                     self.shared.send(peer, encode(status))
 
+        waited_for_journal = False
         try:
             if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
                 await self.confirming.confirm_batch(session, batch, emit)
@@ -322,13 +323,9 @@ class BatchRuns:
                 commit = self._journal_ended(batch, ended)
                 if commit.awaited:
                     session.journal_waits += 1
-                    try:
-                        with contextlib.suppress(JournalWriteFailed):  # logged by the writer
-                            await commit.durable()
-                    finally:
-                        session.journal_waits -= 1
-                        if not session.journal_waits:
-                            self._resume(session)
+                    waited_for_journal = True
+                    with contextlib.suppress(JournalWriteFailed):  # logged by the writer
+                        await commit.durable()
         except Exception:
             # A failed journal write must not take the daemon down with it; the batch's
             # clients still get every result the executor produced.
@@ -336,6 +333,10 @@ class BatchRuns:
             emit(batch.outcome())
         finally:
             session.running -= 1
+            if waited_for_journal:
+                session.journal_waits -= 1
+                if not session.journal_waits:
+                    self._resume(session)  # with this batch's slot free
 
     def _defer(self, session: Session, submit: Callable[[], None], request_id: int) -> None:
         """Hold a submission until the session's ended batches are journaled; past as many
@@ -355,7 +356,10 @@ class BatchRuns:
         them may find the journal behind again and wait anew, the rest behind it)."""
         waiting, session.deferred = session.deferred, []
         for index, submit in enumerate(waiting):
-            submit()
+            try:
+                submit()
+            except Exception:  # never out of the batch's task (it would end the service's nursery)
+                log.exception("a submission held for the journal failed")
             if session.journal_waits:
                 session.deferred[:0] = waiting[index + 1 :]
                 return
