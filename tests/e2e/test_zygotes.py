@@ -81,3 +81,38 @@ def test_one_zygote_watches_many_commands_with_one_thread(daemon: DaemonProcess)
         assert quick.ok and "still-served" in quick.content
         for job in jobs:
             assert client.call("shell_jobs", {"action": "kill", "job_id": job.data["job_id"]}).ok
+
+
+_STATUS_OF_ITS_FAMILY = (
+    "grep SigIgn /proc/self/status; grep SigIgn /proc/$PPID/status; "
+    'for kin in $(cat /proc/$PPID/task/*/children); do [ "$kin" = $$ ] || grep SigIgn /proc/$kin/status; done'
+)
+
+
+def _ignores(sig_ign_line: str, signum: int) -> bool:
+    return bool(int(sig_ign_line.split()[1], 16) & (1 << (signum - 1)))
+
+
+@pytest.mark.parametrize("zygotes", [True, False])
+def test_commands_get_default_signals_and_the_processes_around_them_ignore_sigpipe(
+    tmp_path: Path, root: Path, zygotes: bool
+) -> None:
+    """A command gets SIGPIPE and SIGXFSZ at their defaults, as from a shell (a pipeline's
+    writer ends when its reader does; a file size limit stops a writer). The processes
+    around it are Python that writes to pipes and sockets whose readers may go: its
+    parent (a zygote, or the child that supervises it) and the egress process beside it
+    must ignore SIGPIPE (a write then fails; before, it killed the egress process, with
+    every command's proxy and the records on their way)."""
+    config = CONFIG + ("" if zygotes else "[tools.isolation]\nzygotes = false\n")
+    d = start_daemon(tmp_path, root, config=config)
+    try:
+        with d.client(timeout=30) as client:
+            result = client.call("shell", {"command": _STATUS_OF_ITS_FAMILY})
+    finally:
+        d.stop()
+    assert result.ok, result.content
+    command, parent, *beside = [line for line in result.content.splitlines() if line.startswith("SigIgn")]
+    assert not _ignores(command, signal.SIGPIPE) and not _ignores(command, signal.SIGXFSZ)
+    assert _ignores(parent, signal.SIGPIPE)
+    assert beside, "the egress process beside the command"  # proxy mode is the default
+    assert all(_ignores(line, signal.SIGPIPE) for line in beside)

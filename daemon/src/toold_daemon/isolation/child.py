@@ -8,6 +8,7 @@ memory), the trio side notices the end of the pipe and reports that instead.
 from __future__ import annotations
 
 import os
+import signal
 import time
 import traceback
 
@@ -49,6 +50,10 @@ def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: in
                 request = listen_through_the_proxy(request, links[0])
                 links[0].close()
             exec_on_stdio(request, channel, fds[1])
+        # Everything below is Python that writes to pipes and sockets whose readers may go
+        # (its channel, a tool's connections, an egress process): a write must fail with
+        # EPIPE, not kill it. Only programs it starts get the default back (``start_command``).
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         if request.zygote:
             from .zygote import serve
 

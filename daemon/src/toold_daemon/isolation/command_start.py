@@ -30,7 +30,7 @@ def start_command(request: SpawnRequest, *, setsid: bool) -> tuple[int, dict[int
                     (os.POSIX_SPAWN_DUP2, out_w, 1),
                     (os.POSIX_SPAWN_DUP2, err_w, 2),
                 ],
-                setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD),
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD),
                 setsigmask=(),
                 setsid=setsid,
             )

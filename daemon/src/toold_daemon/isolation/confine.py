@@ -73,7 +73,10 @@ def confine(
     devnull = os.open("/dev/null", os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD, signal.SIGQUIT):
+    # The defaults a program expects (a server exec'd below; Python ignores SIGPIPE and
+    # SIGXFSZ). The Python that stays (zygote, worker, supervisor) ignores SIGPIPE again.
+    defaults = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD)
+    for signum in (*defaults, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     layers["capabilities"] = _drop_capabilities(request.keep_capabilities)
