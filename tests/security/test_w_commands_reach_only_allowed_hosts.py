@@ -182,6 +182,23 @@ def test_a_request_left_in_the_proxy_as_the_command_ends_is_journaled_or_goes_no
     assert all(reached[mark] <= made[mark] for mark in made), (reached, made)
 
 
+def test_a_command_stopped_by_its_timeout_keeps_its_connections_in_the_result(
+    daemon: DaemonProcess, allowed_web: Server
+) -> None:
+    """Connect, then outlive the call's time limit: the timeout's error result (and so the
+    journal) still lists the connection made before it (before, a call that ended without
+    an outcome dropped its records)."""
+    command = f"curl -sS -o /dev/null {allowed_web.url('/json')}; sleep 30"
+    with daemon.client(timeout=30) as c:
+        result = c.call("shell", {"command": command, "timeout_ms": 1500})
+        stored = c.get_batch(c.list_batches()[0].batch_id).results[0]
+    assert not result.ok and result.error is not None and result.error.code == "TIMEOUT", result.content
+    (record,) = result.data["network"]
+    assert (record["host"], record["port"], record["refused"]) == ("127.0.0.2", allowed_web.port, "")
+    assert record["received"] > 0
+    assert stored.data == result.data
+
+
 def test_a_background_commands_connections_are_journaled_with_its_output(
     daemon: DaemonProcess, allowed_web: Server
 ) -> None:

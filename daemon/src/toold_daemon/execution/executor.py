@@ -267,7 +267,7 @@ class Executor:
                     elapsed_ms=round(elapsed * 1000),
                     timeout_ms=round(timeout * 1000),
                 )
-            return results.failure(
+            ended = results.failure(
                 call.call_id,
                 error,
                 duration_ms=_ms(started),
@@ -276,6 +276,8 @@ class Executor:
                 max_bytes=limits.max_bytes,
                 max_lines=limits.max_lines,
             )
+            # the connections a command made before it was stopped: in its result, journaled
+            return msgspec.structs.replace(ended, data=ctx.network) if ctx.network else ended
         self.reads.update(batch.session_id, output.records)
         content, data = output.content, output.data
         if output.changes and self.undo is not None:

@@ -358,7 +358,8 @@ class SpawnRunner:
             return outcome
         finally:
             with trio.CancelScope(shield=True):
-                await self.egress.forget(child.token)
+                # ended early (timed out, cancelled): its connections go in the error result
+                ctx.network = await self.egress.forget(child.token) or ctx.network
                 await self._killer.kill(child)
 
     async def _launch(

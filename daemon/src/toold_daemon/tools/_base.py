@@ -96,6 +96,9 @@ class ToolContext:
     ask_network: Callable[[str, int], Awaitable[tuple[bool, str]]] | None = None
     #: The runner's own: the call's request already went out (``ToolRunner.begin``).
     begun: Any = None
+    #: A command's connections (``network``, ``network_omitted``) when its call ended
+    #: without an outcome (timed out, cancelled): the error result carries them.
+    network: dict[str, Any] = field(default_factory=dict)
 
     def resolve(self, raw: str, *, follow_last: bool = True) -> Path:
         """The canonical path of a path argument: the one the planner validated,
