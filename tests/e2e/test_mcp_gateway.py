@@ -308,3 +308,10 @@ allowed_ports = [{allowed.port}, {other.port}]
     assert "403" in refused.content and not other.requests
     assert not direct.ok and "connect failed" in direct.content
     assert env["HTTPS_PROXY"].startswith("http://127.0.0.1:") and env["ALL_PROXY"].startswith("socks5h://")
+    # A server's connections belong to no one call: each is in the audit trail as it ends.
+    records = [line for line in d.log.read_text().splitlines() if line.startswith("audit=connection")]
+    reached = [r for r in records if f"host=127.0.0.2 port={allowed.port}" in r]
+    turned_away = [r for r in records if f"host=127.0.0.3 port={other.port}" in r]
+    assert len(reached) == 1 and "server=mcp:net" in reached[0] and "allowed_by=" in reached[0], records
+    assert "received=0" not in reached[0], reached
+    assert len(turned_away) == 1 and "reason=" in turned_away[0], records

@@ -276,6 +276,10 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         config.daemon.audit, config.daemon.audit_journal_socket, stderr_is_journal=logs.stderr_is_journal()
     )
     audit = AuditTrail(sink)
+    if isinstance(runner, SpawnRunner):  # an MCP server's connections belong to no call: audited as they come
+        runner.egress.on_server_record = lambda call, record: audit.server_connection(
+            call.server, call.context.identity, record
+        )
     service = Service(
         config=config,
         registry=registry,

@@ -84,6 +84,9 @@ class EgressCall:
     asked: bool = False  # a connection was made (asked, or told as used): its records are worth waiting for
     over: bool = False  # the call is being forgotten: no further connection may go on
     questions: dict[tuple[str, int], _Question] = field(default_factory=dict)  # open, by host and port
+    #: A long-lived program's (an MCP server's ``mcp:NAME``): its records go to
+    #: ``EgressCalls.on_server_record`` as they come, not into a result.
+    server: str = ""
 
     async def ask_person(self, host: str, port: int, ask: Ask) -> tuple[bool, str]:
         """Have ``ask`` put ``host:port`` to the person, once for the connections that want
@@ -129,9 +132,11 @@ class EgressCalls:
         self._arrived: dict[str, trio.Event] = {}
         #: Per link being served: its frames read so far, and the nursery its asks run in.
         self._served: dict[int, tuple[FrameBuffer, trio.Nursery]] = {}
+        #: Where a server's connection records go (the audit trail), each as it comes.
+        self.on_server_record: Callable[[EgressCall, dict[str, Any]], None] | None = None
 
-    def register(self, token: str, link: trio.socket.SocketType, context: Any) -> EgressCall:
-        call = EgressCall(token, link, context)
+    def register(self, token: str, link: trio.socket.SocketType, context: Any, *, server: str = "") -> EgressCall:
+        call = EgressCall(token, link, context, server=server)
         self._calls[token] = call
         for message in self._take_early(token):
             self._apply(call, message)
@@ -266,7 +271,10 @@ class EgressCalls:
         return kept
 
     def _apply(self, call: EgressCall, message: msgspec.Struct) -> None:
-        if isinstance(message, EgressRecord):
+        if isinstance(message, EgressRecord) and call.server:
+            if self.on_server_record is not None:  # a server's belong to no call: kept as they come
+                self.on_server_record(call, record_data([message])[0])
+        elif isinstance(message, EgressRecord):
             if len(call.records) < MAX_RECORDS:
                 call.records.append(message)
             else:

@@ -424,7 +424,7 @@ class SpawnRunner:
         temp = await self._take_temp(identity)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         err_read, err_write = os.pipe()
-        ctx = ToolContext(call_id=f"server-{token}", sandbox=sandbox, config=self.config)
+        ctx = ToolContext(call_id=f"server-{token}", sandbox=sandbox, config=self.config, identity=identity)
         request = self._requests.command_request(
             name, None, ctx, identity=identity, token=token, temp=temp, command=command, probe=False
         )
@@ -467,7 +467,7 @@ class SpawnRunner:
             theirs.close()
         link = trio.socket.from_stdlib_socket(ours)
         self._nursery.start_soon(self.egress.serve, link)
-        self.egress.register(request.token, link, ctx)
+        self.egress.register(request.token, link, ctx, server=request.tool if request.stdio else "")
         return started
 
     async def _fork_child(self, request: SpawnRequest, write_end: int | list[int]) -> tuple[int, str]:

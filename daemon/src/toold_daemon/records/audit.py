@@ -26,8 +26,8 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal, TextIO
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import trio
 
@@ -54,8 +54,9 @@ MESSAGE_IDS = {
     "answer": "2a9e4d7b6c1f4a38b0e5c7d9f1a2b303",
     "result": "c7e1f3a5b9d24e6c8a0b2d4f6e8a0c04",
     "refusal": "e4b8c2d6f0a14b3e9c7d5a3b1f9e7d05",
+    "connection": "9b3f5d1e7c2a4f68a1d3e5b7c9f0a206",
 }
-_PRIORITY = {"batch": 6, "decision": 6, "answer": 5, "result": 6, "refusal": 4}
+_PRIORITY = {"batch": 6, "decision": 6, "answer": 5, "result": 6, "refusal": 4, "connection": 6}
 _HEADERS = {
     kind: f"MESSAGE_ID={MESSAGE_IDS[kind]}\nPRIORITY={_PRIORITY[kind]}\nSYSLOG_IDENTIFIER=toold\nTOOLD_EVENT={kind}\n"
     for kind in MESSAGE_IDS
@@ -198,6 +199,37 @@ class AuditTrail:
             what = f"{call.name}'s connection to {host}"
         who = f"uid {by.uid}" if by is not None else "nobody"
         self._sink("answer", _with_message(fields, f"{what}: {outcome} by {who}"))
+
+    def server_connection(self, server: str, identity: Identity, record: Mapping[str, Any]) -> None:
+        """A connection an MCP server made through the egress proxy (``record`` as a
+        command's result lists one). A server's connections belong to no one call: this
+        record is where they are kept."""
+        if self._sink is None:
+            return
+        self._record(functools.partial(self._server_connection, server, identity, dict(record)))
+
+    def _server_connection(self, server: str, identity: Identity, record: dict[str, Any]) -> None:
+        assert self._sink is not None
+        host, port = str(record.get("host", "")), str(record.get("port", ""))
+        fields: Fields = {
+            "TOOLD_UID": str(identity.uid),
+            "TOOLD_GID": str(identity.gid),
+            "TOOLD_SERVER": server,
+            "TOOLD_HOST": host,
+            "TOOLD_PORT": port,
+            "TOOLD_PROTOCOL": str(record.get("protocol", "")),
+            "TOOLD_ADDRESS": str(record.get("address", "")),
+            "TOOLD_SENT": str(record.get("sent", 0)),
+            "TOOLD_RECEIVED": str(record.get("received", 0)),
+        }
+        refused = str(record.get("refused", ""))
+        if refused:
+            fields["TOOLD_REASON"] = hide_secrets(refused)
+            said = f"refused ({refused})"
+        else:
+            fields["TOOLD_ALLOWED_BY"] = str(record.get("allowed_by", ""))
+            said = f"{fields['TOOLD_SENT']} bytes out, {fields['TOOLD_RECEIVED']} in"
+        self._sink("connection", _with_message(fields, f"MCP server {server}: connection to {host}:{port}, {said}"))
 
     def result(self, batch: Batch, index: int, result: ToolResult) -> None:
         if self._sink is None:
