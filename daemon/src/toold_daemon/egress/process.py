@@ -191,6 +191,13 @@ class EgressServer:
         if self._zygote_gone and not self._calls:
             self._nursery.cancel_scope.cancel()
 
+    def _forgotten_before_listening(self, token: str) -> bool:
+        """Whether the runner forgot ``token``'s call before its listener came (once)."""
+        if token not in self._forgotten_unseen:
+            return False
+        del self._forgotten_unseen[token]
+        return True
+
     async def _ask_runner(self, question: Callable[[int], EgressAsk | EgressUsed]) -> tuple[bool, str]:
         """Send ``question(id)`` and wait for the runner's answer to it."""
         ask_id = next(self._ids)
@@ -223,7 +230,7 @@ class EgressServer:
             except msgspec.DecodeError:
                 close_fds(fds)
                 continue
-            if len(fds) != 1 or self._forgotten_unseen.pop(listen.token, 0) is None:
+            if len(fds) != 1 or self._forgotten_before_listening(listen.token):
                 close_fds(fds)  # no listener; or the call is over: its backlog goes nowhere
                 continue
             try:
