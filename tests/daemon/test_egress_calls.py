@@ -22,6 +22,7 @@ from toold_daemon.egress.calls import (
     _EARLY_TOKENS,
     MAX_OPEN_QUESTIONS,
     MAX_RECORDS,
+    Decide,
     EgressCall,
     EgressCalls,
     record_data,
@@ -39,16 +40,11 @@ from toold_daemon.isolation.wire import FrameBuffer, frame
 
 
 async def test_messages_for_a_call_not_registered_yet_are_kept() -> None:
-    ours, theirs = socket.socketpair()
-    link = trio.socket.from_stdlib_socket(ours)
-    egress = trio.socket.from_stdlib_socket(theirs)
-
     async def decide(call: object, host: str, port: int) -> tuple[bool, str]:
         return True, f"{host} allowed"
 
-    calls = EgressCalls(decide)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(calls.serve, link)
+    async with served(decide, answer_forgets=False) as here:
+        calls, link, egress = here.calls, here.link, here.egress
         record = EgressRecord(token="t", host="h", port=443, protocol="connect", sent=1, received=2)
         for message in (EgressUsed(id=2, token="t"), record, EgressAsk(id=1, token="t", host="h", port=443)):
             await egress.send(frame(message))
@@ -61,9 +57,9 @@ async def test_messages_for_a_call_not_registered_yet_are_kept() -> None:
             await egress.recv(4096)
             await egress.send(frame(EgressForgotten(token="t")))
 
-        nursery.start_soon(forgotten)
+        assert here.nursery is not None
+        here.nursery.start_soon(forgotten)
         assert await calls.forget("t") == {"network": record_data([record])}
-        nursery.cancel_scope.cancel()
 
 
 async def _answers(egress: trio.socket.SocketType, count: int) -> dict[int, EgressAnswer]:
@@ -82,11 +78,8 @@ async def test_a_first_connection_goes_on_only_while_its_call_runs() -> None:
     """The runner answers a call's first connection (``EgressUsed``): yes while the call
     runs, no once it has been forgotten as a call without connections, when a connection
     that went on would be in no result and no journal row."""
-    ours, theirs = socket.socketpair()
-    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
-    calls = EgressCalls(_allow)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(calls.serve, link)
+    async with served(answer_forgets=False) as here:
+        calls, link, egress = here.calls, here.link, here.egress
         calls.register("running", link, None)
         calls.register("ended", link, None)
         assert await calls.forget("ended") == {}  # no connection said: forgotten at once
@@ -94,17 +87,13 @@ async def test_a_first_connection_goes_on_only_while_its_call_runs() -> None:
         answers = await _answers(egress, 2)
         assert answers[1].allowed
         assert not answers[2].allowed and answers[2].why == "the call is not running"
-        nursery.cancel_scope.cancel()
 
 
 async def test_no_connection_goes_on_once_the_call_is_being_forgotten() -> None:
     """Once the runner has asked for a call's records, a connection said after that would
     have no record in the result: it is refused."""
-    ours, theirs = socket.socketpair()
-    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
-    calls = EgressCalls(_allow)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(calls.serve, link)
+    async with served(answer_forgets=False) as here:
+        calls, link, egress = here.calls, here.link, here.egress
         calls.register("t", link, None)
         await egress.send(frame(EgressUsed(id=1, token="t")))
         assert (await _answers(egress, 1))[1].allowed
@@ -113,7 +102,8 @@ async def test_no_connection_goes_on_once_the_call_is_being_forgotten() -> None:
         async def forget() -> None:
             forgotten.update(await calls.forget("t"))
 
-        nursery.start_soon(forget)
+        assert here.nursery is not None
+        here.nursery.start_soon(forget)
         buffer = FrameBuffer()
         with trio.fail_after(5):  # the runner asks for the records
             assert isinstance(from_runner.decode(buffer.feed(await egress.recv(4096))[0]), EgressForget)
@@ -121,7 +111,6 @@ async def test_no_connection_goes_on_once_the_call_is_being_forgotten() -> None:
         answer = (await _answers(egress, 1))[2]
         assert not answer.allowed and answer.why == "the call is not running"
         await egress.send(frame(EgressForgotten(token="t")))
-        nursery.cancel_scope.cancel()
 
 
 async def _allow(call: object, host: str, port: int) -> tuple[bool, str]:
@@ -141,12 +130,14 @@ async def _answer_every_forget(egress: trio.socket.SocketType, answered: list[st
 
 @dataclass
 class Served:
-    """The runner's side serving a link, and the egress process's end answering forgets."""
+    """The runner's side serving a link over a real socket pair, and the egress process's
+    end (answering forgets, unless the test plays that part itself)."""
 
     calls: EgressCalls
     link: trio.socket.SocketType
     egress: trio.socket.SocketType
     answered: list[str]
+    nursery: trio.Nursery | None = None
 
     async def send(self, messages: list[msgspec.Struct]) -> None:
         view = memoryview(b"".join(frame(m) for m in messages))
@@ -155,13 +146,15 @@ class Served:
 
 
 @asynccontextmanager
-async def served() -> AsyncIterator[Served]:
+async def served(decide: Decide | None = None, *, answer_forgets: bool = True) -> AsyncIterator[Served]:
     ours, theirs = socket.socketpair()
     link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
-    here = Served(EgressCalls(_allow), link, egress, [])
+    here = Served(EgressCalls(decide or _allow), link, egress, [])
     async with trio.open_nursery() as nursery:
+        here.nursery = nursery
         nursery.start_soon(here.calls.serve, link)
-        nursery.start_soon(_answer_every_forget, egress, here.answered)
+        if answer_forgets:
+            nursery.start_soon(_answer_every_forget, egress, here.answered)
         yield here
         nursery.cancel_scope.cancel()
 
@@ -291,21 +284,17 @@ async def test_a_connection_said_just_before_the_command_ended_is_waited_for() -
     command's end comes after it; but the runner may read the command's outcome first,
     with that message still unread on the link. Forgetting the call must not then take
     it for a call without connections (their records were lost)."""
-    ours, theirs = socket.socketpair()
-    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
-    calls = EgressCalls(_allow)
-    answered: list[str] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(calls.serve, link)
+    async with served(answer_forgets=False) as here:
+        calls, link, egress = here.calls, here.link, here.egress
         await trio.testing.wait_all_tasks_blocked()  # the link's reader waits for data
         calls.register("t", link, None)
         record = EgressRecord(token="t", host="h", port=443, protocol="connect", refused="port 80 is not allowed")
         os.write(egress.fileno(), frame(EgressUsed(id=1, token="t")) + frame(record))  # no checkpoint: unread
-        nursery.start_soon(_answer_every_forget, egress, answered)
+        assert here.nursery is not None
+        here.nursery.start_soon(_answer_every_forget, egress, here.answered)
         with trio.fail_after(5):
             assert await calls.forget("t") == {"network": record_data([record])}
-        assert answered == ["t"]
-        nursery.cancel_scope.cancel()
+        assert here.answered == ["t"]
 
 
 async def test_an_egress_process_cannot_fill_the_runner_with_early_messages() -> None:
