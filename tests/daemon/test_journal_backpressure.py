@@ -4,7 +4,6 @@ in-process runner) with a journal writer held back by the test."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -12,9 +11,10 @@ import msgspec
 import pytest
 import trio
 
+from tests.held_journal import hold_back_journal_writer
 from toold_client import Client
 from toold_daemon.config import Config
-from toold_daemon.records.journal_writer import Commit, JournalWriter
+from toold_daemon.records.journal_writer import JournalWriter
 from toold_daemon.server import ServeOptions, serve
 from toold_daemon.service import running
 
@@ -28,14 +28,7 @@ async def test_sequential_calls_wait_for_a_journal_behind_instead_of_being_refus
     behind, each ended batch keeps its slot until its record is written. The next call
     waits for that (before, past the per-uid limit of running batches, it was refused
     with TOO_MANY_BATCHES: a busy journal failed well-behaved clients)."""
-    gate = threading.Event()
-    commit_group = JournalWriter._commit
-
-    def held_back(self: JournalWriter, group: list[tuple[object, Commit]]) -> None:
-        gate.wait(20)
-        commit_group(self, group)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(JournalWriter, "_commit", held_back)
+    gate = hold_back_journal_writer(monkeypatch)
     monkeypatch.setattr(JournalWriter, "_now_if_idle", lambda self, write: None)  # as if the thread were busy
     monkeypatch.setattr(running, "JOURNAL_BACKLOG", -1)  # every ended batch waits for its record
     root = tmp_path / "root"

@@ -5,7 +5,6 @@ checkpoints made by the thread."""
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
@@ -13,9 +12,10 @@ import msgspec
 import pytest
 import trio
 
+from tests.held_journal import hold_back_journal_writer
 from toold_daemon.records import journal_writer
 from toold_daemon.records.journal import Journal, Submission
-from toold_daemon.records.journal_writer import Commit, JournalWriteFailed, JournalWriter, Rows
+from toold_daemon.records.journal_writer import Commit, JournalWriteFailed, Rows
 from toold_daemon.service.running import new_batch_id
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolResult
 
@@ -126,14 +126,7 @@ async def test_a_stalled_writer_shows_its_backlog_and_awaited_writes_wait(
 ) -> None:
     """A disk that stops answering: the queue is visible (the service then makes
     read-only batches wait for their own write), and an awaited write waits."""
-    gate = threading.Event()
-    commit_group = JournalWriter._commit
-
-    def stalled(self: JournalWriter, group: list[tuple[object, Commit]]) -> None:
-        gate.wait(10)
-        commit_group(self, group)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(JournalWriter, "_commit", stalled)
+    gate = hold_back_journal_writer(monkeypatch, seconds=10)
     journal = Journal.open_in(tmp_path)
     journal.start_writer()
     try:
