@@ -138,6 +138,19 @@ async def _hold_open(sock: socket.socket) -> None:
         sock.close()
 
 
+async def echoed(proxy_port: int, port: int, payload: bytes) -> trio.SocketStream:
+    """A tunnel to the echo server that has carried ``payload`` there and back."""
+    stream = await tunnel(proxy_port, port)
+    await stream.send_all(payload)
+    assert await stream.receive_some(100) == payload
+    return stream
+
+
+def traffic(seen: list[msgspec.Struct]) -> list[tuple[int, int]]:
+    """Bytes (sent, received) of each connection recorded among ``seen``, in order."""
+    return [(m.sent, m.received) for m in seen if isinstance(m, EgressRecord)]
+
+
 async def tunnel(proxy_port: int, port: int) -> trio.SocketStream:
     stream = await trio.open_tcp_stream("127.0.0.1", proxy_port)
     await stream.send_all(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
@@ -153,9 +166,7 @@ async def test_a_call_forgotten_after_its_connections_ended_hands_over_every_rec
         port = await echo_server(nursery)
         runner, proxy_port = await started_server(nursery, port)
         for payload in (b"one", b"second"):
-            stream = await tunnel(proxy_port, port)
-            await stream.send_all(payload)
-            assert await stream.receive_some(100) == payload
+            stream = await echoed(proxy_port, port, payload)
             await stream.aclose()
         seen: list[msgspec.Struct] = []
         while sum(isinstance(m, EgressRecord) for m in seen) < 2:
@@ -166,7 +177,7 @@ async def test_a_call_forgotten_after_its_connections_ended_hands_over_every_rec
         assert isinstance(seen[0], EgressUsed)
         records = [m for m in seen if isinstance(m, EgressRecord)]
         # (each connection records itself when its end is noticed: in either order)
-        assert sorted((r.sent, r.received) for r in records) == [(3, 3), (6, 6)]
+        assert sorted(traffic(seen)) == [(3, 3), (6, 6)]
         assert all(r.host == "127.0.0.1" and r.port == port and not r.refused for r in records)
         with trio.fail_after(5):  # the listener went with the call
             with pytest.raises(OSError):
@@ -178,16 +189,12 @@ async def test_a_call_forgotten_with_a_connection_open_ends_it_and_records_it_be
     async with trio.open_nursery() as nursery:
         port = await echo_server(nursery)
         runner, proxy_port = await started_server(nursery, port)
-        stream = await tunnel(proxy_port, port)
-        await stream.send_all(b"still talking")
-        assert await stream.receive_some(100) == b"still talking"
+        stream = await echoed(proxy_port, port, b"still talking")
         await runner.send(EgressForget(token=TOKEN))
         with trio.fail_after(5):
             seen = await runner.until_forgotten()
             assert await _read_to_end(stream) == b""  # the proxy ended the tunnel
-        records = [m for m in seen if isinstance(m, EgressRecord)]
-        assert len(records) == 1, seen
-        assert (records[0].sent, records[0].received) == (13, 13)
+        assert traffic(seen) == [(13, 13)], seen
         nursery.cancel_scope.cancel()
 
 
@@ -228,9 +235,7 @@ async def test_a_call_whose_listener_fails_ends_alone(how: str) -> None:
             if how != "never listening":
                 broken.shutdown(socket.SHUT_RDWR)  # the egress process's accept now fails
             await trio.sleep(0.05)
-            stream = await tunnel(proxy_port, port)
-            await stream.send_all(b"ping")
-            assert await stream.receive_some(100) == b"ping"
+            stream = await echoed(proxy_port, port, b"ping")
             await stream.aclose()
             await runner.send(EgressForget(token="broken"))
             with trio.fail_after(5):
@@ -251,16 +256,13 @@ async def test_with_its_zygote_gone_the_egress_process_serves_its_calls_until_th
         runner, proxy_port = await started_server(nursery, port, zygote_leaves=True, ended=ended)
         await trio.sleep(0.05)
         assert not ended.is_set()
-        stream = await tunnel(proxy_port, port)
-        await stream.send_all(b"last words")
-        assert await stream.receive_some(100) == b"last words"
+        stream = await echoed(proxy_port, port, b"last words")
         await stream.aclose()
         await runner.send(EgressForget(token=TOKEN))
         with trio.fail_after(5):
             seen = await runner.until_forgotten()
             await ended.wait()
-        records = [m for m in seen if isinstance(m, EgressRecord)]
-        assert [(r.sent, r.received) for r in records] == [(10, 10)]
+        assert traffic(seen) == [(10, 10)]
         nursery.cancel_scope.cancel()
 
 
@@ -353,13 +355,10 @@ async def test_a_call_forgotten_as_its_zygote_goes_still_hands_over_its_records(
     async with trio.open_nursery() as nursery:
         port = await echo_server(nursery)
         runner, proxy_port = await started_server(nursery, port, ended=ended, zygote_end=zygote)
-        stream = await tunnel(proxy_port, port)
-        await stream.send_all(b"open")
-        assert await stream.receive_some(100) == b"open"
+        _still_open = await echoed(proxy_port, port, b"open")
         await runner.send(EgressForget(token=TOKEN))
         with trio.fail_after(5):
             seen = await runner.until_forgotten()
             await ended.wait()
-        records = [m for m in seen if isinstance(m, EgressRecord)]
-        assert [(r.sent, r.received) for r in records] == [(4, 4)]
+        assert traffic(seen) == [(4, 4)]
         nursery.cancel_scope.cancel()
