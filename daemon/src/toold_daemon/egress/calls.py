@@ -296,13 +296,13 @@ class EgressCalls:
         call = self._calls.get(ask.token)
         if call is None or call.link is not link or call.over:  # another link's token, or a call ending
             allowed, why = False, "the call is not running"
-        elif isinstance(ask, EgressUsed):
-            call.asked = True
-            allowed, why = True, ""
         else:
-            call.asked = True
-            try:
-                allowed, why = await self._decide(call, ask.host, ask.port)
+            call.asked = True  # (so too if it was registered after the message came, before this ran)
+            try:  # a first connection the rules decided only needs the call running
+                if isinstance(ask, EgressAsk):
+                    allowed, why = await self._decide(call, ask.host, ask.port)
+                else:
+                    allowed, why = True, ""
             except Exception as exc:  # a failure to decide is a refusal, never a hang
                 log.exception("deciding on a connection failed")
                 allowed, why = False, f"could not decide: {exc}"

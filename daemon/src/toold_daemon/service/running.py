@@ -352,17 +352,14 @@ class BatchRuns:
         session.deferred.append(submit)
 
     def _resume(self, session: Session) -> None:
-        """The session's submissions held for the journal, in the order they came (one of
-        them may find the journal behind again and wait anew, the rest behind it)."""
+        """The session's submissions held for the journal, in the order they came. (They
+        start their batches' tasks; none of those waits for the journal before this returns.)"""
         waiting, session.deferred = session.deferred, []
-        for index, submit in enumerate(waiting):
+        for submit in waiting:
             try:
                 submit()
             except Exception:  # never out of the batch's task (it would end the service's nursery)
                 log.exception("a submission held for the journal failed")
-            if session.journal_waits:
-                session.deferred[:0] = waiting[index + 1 :]
-                return
 
     def _observe(self, batch: Batch, index: int, result: ToolResult) -> None:
         """A call's result, for the audit trail and the metrics (once per call)."""
