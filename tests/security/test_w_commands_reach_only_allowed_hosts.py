@@ -14,11 +14,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
 from jsonschema import Draft202012Validator
 
 from tests.conftest import DaemonProcess, start_daemon
 from tests.webserver import Server, serving
 from toold_client import APPROVE_ALL, DENY_ALL, Decision
+from toold_daemon.egress.calls import EgressCalls
+from toold_daemon.egress.process import EgressAnswer, EgressUsed, from_runner
+from toold_daemon.isolation.wire import FrameBuffer, frame
 
 
 @pytest.fixture(scope="module")
@@ -362,3 +366,37 @@ allowed_ports = [{allowed_web.port}]
         d.stop()
     assert fetched.ok and '"toold"' in fetched.content and fetched.data["network"][0]["received"] > 0
     assert "403" in refused.content and refused.data["network"][0]["refused"]
+
+
+async def test_questions_about_made_up_calls_cannot_pile_up_in_the_daemon() -> None:
+    """Attack from the egress process (it runs as the client, and parses what commands
+    send it): questions about thousands of made-up calls. A question about a call not yet
+    registered waits a moment for it, but only a few at a time per link; the rest are
+    refused at once, so the daemon holds no task per made-up token."""
+
+    async def never(call: object, host: str, port: int) -> tuple[bool, str]:
+        raise AssertionError("nothing is decided for a call that does not exist")
+
+    ours, theirs = socket.socketpair()
+    link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
+    calls = EgressCalls(never)
+    flood = 5_000
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(calls.serve, link)
+        payload = b"".join(frame(EgressUsed(id=i, token=f"made-up-{i}")) for i in range(flood))
+
+        async def send_all() -> None:
+            view = memoryview(payload)
+            while view:
+                view = view[await egress.send(view) :]
+
+        nursery.start_soon(send_all)
+        refused, buffer = 0, FrameBuffer()
+        with trio.move_on_after(1.5):  # well before a waiting question gives up (2 s)
+            while refused < flood:
+                for body in buffer.feed(await egress.recv(65536)):
+                    answer = from_runner.decode(body)
+                    assert isinstance(answer, EgressAnswer) and not answer.allowed
+                    refused += 1
+        assert refused >= flood - 64, f"only {refused} of {flood} answered at once: the rest each hold a task"
+        nursery.cancel_scope.cancel()

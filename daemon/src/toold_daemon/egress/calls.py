@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 FORGET_SECONDS = 2.0
 IDLE_FORGET_SECONDS = 1.0
 _REGISTER_SECONDS = 2.0
+#: Questions of one link that wait for their call's registration at once; past them a
+#: question about an unknown call is refused at once (the egress process runs as the
+#: client: tokens it makes up must not each hold a task here for ``_REGISTER_SECONDS``).
+_WAITING_FOR_REGISTRATION = 64
 _EARLY_TOKENS = 1024
 #: Early messages kept in all (a few per call are real: the first connections of a call
 #: whose registration is a moment behind).
@@ -130,6 +134,7 @@ class EgressCalls:
         self._early: dict[str, tuple[float, list[msgspec.Struct]]] = {}
         self._early_count = 0
         self._arrived: dict[str, trio.Event] = {}
+        self._waiting_for_registration: dict[int, int] = {}  # per link
         #: Per link being served: its frames read so far, and the nursery its asks run in.
         self._served: dict[int, tuple[FrameBuffer, trio.Nursery]] = {}
         #: Where a server's connection records go (the audit trail), each as it comes.
@@ -186,6 +191,7 @@ class EgressCalls:
             log.exception("an egress link failed; it is closed")
         finally:
             self._served.pop(id(link), None)
+            self._waiting_for_registration.pop(id(link), None)
             self._locks.pop(id(link), None)
             self._idle.pop(id(link), None)
             link.close()
@@ -286,13 +292,18 @@ class EgressCalls:
         """Whether the connection may go on: only while its call runs (a call the runner
         has forgotten, or one of another link, gets no more connections), and for an
         ``EgressAsk`` only if the person (or a grant) says so."""
+        waiting = self._waiting_for_registration
         if ask.token in self._idle.get(id(link), ()):
             pass  # forgotten a moment ago as a call without connections: refused at once
-        elif ask.token not in self._calls:  # perhaps not registered yet: wait a moment
-            arrived = self._arrived.setdefault(ask.token, trio.Event())
-            with trio.move_on_after(_REGISTER_SECONDS):
-                await arrived.wait()
-            self._arrived.pop(ask.token, None)
+        elif ask.token not in self._calls and waiting.get(id(link), 0) < _WAITING_FOR_REGISTRATION:
+            waiting[id(link)] = waiting.get(id(link), 0) + 1  # perhaps not registered yet: wait a moment
+            try:
+                arrived = self._arrived.setdefault(ask.token, trio.Event())
+                with trio.move_on_after(_REGISTER_SECONDS):
+                    await arrived.wait()
+                self._arrived.pop(ask.token, None)
+            finally:
+                waiting[id(link)] -= 1
         call = self._calls.get(ask.token)
         if call is None or call.link is not link or call.over:  # another link's token, or a call ending
             allowed, why = False, "the call is not running"
