@@ -1,13 +1,22 @@
 """A journal whose writer thread stops at each commit until the test opens a gate: a disk
-that stopped answering, on a real SQLite file."""
+that stopped answering, on a real SQLite file; and a daemon served in the test's own
+process (real socket, real journal, the in-process runner) whose journal is so held."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
+import msgspec
 import pytest
+import trio
 
+from toold_daemon.config import Config
 from toold_daemon.records.journal_writer import Commit, JournalWriter
+from toold_daemon.server import ServeOptions, serve
+from toold_daemon.service import running
 
 
 def hold_back_journal_writer(monkeypatch: pytest.MonkeyPatch, seconds: float = 20.0) -> threading.Event:
@@ -22,3 +31,32 @@ def hold_back_journal_writer(monkeypatch: pytest.MonkeyPatch, seconds: float = 2
 
     monkeypatch.setattr(JournalWriter, "_commit", held_back)
     return gate
+
+
+@asynccontextmanager
+async def daemon_with_a_journal_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **limits: int
+) -> AsyncIterator[tuple[str, threading.Event]]:
+    """(endpoint, gate): a daemon serving ``tmp_path/root`` (holding ``a.txt``) whose every
+    ended read waits for its journal record, which waits for the gate. ``limits``:
+    ``[daemon]`` settings."""
+    gate = hold_back_journal_writer(monkeypatch)
+    monkeypatch.setattr(JournalWriter, "_now_if_idle", lambda self, write: None)  # as if the thread were busy
+    monkeypatch.setattr(running, "JOURNAL_BACKLOG", -1)  # every ended batch waits for its record
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.txt").write_text("hello\n")
+    base = Config()
+    config = msgspec.structs.replace(base, daemon=msgspec.structs.replace(base.daemon, **limits))
+    (tmp_path / "state").mkdir(mode=0o700)
+    endpoint = f"ipc://{tmp_path}/d.sock"
+    options = ServeOptions(roots=[root], endpoint=endpoint, state_dir=tmp_path / "state")
+    try:
+        async with trio.open_nursery() as nursery:
+            ready = trio.Event()
+            nursery.start_soon(lambda: serve(config, options, ready=lambda _endpoint: ready.set()))
+            await ready.wait()
+            yield endpoint, gate
+            nursery.cancel_scope.cancel()
+    finally:
+        gate.set()
