@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from toold_daemon.records import server_connections
 from toold_daemon.records.journal import DISCARDED, INTERRUPTED, Journal, JournalError
 from toold_daemon.records.stored_batches import Submission, fingerprint
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolErrorInfo, ToolResult, encode_value
@@ -119,3 +120,55 @@ def test_schema_and_lock_guards(tmp_path: Path) -> None:
     with pytest.raises(JournalError, match="does not exist"):
         Journal.open_in(tmp_path / "missing")
     assert (tmp_path / "journal.sqlite3").stat().st_mode & 0o777 == 0o600
+
+
+def test_servers_connections_are_kept_newest_first_and_trimmed_per_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that connects in a loop keeps only its newest rows; another server's and
+    another uid's rows are not touched by its trimming."""
+    monkeypatch.setattr(server_connections, "KEPT_PER_SERVER", 5)
+    monkeypatch.setattr(server_connections, "TRIM_EVERY", 3)
+    journal = Journal.open_in(tmp_path)
+    them = Identity(uid=2000, gid=2000, pid=43)
+    for port in range(1, 31):
+        journal.server_connection("mcp:loop", ME, {"host": "h", "port": port, "protocol": "connect", "sent": port})
+    journal.server_connection("mcp:loop", them, {"host": "theirs", "port": 1, "protocol": "socks"})
+    journal.server_connection("mcp:quiet", ME, {"host": "q", "port": 9, "protocol": "http", "refused": "denied"})
+    loop = journal.server_connections(uid=ME.uid, server="mcp:loop", limit=100)
+    assert [c.port for c in loop] == [30, 29, 28, 27, 26]  # trimmed at the 30th row: the newest 5
+    assert loop[0].sent == 30 and loop[0].protocol == "connect" and loop[0].uid == ME.uid
+    quiet = journal.server_connections(uid=ME.uid, server="mcp:quiet", limit=100)
+    assert [(c.host, c.refused) for c in quiet] == [("q", "denied")]
+    assert [c.host for c in journal.server_connections(uid=them.uid, server=None, limit=100)] == ["theirs"]
+    assert len(journal.server_connections(uid=None, server=None, limit=100)) == 7
+    assert len(journal.server_connections(uid=None, server=None, limit=2)) == 2
+
+
+def test_prune_removes_servers_connections_that_ended_before_the_cutoff(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    them = Identity(uid=2000, gid=2000, pid=43)
+    for who in (ME, them):
+        journal.server_connection("mcp:s", who, {"host": "h", "port": 1, "protocol": "connect"})
+    time.sleep(0.02)
+    journal.prune(older_than_seconds=3600)
+    assert len(journal.server_connections(uid=None, server=None, limit=10)) == 2
+    journal.prune(older_than_seconds=0.01, uid=them.uid)
+    assert [c.uid for c in journal.server_connections(uid=None, server=None, limit=10)] == [ME.uid]
+    journal.prune(older_than_seconds=0.01)
+    assert journal.server_connections(uid=None, server=None, limit=10) == []
+
+
+def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    record(journal, "kept", 1)
+    journal.close()
+    db = sqlite3.connect(tmp_path / "journal.sqlite3")
+    db.execute("DROP TABLE server_connections")
+    db.execute("PRAGMA user_version = 4")
+    db.commit()
+    db.close()
+    journal = Journal.open_in(tmp_path)
+    journal.server_connection("mcp:s", ME, {"host": "h", "port": 1, "protocol": "connect"})
+    assert [c.host for c in journal.server_connections(uid=ME.uid, server=None, limit=10)] == ["h"]
+    assert journal.load("kept") is not None

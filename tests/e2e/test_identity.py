@@ -25,6 +25,7 @@ import pytest
 from tests.conftest import DaemonProcess, open_socket_to_everyone, reachable_daemon
 from tests.e2e.test_daemon import big_tree, grep_calls, submit_raw
 from toold_client import Client, RemoteError
+from toold_protocol import Identity
 
 
 def _throwaway_user() -> tuple[int, int]:
@@ -136,6 +137,36 @@ def test_another_uid_gets_its_own_identity_and_its_own_privileges(daemon: Daemon
     assert ok is False  # cat fails: non-zero exit
     assert content.splitlines()[2:4] == [str(OTHER_UID), str(OTHER_GID)], content
     assert "root only" not in content and "Permission denied" in content
+
+
+def test_another_uid_lists_only_its_own_servers_connections(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """The journal's connections of MCP servers are listed per uid, as batches are (root:
+    everyone's). The rows are written straight into the daemon's journal, as its egress
+    bookkeeping writes them."""
+    import sqlite3
+
+    from toold_daemon.records import server_connections
+
+    journal = sqlite3.connect(tmp_path / "state" / "journal.sqlite3", isolation_level=None)
+    record = {"host": "example.test", "port": 443, "protocol": "connect", "allowed_by": "allowed_domains"}
+    for server, uid in (("mcp:roots", 0), ("mcp:theirs", OTHER_UID), ("mcp:other", OTHER_UID)):
+        owner = Identity(uid=uid, gid=uid, pid=1)
+        journal.execute(server_connections.INSERT, server_connections.row(server, owner, record, time.time()))
+    journal.close()
+    open_socket_to_everyone(daemon)
+
+    def act(client: Client) -> dict[str, Any]:
+        return {
+            "all": sorted(c.server for c in client.list_connections()),
+            "one": [c.server for c in client.list_connections("mcp:theirs")],
+            "roots": [c.server for c in client.list_connections("mcp:roots")],
+        }
+
+    report = as_other_user(daemon.endpoint, act)
+    assert report == {"all": ["mcp:other", "mcp:theirs"], "one": ["mcp:theirs"], "roots": []}, report
+    with daemon.client() as root:
+        assert sorted(c.server for c in root.list_connections()) == ["mcp:other", "mcp:roots", "mcp:theirs"]
+        assert len(root.list_connections(limit=1)) == 1
 
 
 def test_another_uid_cannot_see_cancel_recover_take_over_or_block_a_batch(daemon: DaemonProcess) -> None:

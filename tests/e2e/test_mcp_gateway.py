@@ -302,6 +302,13 @@ allowed_ports = [{allowed.port}, {other.port}]
             refused = call(d, "mcp__net__run", {"argv": ["curl", "-sS", "-i", other.url("/json")]})
             direct = call(d, "mcp__net__connect", {"port": allowed.port})
             env = call(d, "mcp__net__whoami", {}).data["env"]
+            kept = _server_connections(d, expected=2)
+            shown = subprocess.run(
+                [str(BIN / "toolctl"), "--endpoint", d.endpoint, "journal", "connections", "--server", "mcp:net"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         finally:
             d.stop()
     assert '"toold"' in fetched.content, fetched.content
@@ -315,3 +322,25 @@ allowed_ports = [{allowed.port}, {other.port}]
     assert len(reached) == 1 and "server=mcp:net" in reached[0] and "allowed_by=" in reached[0], records
     assert "received=0" not in reached[0], reached
     assert len(turned_away) == 1 and "reason=" in turned_away[0], records
+    # ... and in the journal, newest first, for the server's uid (and root) to list.
+    refused_row, reached_row = kept
+    assert (refused_row.host, refused_row.port, refused_row.server) == ("127.0.0.3", other.port, "mcp:net")
+    assert refused_row.refused and not refused_row.sent and refused_row.uid == os.getuid()
+    assert (reached_row.host, reached_row.port) == ("127.0.0.2", allowed.port)
+    assert reached_row.allowed_by and not reached_row.refused and reached_row.received > 0
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 0 and len(lines) == 2, shown
+    assert f"mcp:net (uid {os.getuid()}) -> 127.0.0.3:{other.port}" in lines[0] and "refused:" in lines[0]
+    assert f"-> 127.0.0.2:{allowed.port}" in lines[1] and "allowed:" in lines[1]
+
+
+def _server_connections(daemon: DaemonProcess, *, expected: int) -> list[Any]:
+    """The journal's connections of MCP servers, once ``expected`` are in (a connection's
+    record comes when it ends, which may be after the call that made it returned)."""
+    deadline = time.monotonic() + 10
+    with daemon.client(timeout=60) as client:
+        while True:
+            rows = client.list_connections()
+            if len(rows) >= expected or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.05)

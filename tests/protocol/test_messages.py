@@ -23,6 +23,7 @@ CLIENT_TAGS = {
     "get_batch",
     "ping",
     "list_batches",
+    "list_connections",
     "recover",
     "prune_journal",
     "get_stats",
@@ -42,6 +43,7 @@ DAEMON_TAGS = {
     "error",
     "pong",
     "batch_list",
+    "connection_list",
     "pruned",
     "stats",
 }

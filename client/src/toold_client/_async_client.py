@@ -24,11 +24,13 @@ from toold_protocol import (
     BatchStatus,
     BatchSummary,
     ConfirmationRequested,
+    ConnectionList,
     DaemonMessage,
     EventMode,
     PolicyExplanation,
     Pong,
     Pruned,
+    ServerConnection,
     Stats,
     ToolDefinition,
     ToolList,
@@ -272,6 +274,9 @@ class AsyncClient:
 
     async def list_batches(self, limit: int = 100) -> list[BatchSummary]:
         return expect(await self._request(requests.list_batches(limit)), BatchList).batches
+
+    async def list_connections(self, server: str | None = None, limit: int = 100) -> list[ServerConnection]:
+        return expect(await self._request(requests.list_connections(server, limit)), ConnectionList).connections
 
     async def recover(
         self, batch_id: str, action: Literal["resume", "discard"], *, on_event: AsyncEventHandler | None = None

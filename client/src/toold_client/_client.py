@@ -24,11 +24,13 @@ from toold_protocol import (
     BatchStatus,
     BatchSummary,
     ConfirmationRequested,
+    ConnectionList,
     DaemonMessage,
     EventMode,
     PolicyExplanation,
     Pong,
     Pruned,
+    ServerConnection,
     Stats,
     ToolDefinition,
     ToolList,
@@ -272,6 +274,11 @@ class Client:
     def list_batches(self, limit: int = 100) -> list[BatchSummary]:
         """The journal's batches of this uid (root: everyone's), newest first."""
         return expect(self._request(requests.list_batches(limit)), BatchList).batches
+
+    def list_connections(self, server: str | None = None, limit: int = 100) -> list[ServerConnection]:
+        """Connections MCP servers made through the egress proxy (or were refused), newest
+        first: this uid's servers' (root: everyone's), of ``server`` when given."""
+        return expect(self._request(requests.list_connections(server, limit)), ConnectionList).connections
 
     def recover(
         self, batch_id: str, action: Literal["resume", "discard"], *, on_event: EventHandler | None = None

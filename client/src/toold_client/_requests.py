@@ -24,6 +24,7 @@ from toold_protocol import (
     GetStats,
     Hello,
     ListBatches,
+    ListConnections,
     ListTools,
     Ping,
     PruneJournal,
@@ -178,6 +179,10 @@ def get_batch(batch_id: str) -> Request:
 
 def list_batches(limit: int) -> Request:
     return Request(ListBatches, {"limit": limit})
+
+
+def list_connections(server: str | None, limit: int) -> Request:
+    return Request(ListConnections, {"server": server, "limit": limit})
 
 
 def recover(batch_id: str, action: Literal["resume", "discard"]) -> Request:

@@ -22,7 +22,7 @@ from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, 
 
 from . import _notes_cli, _stats_cli
 from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
-from ._connections import connection_lines
+from ._connections import connection_lines, server_connection_line
 from ._errors import DaemonUnavailable, TooldError
 from ._live import Live
 from ._requests import CallSpec
@@ -95,7 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
     show = journal_sub.add_parser("show", help="one batch: its calls in order and their results")
     show.add_argument("batch_id")
     show.add_argument("--json", action="store_true")
-    prune = journal_sub.add_parser("prune", help="delete finished batches older than --older-than")
+    connections = journal_sub.add_parser(
+        "connections", help="connections MCP servers made through the egress proxy, newest first"
+    )
+    connections.add_argument("--server", help="only this server's")
+    connections.add_argument("--json", action="store_true")
+    connections.add_argument("--limit", type=int, default=100)
+    prune = journal_sub.add_parser(
+        "prune", help="delete finished batches (and servers' connections) older than --older-than"
+    )
     prune.add_argument("--older-than", type=float, default=30 * 86400, metavar="SECONDS")
 
     recover = sub.add_parser("recover", help="resume or discard a batch interrupted by a daemon restart")
@@ -464,8 +472,20 @@ def _journal(client: Client, args: argparse.Namespace) -> int:
                 for line in connection_lines(r):
                     print(f"        {sanitize_for_terminal(line)}")
         return EXIT_OK
+    if args.journal_command == "connections":
+        return _server_connections(client, args)
     removed = client.prune(args.older_than)
     print(f"pruned {removed} batches")
+    return EXIT_OK
+
+
+def _server_connections(client: Client, args: argparse.Namespace) -> int:
+    connections = client.list_connections(args.server, limit=args.limit)
+    if args.json:
+        print(json.dumps([msgspec.to_builtins(c) for c in connections], ensure_ascii=False))
+    else:
+        for connection in connections:
+            print(sanitize_for_terminal(server_connection_line(connection)))
     return EXIT_OK
 
 

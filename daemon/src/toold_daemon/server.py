@@ -10,6 +10,7 @@ socket and exit 0.
 from __future__ import annotations
 
 import datetime
+import functools
 import gc
 import grp
 import json
@@ -30,6 +31,7 @@ from toold_protocol import SOCKET_NAME
 from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
 from .config import Config, ConfigError
+from .egress.calls import EgressCall
 from .execution.executor import Executor
 from .execution.runner import ThreadRunner
 from .isolation.peers import parent_of, tool_process
@@ -118,6 +120,16 @@ def state_dir_of(config: Config, options: ServeOptions) -> Path:
     if named is None:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     return state_dir
+
+
+def _keep_server_connection(
+    audit: AuditTrail, journal: Journal | None, call: EgressCall, record: dict[str, Any]
+) -> None:
+    """An MCP server's connection (which belongs to no one call): an audit record, and a
+    row of the journal's (``toolctl journal connections``)."""
+    audit.server_connection(call.server, call.context.identity, record)
+    if journal is not None:
+        journal.server_connection(call.server, call.context.identity, record)
 
 
 def open_journal(config: Config, options: ServeOptions) -> Journal | None:
@@ -276,10 +288,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         config.daemon.audit, config.daemon.audit_journal_socket, stderr_is_journal=logs.stderr_is_journal()
     )
     audit = AuditTrail(sink)
-    if isinstance(runner, SpawnRunner):  # an MCP server's connections belong to no call: audited as they come
-        runner.egress.on_server_record = lambda call, record: audit.server_connection(
-            call.server, call.context.identity, record
-        )
+    if isinstance(runner, SpawnRunner):  # an MCP server's connections belong to no call: kept as they come
+        runner.egress.on_server_record = functools.partial(_keep_server_connection, audit, journal)
     service = Service(
         config=config,
         registry=registry,

@@ -28,6 +28,7 @@ from ._messages import ClientMessage as ClientMessage
 from ._messages import Confirm as Confirm
 from ._messages import ConfirmationItem as ConfirmationItem
 from ._messages import ConfirmationRequested as ConfirmationRequested
+from ._messages import ConnectionList as ConnectionList
 from ._messages import DaemonMessage as DaemonMessage
 from ._messages import Disposition as Disposition
 from ._messages import Error as Error
@@ -40,6 +41,7 @@ from ._messages import Identity as Identity
 from ._messages import IsolationLayer as IsolationLayer
 from ._messages import Latency as Latency
 from ._messages import ListBatches as ListBatches
+from ._messages import ListConnections as ListConnections
 from ._messages import ListTools as ListTools
 from ._messages import OutputChunk as OutputChunk
 from ._messages import Ping as Ping
@@ -51,6 +53,7 @@ from ._messages import PruneJournal as PruneJournal
 from ._messages import Recover as Recover
 from ._messages import ReloadPolicy as ReloadPolicy
 from ._messages import RiskLevel as RiskLevel
+from ._messages import ServerConnection as ServerConnection
 from ._messages import Stats as Stats
 from ._messages import Stream as Stream
 from ._messages import SubmitBatch as SubmitBatch
@@ -89,6 +92,7 @@ __all__ = [
     "Confirm",
     "ConfirmationItem",
     "ConfirmationRequested",
+    "ConnectionList",
     "DaemonMessage",
     "DecodeFailure",
     "Disposition",
@@ -102,6 +106,7 @@ __all__ = [
     "IsolationLayer",
     "Latency",
     "ListBatches",
+    "ListConnections",
     "ListTools",
     "OutputChunk",
     "Ping",
@@ -114,6 +119,7 @@ __all__ = [
     "Recover",
     "ReloadPolicy",
     "RiskLevel",
+    "ServerConnection",
     "Stats",
     "Stream",
     "SubmitBatch",

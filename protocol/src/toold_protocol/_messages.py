@@ -243,6 +243,16 @@ class ListBatches(_Message, tag="list_batches", frozen=True):
     limit: Annotated[int, Meta(ge=1, le=10_000)] = 100
 
 
+class ListConnections(_Message, tag="list_connections", frozen=True):
+    """Connections MCP servers made through the egress proxy (or were refused), newest
+    first: those of this uid's servers (root: everyone's), of ``server`` when given. A
+    command's connections are in its result (``get_batch``)."""
+
+    id: RequestId
+    server: Annotated[str, Meta(max_length=128)] | None = None
+    limit: Annotated[int, Meta(ge=1, le=10_000)] = 100
+
+
 class Recover(_Message, tag="recover", frozen=True):
     """Decide an ``interrupted`` batch: ``resume`` runs the calls that never started (replies
     ``batch_accepted`` and then the usual events), ``discard`` fails them (replies ``ack``)."""
@@ -306,6 +316,7 @@ ClientMessage = (
     | GetBatch
     | Ping
     | ListBatches
+    | ListConnections
     | Recover
     | UndoBatch
     | PruneJournal
@@ -429,6 +440,28 @@ class BatchList(_Message, tag="batch_list", frozen=True):
     batches: list[BatchSummary]
 
 
+class ServerConnection(msgspec.Struct, frozen=True, kw_only=True):
+    """One connection of an MCP server: ``refused`` says why when the proxy refused it,
+    else ``allowed_by`` says what allowed it and ``sent``/``received`` count its bytes."""
+
+    server: str
+    uid: int
+    ended: float  # seconds since the epoch
+    host: str
+    port: int
+    protocol: str
+    address: str = ""
+    allowed_by: str = ""
+    refused: str = ""
+    sent: int = 0
+    received: int = 0
+
+
+class ConnectionList(_Message, tag="connection_list", frozen=True):
+    id: RequestId
+    connections: list[ServerConnection]
+
+
 class Pruned(_Message, tag="pruned", frozen=True):
     id: RequestId
     removed: int
@@ -497,6 +530,7 @@ DaemonMessage = (
     | Error
     | Pong
     | BatchList
+    | ConnectionList
     | Pruned
     | PolicyExplanation
     | Stats

@@ -35,7 +35,7 @@ import fcntl
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -53,8 +53,10 @@ from toold_protocol import (
 )
 
 from ..undo.images import Change
+from . import server_connections as connection_rows
 from .journal_schema import SCHEMA_VERSION, NewerSchema, migrate
 from .journal_writer import Commit, JournalWriter, Rows, Write
+from .server_connections import StoredConnection
 from .state_files import StateFileRefused, refuse_links
 from .stored_batches import StoredBatch, StoredCall, StoredChange, Submission
 
@@ -79,6 +81,7 @@ class Journal:
         self._writer: JournalWriter | None = None
         self.interrupted_calls = 0  # by the last recover()
         self.undos_to_finish: list[str] = []  # undos a crash cut short, by the last recover()
+        self._server_rows_since_trim: dict[tuple[str, int], int] = {}
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -406,6 +409,25 @@ class Journal:
         query += " ORDER BY b.submitted DESC LIMIT ?"
         return [tuple(r) for r in self._db.execute(query, (*params, limit))]
 
+    # ------------------------------------------------------------------ MCP servers' connections
+
+    def server_connection(self, server: str, identity: Identity, record: Mapping[str, Any]) -> None:
+        """Keep one connection MCP server ``server`` (running as ``identity``) made or was
+        refused; nobody waits for the write. Old rows past the server's share are trimmed."""
+        row = connection_rows.row(server, identity, record, time.time())
+        self._write(Rows([(connection_rows.INSERT, [row])]))
+        key = (server, identity.uid)
+        added = self._server_rows_since_trim.get(key, 0) + 1
+        if added >= connection_rows.TRIM_EVERY:
+            self._write(connection_rows.trim(server, identity.uid))
+            added = 0
+        self._server_rows_since_trim[key] = added
+
+    def server_connections(self, *, uid: int | None, server: str | None, limit: int) -> list[StoredConnection]:
+        """MCP servers' connections, newest first (``uid``/``server`` None: all of them)."""
+        self.flush()
+        return connection_rows.newest(self._db, uid=uid, server=server, limit=limit)
+
     # ------------------------------------------------------------------ recovery and retention
 
     def recover(self) -> list[str]:
@@ -454,7 +476,8 @@ class Journal:
         self._write_now(write)
 
     def prune(self, *, older_than_seconds: float, uid: int | None = None) -> list[str]:
-        """Delete finished or cancelled batches that ended before the cutoff. Returns their ids."""
+        """Delete finished or cancelled batches that ended before the cutoff, and the MCP
+        servers' connections that did. Returns the batches' ids."""
         cutoff = time.time() - older_than_seconds
         where = "state IN ('finished', 'cancelled') AND finished < ?"
         params: tuple[Any, ...] = (cutoff,)
@@ -465,6 +488,7 @@ class Journal:
         def write(db: sqlite3.Connection) -> list[str]:
             ids = [r[0] for r in db.execute(f"SELECT batch_id FROM batches WHERE {where}", params)]  # noqa: S608
             db.execute(f"DELETE FROM batches WHERE {where}", params)  # noqa: S608
+            connection_rows.prune(db, cutoff=cutoff, uid=uid)
             return ids
 
         removed: list[str] = self._write_now(write)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -69,6 +69,27 @@ MIGRATIONS: dict[int, str] = {
     """,
     # Most results show what they say: their display is not stored a second time.
     4: "ALTER TABLE results ADD COLUMN display_is_content INTEGER NOT NULL DEFAULT 0",
+    # The connections MCP servers made through the egress proxy: a server's belong to no
+    # one call, so they are kept on their own, per server and uid.
+    5: """
+    CREATE TABLE server_connections (
+        seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+        server      TEXT NOT NULL,
+        uid         INTEGER NOT NULL,
+        gid         INTEGER NOT NULL,
+        ended       REAL NOT NULL,
+        host        TEXT NOT NULL,
+        port        INTEGER NOT NULL,
+        protocol    TEXT NOT NULL,
+        address     TEXT NOT NULL,
+        allowed_by  TEXT NOT NULL,
+        refused     TEXT NOT NULL,
+        sent        INTEGER NOT NULL,
+        received    INTEGER NOT NULL
+    );
+    CREATE INDEX server_connections_by_owner ON server_connections(uid, server, seq);
+    CREATE INDEX server_connections_by_age ON server_connections(ended)
+    """,
 }
 
 

@@ -14,15 +14,18 @@ from toold_protocol import (
     BatchAccepted,
     BatchList,
     BatchSummary,
+    ConnectionList,
     ExplainPolicy,
     GetBatch,
     ListBatches,
+    ListConnections,
     PolicyExplanation,
     ProtocolErrorCode,
     Pruned,
     PruneJournal,
     Recover,
     ReloadPolicy,
+    ServerConnection,
     SubmitBatch,
     ToolCall,
     UndoBatch,
@@ -104,6 +107,16 @@ class Administration:
                 ],
             ),
         )
+
+    def list_connections(self, session: Session, message: ListConnections) -> None:
+        """The MCP servers' connections this session's uid may see (root: everyone's)."""
+        journal = self._journal(session, message.id)
+        if journal is None:
+            return
+        uid = None if session.identity.uid == 0 else session.identity.uid
+        rows = journal.server_connections(uid=uid, server=message.server, limit=message.limit)
+        connections = [ServerConnection(**row._asdict()) for row in rows]
+        self.shared.reply(session, ConnectionList(id=message.id, connections=connections))
 
     def recover(self, session: Session, message: Recover) -> None:
         """Resume (run the never-started calls, under today's policy) or discard an interrupted batch."""

@@ -32,6 +32,7 @@ from toold_protocol import (
     Hello,
     IsolationLayer,
     ListBatches,
+    ListConnections,
     ListTools,
     Ping,
     Pong,
@@ -255,6 +256,8 @@ class Service:
                 admin.get_batch(session, message)
             case ListBatches():
                 admin.list_batches(session, message)
+            case ListConnections():
+                admin.list_connections(session, message)
             case Recover():
                 admin.recover(session, message)
             case UndoBatch():

@@ -1,0 +1,90 @@
+"""The journal's record of the connections MCP servers make through the egress proxy.
+
+A command's connections are part of its result. A server's belong to no one call (it
+lives across many, and may connect between them), so each is kept as a row of its
+own, under the server's name and the uid it runs as, when it ends or is refused.
+
+A server is untrusted code and may connect in a loop: only the newest
+``KEPT_PER_SERVER`` rows of each server and uid are kept, trimmed every
+``TRIM_EVERY`` rows it adds.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from toold_protocol import Identity
+
+KEPT_PER_SERVER = 10_000
+TRIM_EVERY = 500
+
+INSERT = (
+    "INSERT INTO server_connections (server, uid, gid, ended, host, port, protocol, address, allowed_by, "
+    "refused, sent, received) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+class StoredConnection(NamedTuple):
+    server: str
+    uid: int
+    ended: float
+    host: str
+    port: int
+    protocol: str
+    address: str
+    allowed_by: str
+    refused: str
+    sent: int
+    received: int
+
+
+def row(server: str, identity: Identity, record: Mapping[str, Any], ended: float) -> tuple[Any, ...]:
+    """The row for ``record`` (as a command's result lists a connection)."""
+    return (
+        server,
+        identity.uid,
+        identity.gid,
+        ended,
+        str(record.get("host", "")),
+        int(record.get("port", 0)),
+        str(record.get("protocol", "")),
+        str(record.get("address", "")),
+        str(record.get("allowed_by", "")),
+        str(record.get("refused", "")),
+        int(record.get("sent", 0)),
+        int(record.get("received", 0)),
+    )
+
+
+def trim(server: str, uid: int) -> Any:
+    """A write that drops all but the newest ``KEPT_PER_SERVER`` rows of ``server`` and ``uid``."""
+
+    def write(db: sqlite3.Connection) -> None:
+        db.execute(
+            "DELETE FROM server_connections WHERE uid = ? AND server = ? AND seq <= (SELECT seq FROM "
+            "server_connections WHERE uid = ? AND server = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+            (uid, server, uid, server, KEPT_PER_SERVER),
+        )
+
+    return write
+
+
+def newest(db: sqlite3.Connection, *, uid: int | None, server: str | None, limit: int) -> list[StoredConnection]:
+    """The newest ``limit`` rows, newest first; ``uid=None`` for everyone's, ``server=None``
+    for every server's."""
+    query = (
+        "SELECT server, uid, ended, host, port, protocol, address, allowed_by, refused, sent, received "
+        "FROM server_connections WHERE (? IS NULL OR uid = ?) AND (? IS NULL OR server = ?) "
+        "ORDER BY seq DESC LIMIT ?"
+    )
+    params = (uid, uid, server, server, limit)
+    return [StoredConnection(*r) for r in db.execute(query, params)]
+
+
+def prune(db: sqlite3.Connection, *, cutoff: float, uid: int | None) -> int:
+    """Delete the rows that ended before ``cutoff`` (of ``uid``, or everyone's). Returns how many."""
+    if uid is None:
+        return db.execute("DELETE FROM server_connections WHERE ended < ?", (cutoff,)).rowcount
+    return db.execute("DELETE FROM server_connections WHERE ended < ? AND uid = ?", (cutoff, uid)).rowcount
