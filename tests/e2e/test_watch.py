@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -203,3 +204,26 @@ def test_a_watcher_that_starts_late_sees_the_batches_already_waiting(tmp_path: P
             agent.supply_result(accepted.batch_id, "c0", "done")
     finally:
         d.stop()
+
+
+def test_the_approver_sees_mcp_servers_connections_from_the_journal(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """A server's connections belong to no batch: watch looks them up in the journal (a row
+    written there as the daemon's egress bookkeeping writes it), escapes neutralised."""
+    import sqlite3
+
+    from toold_daemon.records import server_connections
+
+    journal = sqlite3.connect(tmp_path / "state" / "journal.sqlite3", isolation_level=None)
+    record = {"host": "files\x1b[2J.example", "port": 443, "protocol": "connect", "allowed_by": "allowed_domains"}
+    owner = p.Identity(uid=os.getuid(), gid=os.getgid(), pid=1)
+    journal.execute(server_connections.INSERT, server_connections.row("mcp:fetcher", owner, {**record, "sent": 77}, 0))
+    journal.close()
+    session = f"toold-watch-{uuid.uuid4().hex[:8]}"
+    command = f"env TOOLD_ENDPOINT={daemon.endpoint} {BIN / 'toolctl'} watch"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "30", command], check=True)
+    try:
+        shown = wait_for(session, lambda t: "MCP servers' connections" in t)
+        assert f"mcp:fetcher (uid {os.getuid()}) -> files" in shown and ".example:443 (connect)" in shown
+        assert "allowed: allowed_domains; sent 77 B" in shown
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)

@@ -2,7 +2,8 @@
 
 Live batches of the watcher's uid (or approver groups) with each call's state, the
 confirmation requests waiting for an answer (tool, summary, risk in colour, diff) and
-the last lines of output of running calls. Keys: ``a`` approve all, ``d`` deny all,
+the last lines of output of running calls, and the latest connections of MCP servers
+(polled from the journal every few seconds). Keys: ``a`` approve all, ``d`` deny all,
 ``p`` pick calls (type ids, Enter), ``q`` quit. Everything from the daemon is passed
 through ``sanitize_for_terminal`` before it reaches the screen.
 """
@@ -27,11 +28,13 @@ from toold_protocol import (
     ConfirmationRequested,
     DaemonMessage,
     OutputChunk,
+    ServerConnection,
     sanitize_for_terminal,
 )
 
 from ._client import APPROVE_ALL, Client, Decision
-from ._connections import connection_lines
+from ._connections import connection_lines, server_connection_line
+from ._errors import RemoteError
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 RISK_COLOURS = {"low": "\x1b[32m", "medium": "\x1b[33m", "high": "\x1b[31m"}
@@ -41,6 +44,7 @@ OUTPUT_SHOWN = 50  # rendered at a time
 BATCHES_SHOWN = 6
 TODOS_SHOWN = 20
 CONNECTIONS_SHOWN = 5
+SERVER_CONNECTIONS_EVERY = 20  # screen ticks (of ~0.1 s) between two looks at the servers' connections
 TODO_MARKS = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
 
 
@@ -76,6 +80,8 @@ class WatchState:
         self.scrolled_back = 0
         #: The todo list as the latest write_todos result left it: (batch id, todos).
         self.todos: tuple[str, list[dict[str, object]]] | None = None
+        #: The newest connections of MCP servers (they belong to no batch), from the journal.
+        self.server_connections: list[ServerConnection] = []
 
     def apply(self, message: DaemonMessage) -> None:
         match message:
@@ -181,6 +187,9 @@ class WatchState:
                 f"  {TODO_MARKS.get(str(t.get('status')), '[?]')} {s(str(t.get('id')))}: {s(str(t.get('task')))}"
                 for t in todos
             ]
+        if self.server_connections:
+            lines.append(f"{BOLD}MCP servers' connections{RESET} (newest first)")
+            lines += [f"  {s(server_connection_line(c))}" for c in self.server_connections]
         if self.requests:
             request = self.requests[0]
             lines.append("")
@@ -233,6 +242,7 @@ def run(client: Client, out: TextIO = sys.stdout) -> int:
     if interactive:
         tty.setcbreak(sys.stdin.fileno())
     picking: str | None = None
+    polling_servers = True
     try:
         while True:
             size = shutil.get_terminal_size((100, 40))
@@ -244,6 +254,8 @@ def run(client: Client, out: TextIO = sys.stdout) -> int:
             while message is not None:
                 state.apply(message)
                 message = client.next_event(timeout=0)
+            if polling_servers and state.ticks % SERVER_CONNECTIONS_EVERY == 0:
+                polling_servers = _look_at_server_connections(client, state)
             state.ticks += 1
             key = _key(interactive)
             if key is None:
@@ -278,6 +290,16 @@ def run(client: Client, out: TextIO = sys.stdout) -> int:
         if saved is not None:
             termios.tcsetattr(sys.stdin, termios.TCSADRAIN, saved)
         out.write("\n")
+
+
+def _look_at_server_connections(client: Client, state: WatchState) -> bool:
+    """Refresh the servers' connections; False when there is nothing to look at (a daemon
+    that keeps no journal, or one too old to list them)."""
+    try:
+        state.server_connections = client.list_connections(limit=CONNECTIONS_SHOWN)
+    except RemoteError:
+        return False
+    return True
 
 
 def _answer(client: Client, state: WatchState, decision: Decision) -> None:
