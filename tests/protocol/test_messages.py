@@ -93,6 +93,10 @@ def test_unknown_fields_are_ignored_both_ways() -> None:
             7,
         ),
         (p.encode_value({"type": "submit_batch", "id": 8, "calls": [], "batch_id": "../../etc"}), "INVALID_MESSAGE", 8),
+        (p.encode_value({"type": "list_connections", "id": 9, "limit": 0}), "INVALID_MESSAGE", 9),
+        (p.encode_value({"type": "list_connections", "id": 10, "limit": 10**9}), "INVALID_MESSAGE", 10),
+        (p.encode_value({"type": "list_connections", "id": 11, "server": "x" * 129}), "INVALID_MESSAGE", 11),
+        (p.encode_value({"type": "list_connections", "id": 12, "server": 7}), "INVALID_MESSAGE", 12),
     ],
 )
 def test_decode_failures_are_typed(frame: bytes, code: str, request_id: int | None) -> None:
