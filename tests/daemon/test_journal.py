@@ -172,3 +172,18 @@ def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path
     journal.server_connection("mcp:s", ME, {"host": "h", "port": 1, "protocol": "connect"})
     assert [c.host for c in journal.server_connections(uid=ME.uid, server=None, limit=10)] == ["h"]
     assert journal.load("kept") is not None
+
+
+def test_a_uids_connections_are_listed_through_an_index_not_a_scan_of_everyones(tmp_path: Path) -> None:
+    """Any user may list (``toolctl watch`` does every few seconds): their query must not
+    read every other user's rows on the daemon's loop."""
+    journal = Journal.open_in(tmp_path)
+    plans = {}
+    for server in (None, "mcp:s"):
+        captured: list[str] = []
+        journal._db.set_trace_callback(captured.append)
+        journal.server_connections(uid=ME.uid, server=server, limit=5)
+        journal._db.set_trace_callback(None)
+        query = next(q for q in captured if "FROM server_connections" in q)
+        plans[server] = " ".join(row[-1] for row in journal._db.execute(f"EXPLAIN QUERY PLAN {query}"))
+    assert all("USING INDEX" in plan and "TEMP B-TREE" not in plan for plan in plans.values()), plans

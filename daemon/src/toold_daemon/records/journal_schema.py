@@ -87,7 +87,8 @@ MIGRATIONS: dict[int, str] = {
         sent        INTEGER NOT NULL,
         received    INTEGER NOT NULL
     );
-    CREATE INDEX server_connections_by_owner ON server_connections(uid, server, seq);
+    CREATE INDEX server_connections_by_uid ON server_connections(uid, seq);
+    CREATE INDEX server_connections_by_server ON server_connections(uid, server, seq);
     CREATE INDEX server_connections_by_age ON server_connections(ended)
     """,
 }

@@ -73,14 +73,18 @@ def trim(server: str, uid: int) -> Any:
 
 def newest(db: sqlite3.Connection, *, uid: int | None, server: str | None, limit: int) -> list[StoredConnection]:
     """The newest ``limit`` rows, newest first; ``uid=None`` for everyone's, ``server=None``
-    for every server's."""
-    query = (
-        "SELECT server, uid, ended, host, port, protocol, address, allowed_by, refused, sent, received "
-        "FROM server_connections WHERE (? IS NULL OR uid = ?) AND (? IS NULL OR server = ?) "
-        "ORDER BY seq DESC LIMIT ?"
-    )
-    params = (uid, uid, server, server, limit)
-    return [StoredConnection(*r) for r in db.execute(query, params)]
+    for every server's. A uid's rows are read through an index (any user may ask, often:
+    ``toolctl watch`` does), never by scanning everyone's."""
+    conditions = [(column, value) for column, value in (("uid", uid), ("server", server)) if value is not None]
+    where = " AND ".join(f"{column} = ?" for column, _ in conditions)
+    query = _SELECT + (f" WHERE {where}" if where else "") + " ORDER BY seq DESC LIMIT ?"
+    return [StoredConnection(*r) for r in db.execute(query, (*(value for _, value in conditions), limit))]
+
+
+_SELECT = (
+    "SELECT server, uid, ended, host, port, protocol, address, allowed_by, refused, sent, received "
+    "FROM server_connections"
+)
 
 
 def prune(db: sqlite3.Connection, *, cutoff: float, uid: int | None) -> int:
