@@ -127,9 +127,8 @@ def test_servers_connections_are_kept_newest_first_and_trimmed_per_server(
 ) -> None:
     """A server that connects in a loop keeps only its newest rows; another server's and
     another uid's rows are not touched by its trimming."""
-    monkeypatch.setattr(server_connections, "KEPT_PER_SERVER", 5)
     monkeypatch.setattr(server_connections, "TRIM_EVERY", 3)
-    journal = Journal.open_in(tmp_path)
+    journal = Journal.open_in(tmp_path, server_connections_kept=5)
     them = Identity(uid=2000, gid=2000, pid=43)
     for port in range(1, 31):
         journal.server_connection("mcp:loop", ME, {"host": "h", "port": port, "protocol": "connect", "sent": port})

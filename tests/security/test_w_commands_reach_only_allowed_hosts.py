@@ -400,3 +400,49 @@ async def test_questions_about_made_up_calls_cannot_pile_up_in_the_daemon() -> N
                     refused += 1
         assert refused >= flood - 64, f"only {refused} of {flood} answered at once: the rest each hold a task"
         nursery.cancel_scope.cancel()
+
+
+LOOPING_CLIENT = """
+import os, socket
+host, port = os.environ["HTTP_PROXY"].removeprefix("http://").rsplit(":", 1)
+for i in range(150):
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(f"GET http://10.255.255.1:{1000 + i}/ HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n".encode())
+        s.recv(4096)
+print("done")
+"""
+
+
+def test_an_mcp_server_connecting_in_a_loop_keeps_only_its_share_of_the_journal(tmp_path: Path) -> None:
+    """Attack: an MCP server (untrusted code, long-lived) opens connection after
+    connection through the proxy to grow the daemon's journal without bound. Each is
+    refused and recorded, but only the newest ``server_connections_kept`` stay."""
+    from tests.e2e.test_mcp_gateway import PYTHON, hostile_entry
+
+    config = f"""
+[tools.approval]
+mode = "auto"
+
+[journal]
+server_connections_kept = 20
+
+{hostile_entry("loop")}network = true
+"""
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config=config)
+    try:
+        with d.client(timeout=60) as client:
+            ran = client.call("mcp__loop__run", {"argv": [PYTHON, "-c", LOOPING_CLIENT]})
+            assert ran.ok and "done" in ran.content, ran.content
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and d.log.read_text().count("audit=connection") < 150:
+                time.sleep(0.05)
+            kept = client.list_connections("mcp:loop", limit=10_000)
+    finally:
+        d.stop()
+    assert d.log.read_text().count("audit=connection") == 150  # every one was judged and recorded
+    assert 20 <= len(kept) <= 40, len(kept)
+    ports = [c.port for c in kept]
+    assert ports == list(range(1149, 1149 - len(kept), -1)), ports  # the newest, newest first
+    assert all(c.refused and c.host == "10.255.255.1" for c in kept)

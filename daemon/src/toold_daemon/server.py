@@ -142,7 +142,11 @@ def open_journal(config: Config, options: ServeOptions) -> Journal | None:
     if not config.journal.enabled:
         return None
     state_dir = state_dir_of(config, options)
-    journal = Journal.open_in(state_dir, synchronous=config.journal.synchronous)
+    journal = Journal.open_in(
+        state_dir,
+        synchronous=config.journal.synchronous,
+        server_connections_kept=config.journal.server_connections_kept,
+    )
     waiting = journal.recover()
     if waiting:
         log.warning("%d interrupted batch(es) wait for resume or discard: %s", len(waiting), ", ".join(waiting[:10]))

@@ -471,6 +471,8 @@ class JournalConfig(_Section, frozen=True):
     retention_days: Annotated[float, Meta(gt=0)] = 30.0
     # Pre-images kept per batch for ``toolctl undo``; a file past it is "not undoable".
     undo_max_bytes_per_batch: Annotated[int, Meta(ge=0)] = 64 * 1024 * 1024
+    # Connections kept per MCP server and uid (the newest; a server may connect in a loop).
+    server_connections_kept: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000
 
 
 class McpServerConfig(_Section, frozen=True, kw_only=True):

@@ -75,8 +75,15 @@ class JournalError(Exception):
 
 
 class Journal:
-    def __init__(self, path: Path, *, synchronous: Literal["normal", "full"] = "normal") -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: Literal["normal", "full"] = "normal",
+        server_connections_kept: int = connection_rows.KEPT_PER_SERVER,
+    ) -> None:
         self.path = path
+        self.server_connections_kept = server_connections_kept
         self._lock_fd: int | None = None
         self._writer: JournalWriter | None = None
         self.interrupted_calls = 0  # by the last recover()
@@ -99,7 +106,13 @@ class Journal:
         os.chmod(path, 0o600)
 
     @classmethod
-    def open_in(cls, state_dir: Path, *, synchronous: Literal["normal", "full"] = "normal") -> Journal:
+    def open_in(
+        cls,
+        state_dir: Path,
+        *,
+        synchronous: Literal["normal", "full"] = "normal",
+        server_connections_kept: int = connection_rows.KEPT_PER_SERVER,
+    ) -> Journal:
         """Open the journal of ``state_dir``, holding an exclusive lock on the directory: a
         second daemon's recovery would otherwise mark the first one's running batches interrupted."""
         if not state_dir.is_dir():
@@ -116,7 +129,9 @@ class Journal:
             os.close(lock)
             raise JournalError(f"another toold is using the journal in {state_dir}") from None
         try:
-            journal = cls(state_dir / JOURNAL_NAME, synchronous=synchronous)
+            journal = cls(
+                state_dir / JOURNAL_NAME, synchronous=synchronous, server_connections_kept=server_connections_kept
+            )
         except BaseException:
             os.close(lock)
             raise
@@ -418,8 +433,8 @@ class Journal:
         self._write(Rows([(connection_rows.INSERT, [row])]))
         key = (server, identity.uid)
         added = self._server_rows_since_trim.get(key, 0) + 1
-        if added >= connection_rows.TRIM_EVERY:
-            self._write(connection_rows.trim(server, identity.uid))
+        if added >= min(connection_rows.TRIM_EVERY, self.server_connections_kept):
+            self._write(connection_rows.trim(server, identity.uid, self.server_connections_kept))
             added = 0
         self._server_rows_since_trim[key] = added
 

@@ -4,9 +4,10 @@ A command's connections are part of its result. A server's belong to no one call
 lives across many, and may connect between them), so each is kept as a row of its
 own, under the server's name and the uid it runs as, when it ends or is refused.
 
-A server is untrusted code and may connect in a loop: only the newest
-``KEPT_PER_SERVER`` rows of each server and uid are kept, trimmed every
-``TRIM_EVERY`` rows it adds.
+A server is untrusted code and may connect in a loop: only the newest rows of each
+server and uid are kept (``[journal] server_connections_kept``, by default
+``KEPT_PER_SERVER``), trimmed every ``TRIM_EVERY`` rows it adds (or every ``kept``,
+if fewer): a server never has more than twice its share.
 """
 
 from __future__ import annotations
@@ -58,14 +59,14 @@ def row(server: str, identity: Identity, record: Mapping[str, Any], ended: float
     )
 
 
-def trim(server: str, uid: int) -> Any:
-    """A write that drops all but the newest ``KEPT_PER_SERVER`` rows of ``server`` and ``uid``."""
+def trim(server: str, uid: int, kept: int) -> Any:
+    """A write that drops all but the newest ``kept`` rows of ``server`` and ``uid``."""
 
     def write(db: sqlite3.Connection) -> None:
         db.execute(
             "DELETE FROM server_connections WHERE uid = ? AND server = ? AND seq <= (SELECT seq FROM "
             "server_connections WHERE uid = ? AND server = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
-            (uid, server, uid, server, KEPT_PER_SERVER),
+            (uid, server, uid, server, kept),
         )
 
     return write
