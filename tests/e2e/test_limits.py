@@ -88,10 +88,12 @@ def test_pids_max_bounds_a_call_even_for_root(daemon: DaemonProcess, tmp_path: P
         assert ok, content
         started, refused = content.split()[:2]
         assert refused == "EAGAIN", content
-        assert 0 < int(started) < PROCESSES  # the interpreter itself counts too
+        # The interpreter itself counts too; a fork in the instant the zygote leaves the
+        # call's cgroup, before the limit is lowered, may get one process more.
+        assert PROCESSES - 1 <= int(started) <= PROCESSES, content
         assert client.ping() >= 0
         again_ok, again = run_python(client, FORK_UNTIL_REFUSED)  # the next call has the whole budget
-        assert again_ok and again.split()[0] == started
+        assert again_ok and PROCESSES - 1 <= int(again.split()[0]) <= PROCESSES, again
 
 
 def test_the_memory_limit_holds_for_the_call_as_a_whole(daemon: DaemonProcess) -> None:

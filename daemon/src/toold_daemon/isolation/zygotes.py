@@ -13,7 +13,9 @@ started there, so its call's cgroup holds it from its first instruction, and onl
 is the zygote moved on to a new one. Creating and moving happen after the command is
 started, while it runs, not before: a move costs ~0.15 ms. The parked zygote counts
 against the cgroup's process limit, so a fresh cgroup allows one process more until the
-zygote has left; the call then has exactly its budget, however fast it forks.
+zygote has left; the call then has its budget, however fast it forks. (A command that
+forks in the instant between the zygote's move and the lowering of the limit keeps one
+process more: lowering first would instead refuse a fork the call is owed.)
 """
 
 from __future__ import annotations
