@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 
 from toold_protocol import Identity
 
+from .journal_writer import Write
+
 KEPT_PER_SERVER = 10_000
 TRIM_EVERY = 500
 
@@ -59,7 +61,7 @@ def row(server: str, identity: Identity, record: Mapping[str, Any], ended: float
     )
 
 
-def trim(server: str, uid: int, kept: int) -> Any:
+def trim(server: str, uid: int, kept: int) -> Write:
     """A write that drops all but the newest ``kept`` rows of ``server`` and ``uid``."""
 
     def write(db: sqlite3.Connection) -> None:
