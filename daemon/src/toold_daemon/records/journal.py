@@ -47,6 +47,7 @@ from toold_protocol import (
     BatchState,
     Identity,
     PlannedCall,
+    ServerConnection,
     ToolCall,
     ToolErrorInfo,
     ToolResult,
@@ -56,7 +57,6 @@ from ..undo.images import Change
 from . import server_connections as connection_rows
 from .journal_schema import SCHEMA_VERSION, NewerSchema, migrate
 from .journal_writer import Commit, JournalWriter, Rows, Write
-from .server_connections import StoredConnection
 from .state_files import StateFileRefused, refuse_links
 from .stored_batches import StoredBatch, StoredCall, StoredChange, Submission
 
@@ -438,7 +438,7 @@ class Journal:
             added = 0
         self._server_rows_since_trim[key] = added
 
-    def server_connections(self, *, uid: int | None, server: str | None, limit: int) -> list[StoredConnection]:
+    def server_connections(self, *, uid: int | None, server: str | None, limit: int) -> list[ServerConnection]:
         """MCP servers' connections, newest first (``uid``/``server`` None: all of them)."""
         self.flush()
         return connection_rows.newest(self._db, uid=uid, server=server, limit=limit)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-from toold_protocol import Identity
+from toold_protocol import Identity, ServerConnection
 
 from .journal_writer import Write
 
@@ -27,20 +27,6 @@ INSERT = (
     "INSERT INTO server_connections (server, uid, gid, ended, host, port, protocol, address, allowed_by, "
     "refused, sent, received) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-
-
-class StoredConnection(NamedTuple):
-    server: str
-    uid: int
-    ended: float
-    host: str
-    port: int
-    protocol: str
-    address: str
-    allowed_by: str
-    refused: str
-    sent: int
-    received: int
 
 
 def row(server: str, identity: Identity, record: Mapping[str, Any], ended: float) -> tuple[Any, ...]:
@@ -74,20 +60,20 @@ def trim(server: str, uid: int, kept: int) -> Write:
     return write
 
 
-def newest(db: sqlite3.Connection, *, uid: int | None, server: str | None, limit: int) -> list[StoredConnection]:
+def newest(db: sqlite3.Connection, *, uid: int | None, server: str | None, limit: int) -> list[ServerConnection]:
     """The newest ``limit`` rows, newest first; ``uid=None`` for everyone's, ``server=None``
     for every server's. A uid's rows are read through an index (any user may ask, often:
     ``toolctl watch`` does), never by scanning everyone's."""
     conditions = [(column, value) for column, value in (("uid", uid), ("server", server)) if value is not None]
     where = " AND ".join(f"{column} = ?" for column, _ in conditions)
     query = _SELECT + (f" WHERE {where}" if where else "") + " ORDER BY seq DESC LIMIT ?"
-    return [StoredConnection(*r) for r in db.execute(query, (*(value for _, value in conditions), limit))]
+    rows = db.execute(query, (*(value for _, value in conditions), limit))
+    return [ServerConnection(**dict(zip(_COLUMNS, r, strict=True))) for r in rows]
 
 
-_SELECT = (
-    "SELECT server, uid, ended, host, port, protocol, address, allowed_by, refused, sent, received "
-    "FROM server_connections"
-)
+#: What a listing reads: the fields of the protocol's ``ServerConnection``, by name.
+_COLUMNS = tuple(ServerConnection.__struct_fields__)
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM server_connections"  # noqa: S608 (fixed names)
 
 
 def prune(db: sqlite3.Connection, *, cutoff: float, uid: int | None) -> int:

@@ -25,7 +25,6 @@ from toold_protocol import (
     PruneJournal,
     Recover,
     ReloadPolicy,
-    ServerConnection,
     SubmitBatch,
     ToolCall,
     UndoBatch,
@@ -114,8 +113,7 @@ class Administration:
         if journal is None:
             return
         uid = None if session.identity.uid == 0 else session.identity.uid
-        rows = journal.server_connections(uid=uid, server=message.server, limit=message.limit)
-        connections = [ServerConnection(**row._asdict()) for row in rows]
+        connections = journal.server_connections(uid=uid, server=message.server, limit=message.limit)
         self.shared.reply(session, ConnectionList(id=message.id, connections=connections))
 
     def recover(self, session: Session, message: Recover) -> None:
