@@ -20,12 +20,12 @@ import msgspec
 
 from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, sanitize_for_terminal
 
-from . import _notes_cli, _stats_cli
+from . import _journal_cli, _notes_cli, _stats_cli
 from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
-from ._connections import connection_lines, server_connection_line
 from ._errors import DaemonUnavailable, TooldError
 from ._live import Live
 from ._requests import CallSpec
+from ._result_json import result_json
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -87,25 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     deny.add_argument("request_id")
     deny.add_argument("--reason", default="")
 
-    journal = sub.add_parser("journal", help="the daemon's journal of batches")
-    journal_sub = journal.add_subparsers(dest="journal_command", required=True)
-    listing = journal_sub.add_parser("list", help="batches, newest first")
-    listing.add_argument("--json", action="store_true")
-    listing.add_argument("--limit", type=int, default=100)
-    show = journal_sub.add_parser("show", help="one batch: its calls in order and their results")
-    show.add_argument("batch_id")
-    show.add_argument("--json", action="store_true")
-    connections = journal_sub.add_parser(
-        "connections", help="connections MCP servers made through the egress proxy, newest first"
-    )
-    connections.add_argument("--server", help="only this server's")
-    connections.add_argument("--json", action="store_true")
-    connections.add_argument("--limit", type=int, default=100)
-    prune = journal_sub.add_parser(
-        "prune", help="delete finished batches (and servers' connections) older than --older-than"
-    )
-    prune.add_argument("--older-than", type=float, default=30 * 86400, metavar="SECONDS")
-
     recover = sub.add_parser("recover", help="resume or discard a batch interrupted by a daemon restart")
     recover.add_argument("batch_id")
     action = recover.add_mutually_exclusive_group(required=True)
@@ -128,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true")
     policy_sub.add_parser("reload", help="reread the policy from the daemon's config file")
 
+    _journal_cli.add_parser(sub)
     _notes_cli.add_parsers(sub)
     _stats_cli.add_parser(sub)
     mcp = sub.add_parser("mcp", help="serve the daemon's tools to an MCP client over stdio")
@@ -199,7 +181,7 @@ def _main(argv: list[str] | None) -> int:
                 print(f"result supplied for {sanitize_for_terminal(args.call_id)}")
                 return EXIT_OK
             if args.command == "journal":
-                return _journal(client, args)
+                return _journal_cli.run(client, args)
             if args.command in ("memory", "todos"):
                 return _notes_cli.run(client, args, _leave_to_approver)
             if args.command == "undo":
@@ -418,77 +400,6 @@ def _batch(client: Client, args: argparse.Namespace, on_confirm: ConfirmHandler)
     return EXIT_OK if all(r.ok for r in outcome.results) else EXIT_TOOL_ERROR
 
 
-def _journal(client: Client, args: argparse.Namespace) -> int:
-    if args.journal_command == "list":
-        batches = client.list_batches(limit=args.limit)
-        if args.json:
-            print(
-                json.dumps(
-                    [
-                        {
-                            "batch_id": b.batch_id,
-                            "state": b.state,
-                            "submitted": _iso(b.submitted),
-                            "calls": b.calls,
-                            "uid": b.uid,
-                        }
-                        for b in batches
-                    ]
-                )
-            )
-        else:
-            for b in batches:
-                print(f"{sanitize_for_terminal(b.batch_id):<32} {b.state:<12} {_iso(b.submitted)}  {b.calls} calls")
-        return EXIT_OK
-    if args.journal_command == "show":
-        status = client.get_batch(args.batch_id)
-        results = {r.call_id: r for r in status.results}
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "batch_id": status.batch_id,
-                        "state": status.state,
-                        "calls": [
-                            {
-                                "index": c.index,
-                                "call_id": c.call_id,
-                                "name": c.name,
-                                "summary": c.summary,
-                                "result": result_json(results[c.call_id]) if c.call_id in results else None,
-                            }
-                            for c in status.calls
-                        ],
-                    },
-                    ensure_ascii=False,
-                )
-            )
-        else:
-            print(f"batch {sanitize_for_terminal(status.batch_id)}: {status.state}")
-            for c in status.calls:
-                r = results.get(c.call_id)
-                state = "pending" if r is None else ("ok" if r.ok else f"error {r.error.code if r.error else ''}")
-                print(f"  {c.index:>3} {sanitize_for_terminal(c.call_id):<20} {c.name:<16} {state}")
-                for line in connection_lines(r):
-                    print(f"        {sanitize_for_terminal(line)}")
-        return EXIT_OK
-    if args.journal_command == "connections":
-        return _server_connections(client, args)
-    removed = client.prune(args.older_than)
-    print(f"pruned {removed} batches")
-    return EXIT_OK
-
-
-def _server_connections(client: Client, args: argparse.Namespace) -> int:
-    connections = client.list_connections(args.server, limit=args.limit)
-    if args.json:
-        print(json.dumps([msgspec.to_builtins(c) for c in connections], ensure_ascii=False))
-    else:
-        for connection in connections:
-            print(sanitize_for_terminal(server_connection_line(connection)))
-    return EXIT_OK
-
-
 def _undo(client: Client, args: argparse.Namespace) -> int:
     """Undo a batch; this command approves its own undo when the policy asks (running it
     is the person's decision), and exits 1 when a path changed since stops it."""
@@ -515,12 +426,6 @@ def _recover(client: Client, batch_id: str, action: str, as_json: bool) -> int:
     return EXIT_OK if all(r.ok for r in finished.results) else EXIT_TOOL_ERROR
 
 
-def _iso(seconds: float) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).isoformat(timespec="seconds")
-
-
 def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
@@ -538,30 +443,6 @@ def _tools(client: Client, fmt: str) -> int:
     listing = client.tools("toold" if fmt == "json" else fmt)
     print(json.dumps(msgspec.to_builtins(listing), indent=2, ensure_ascii=False))
     return EXIT_OK
-
-
-def result_json(result: ToolResult) -> dict[str, Any]:
-    """The ``--json`` shape: exactly these keys, ``error`` null on success."""
-    error = (
-        None
-        if result.error is None
-        else {
-            "type": result.error.type,
-            "code": result.error.code,
-            "message": result.error.message,
-            "details": result.error.details,
-        }
-    )
-    return {
-        "call_id": result.call_id,
-        "ok": result.ok,
-        "content": result.content,
-        "display": result.display,
-        "error": error,
-        "truncated": result.truncated,
-        "duration_ms": result.duration_ms,
-        "data": result.data,
-    }
 
 
 @contextlib.contextmanager
