@@ -382,3 +382,29 @@ def test_a_batch_the_journal_cannot_record_is_refused_and_nothing_runs(daemon: D
         assert refused.value.code == "INTERNAL" and "journal could not record" in refused.value.message
         assert not (daemon.root / "second.txt").exists()
         assert client.call("write_file", {"path": "third.txt", "content": "3"}).ok  # the daemon goes on
+
+
+def test_a_daemon_without_a_journal_says_so_to_every_journal_listing(tmp_path: Path, root: Path) -> None:
+    """Listing batches or servers' connections from a daemon that keeps no journal is a
+    typed error; toolctl watch, which asks for the connections, stops asking."""
+    from toold_client.watch import WatchState, _look_at_server_connections
+
+    d = start_daemon(tmp_path, root, config="[journal]\nenabled = false\n")
+    try:
+        with d.client() as client:
+            for listing in (client.list_batches, client.list_connections):
+                with pytest.raises(RemoteError) as refused:
+                    listing()
+                assert refused.value.code == "JOURNAL_DISABLED"
+            state = WatchState()
+            assert _look_at_server_connections(client, state) is False  # watch stops asking
+            assert state.server_connections == [] and client.ping() >= 0
+        shown = subprocess.run(
+            [str(BIN / "toolctl"), "--endpoint", d.endpoint, "journal", "connections"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        d.stop()
+    assert shown.returncode == 2 and "JOURNAL_DISABLED" in shown.stderr, shown
