@@ -9,6 +9,7 @@ by ``allowed_networks``; 127.0.0.4 is denied by name."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -446,3 +447,43 @@ server_connections_kept = 20
     ports = [c.port for c in kept]
     assert ports == list(range(1149, 1149 - len(kept), -1)), ports  # the newest, newest first
     assert all(c.refused and c.host == "10.255.255.1" for c in kept)
+
+
+ESCAPING_CLIENT = """
+import os, socket
+host, port = os.environ["HTTP_PROXY"].removeprefix("http://").rsplit(":", 1)
+with socket.create_connection((host, int(port))) as s:
+    s.sendall(b"CONNECT \\x1b[2J\\x1b]0;pwned\\x07evil.invalid:443 HTTP/1.1\\r\\n\\r\\n")
+    s.recv(4096)
+print("done")
+"""
+
+
+def test_a_servers_connection_cannot_put_terminal_escapes_in_front_of_the_person(tmp_path: Path) -> None:
+    """Attack: an MCP server names a host made of terminal escape sequences (clear the
+    screen, retitle the window), hoping the person listing the journal's connections
+    gets them raw. The connection is refused, kept, and listed neutralised."""
+    from tests.conftest import BIN
+    from tests.e2e.test_mcp_gateway import PYTHON, hostile_entry
+
+    config = f'[tools.approval]\nmode = "auto"\n\n{hostile_entry("esc")}network = true\n'
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config=config)
+    try:
+        with d.client(timeout=60) as client:
+            ran = client.call("mcp__esc__run", {"argv": [PYTHON, "-c", ESCAPING_CLIENT]})
+            assert ran.ok and "done" in ran.content, ran.content
+            deadline = time.monotonic() + 10
+            while not (kept := client.list_connections("mcp:esc")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        shown = subprocess.run(
+            [str(BIN / "toolctl"), "--endpoint", d.endpoint, "journal", "connections"],
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        d.stop()
+    assert len(kept) == 1 and kept[0].refused and "\x1b" in kept[0].host  # kept as it came
+    assert shown.returncode == 0 and b"evil.invalid:443" in shown.stdout, shown
+    assert b"\x1b" not in shown.stdout and b"\x07" not in shown.stdout, shown.stdout
