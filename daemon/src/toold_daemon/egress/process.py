@@ -158,6 +158,8 @@ class _Call:
     done: trio.Event = field(default_factory=trio.Event)
     records: list[EgressRecord] = field(default_factory=list)  # not sent to the runner yet
     used: bool = False  # the runner knows the call made a connection
+    proxy: Proxy | None = None  # once its listener is served
+    listener: trio.SocketListener | None = None
 
 
 class EgressServer:
@@ -263,7 +265,8 @@ class EgressServer:
             call.records.append(_record_of(token, connection))
             self._nursery.start_soon(self._flush, call)  # at once: the process may not outlive its call
 
-        proxy = Proxy(decide, record, self._allowed_networks, Budget(listen.budget))
+        call.listener = listener
+        proxy = call.proxy = Proxy(decide, record, self._allowed_networks, Budget(listen.budget))
         try:
             with call.scope:
                 async with listener:
@@ -292,11 +295,19 @@ class EgressServer:
     async def _forget(self, token: str) -> None:
         """End the call's connections, send their records, then ``EgressForgotten``. The
         call stays known until then: a process whose starter is gone ends once it knows
-        no call, and ending earlier would lose the records on their way."""
+        no call, and ending earlier would lose the records on their way.
+
+        Connections still open are waited for (each records itself as it closes). With
+        none open the listener is closed here and the answer goes at once, while the
+        cancelled proxy winds down: that takes the event loop a few rounds, and the
+        runner (the call's result) waits for the answer."""
         call = self._calls.get(token)
         if call is not None:
             call.scope.cancel()
-            await call.done.wait()  # every connection of the call has recorded itself
+            if call.proxy is not None and call.listener is not None and not call.proxy.serving:
+                call.listener.socket.close()  # new connections are refused from now on
+            else:
+                await call.done.wait()  # every connection of the call has recorded itself
             await self._flush(call)
         else:
             self._forgotten_unseen[token] = None

@@ -70,6 +70,10 @@ class Proxy:
     record: Callable[[Connection], None]
     allowed_networks: Sequence[IPNetwork] = ()
     budget: Budget = field(default_factory=lambda: Budget(1 << 62))
+    #: Connections being served now. Once ``serve`` is cancelled with none, nothing more
+    #: goes out and no record is to come: a connection whose task has not run yet meets
+    #: the cancellation before it reads a byte.
+    serving: int = 0
 
     async def serve(self, listener: trio.abc.Listener[trio.SocketStream]) -> None:
         """Accept and serve connections until cancelled. Out of descriptors or memory (a
@@ -79,6 +83,8 @@ class Proxy:
             while True:
                 try:
                     stream = await listener.accept()
+                except trio.ClosedResourceError:
+                    return  # closed as its call was forgotten
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                         raise
@@ -89,6 +95,7 @@ class Proxy:
 
     async def _serve_one(self, stream: trio.SocketStream) -> None:
         connection = Connection()
+        self.serving += 1
         try:
             async with stream:
                 with trio.fail_after(FIRST_BYTE_SECONDS):
@@ -107,6 +114,7 @@ class Proxy:
         finally:
             if connection.host:
                 self.record(connection)
+            self.serving -= 1
 
     # ------------------------------------------------------------------ HTTP
 
