@@ -1,5 +1,8 @@
 """What the egress proxy costs: a 10 MB download through it against the same download
-without it, and the added cost per command (``shell true``) when the proxy is on.
+without it, and the added cost per command (``shell true``) when the proxy is on. A
+download of one byte shows what a connection costs whatever it carries (the call's
+question to the runner, the proxy's hop, the wait for its record); the 10 MB one adds
+what the second loopback hop costs per byte.
 
 Two daemons run side by side on the same root: one with ``[tools.network] mode = "proxy"``
 (the default), one with ``mode = "host"``. A local HTTP server on 127.0.0.2 serves the
@@ -34,10 +37,11 @@ class _File(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        body = PAYLOAD if self.path == "/file" else b"x"
         self.send_response(200)
-        self.send_header("Content-Length", str(SIZE))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(PAYLOAD)
+        self.wfile.write(body)
 
 
 def timed_call(client: Client, command: str) -> float:
@@ -55,6 +59,7 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.2:{server.server_address[1]}/file"
     download = f"curl -sS -o /dev/null {url}"
+    one_byte = f"curl -sS -o /dev/null {url.removesuffix('/file')}/byte"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp, "root")
         root.mkdir()
@@ -74,12 +79,16 @@ def main() -> None:
             for _ in range(3):
                 timed_call(via_proxy, download)
                 timed_call(via_host, download)
-            sizes = {"proxy": [], "host": [], "curl": []}
-            trues = {"proxy": [], "host": []}
+            sizes: dict[str, list[float]] = {"proxy": [], "host": [], "curl": []}
+            trues: dict[str, list[float]] = {"proxy": [], "host": []}
+            bytes_: dict[str, list[float]] = {"proxy": [], "host": []}
             for _ in range(rounds):
                 sizes["curl"].append(_curl(url))
                 sizes["proxy"].append(timed_call(via_proxy, download))
                 sizes["host"].append(timed_call(via_host, download))
+                for _ in range(5):
+                    bytes_["proxy"].append(timed_call(via_proxy, one_byte))
+                    bytes_["host"].append(timed_call(via_host, one_byte))
                 for _ in range(40):
                     trues["proxy"].append(timed_call(via_proxy, "true"))
                     trues["host"].append(timed_call(via_host, "true"))
@@ -89,6 +98,10 @@ def main() -> None:
     print(f"10 MB download, shell, mode host       p50 {med['host'] * 1e3:8.1f} ms")
     ratios = f"ratio to host mode {med['proxy'] / med['host']:.2f}x  to curl {med['proxy'] / med['curl']:.2f}x"
     print(f"10 MB download, shell, mode proxy      p50 {med['proxy'] * 1e3:8.1f} ms   {ratios}")
+    p, h = statistics.median(bytes_["proxy"]), statistics.median(bytes_["host"])
+    print(f"1 byte download, shell, mode host      p50 {h * 1e3:8.1f} ms")
+    added = f"added {(p - h) * 1e6:+.0f} µs per connection"
+    print(f"1 byte download, shell, mode proxy     p50 {p * 1e3:8.1f} ms   {added}")
     p, h = statistics.median(trues["proxy"]), statistics.median(trues["host"])
     print(f"shell true, mode host                  p50 {h * 1e6:8.1f} µs")
     print(f"shell true, mode proxy                 p50 {p * 1e6:8.1f} µs   added {(p - h) * 1e6:+.1f} µs per command")
