@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from toold_daemon.execution.batches import Batch, PreparedCall
 from toold_daemon.records.audit import AuditTrail, Fields, LineSink
+from toold_daemon.records.logs import quoted
 from toold_protocol import Identity, ToolResult
 
 ME = Identity(uid=1000, gid=1000, pid=42)
@@ -163,3 +167,13 @@ def test_without_a_loop_each_line_is_written_at_once() -> None:
     audit.answered(batch_of(call), call, "denied", ME)
     assert stream.getvalue().splitlines()[1].startswith("audit=answer ")
     assert stream.writes == 2
+
+
+@given(st.one_of(st.text(), st.text(alphabet=st.sampled_from('aZ09_.:/@+- ="\n\té'))))
+def test_a_field_goes_bare_only_when_it_is_one_safe_word(value: str) -> None:
+    stream = io.StringIO()
+    sink = LineSink(stream)
+    sink("result", {"TOOLD_TOOL": value})
+    sink.flush()
+    safe = re.fullmatch(r"[A-Za-z0-9_.:/@+-]+", value) is not None
+    assert stream.getvalue() == f"audit=result tool={value if safe else quoted(value)}\n"

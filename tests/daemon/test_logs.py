@@ -7,8 +7,11 @@ import logging
 import os
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from tests.conftest import start_daemon
-from toold_daemon.records.logs import EventFormatter
+from toold_daemon.records.logs import EventFormatter, quoted
 
 
 def record(level: int, message: str, exc: bool = False) -> logging.LogRecord:
@@ -56,3 +59,31 @@ def test_the_daemon_prefixes_only_when_stderr_is_the_journal(tmp_path: Path) -> 
             )
         else:
             assert all(line.startswith("level=") for line in lines), lines
+
+
+def _quoted_the_long_way(text: str) -> str:
+    """Every character looked at: what ``quoted`` must give, whatever path it takes."""
+    out = []
+    for char in text:
+        if char in '\\"':
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\r":
+            out.append("\\r")
+        elif (ord(char) < 0x20 and char != "\t") or 0x7F <= ord(char) <= 0x9F:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+@given(st.text())
+def test_a_quoted_text_escapes_every_quote_backslash_and_control_character(text: str) -> None:
+    assert quoted(text) == _quoted_the_long_way(text)
+
+
+@given(st.text(alphabet=st.sampled_from('ab1_.:/@+-="\\ \n\r\t\x00\x1b\x7f\x85\u2028é')))
+def test_a_quoted_text_of_the_characters_that_matter_escapes_them(text: str) -> None:
+    assert quoted(text) == _quoted_the_long_way(text)
+    assert "\n" not in quoted(text) and "\r" not in quoted(text)

@@ -20,9 +20,9 @@ import errno
 import functools
 import logging
 import os
-import re
 import socket
 import stat
+import string
 import struct
 import sys
 import time
@@ -65,7 +65,8 @@ _MAX_WAITING = 10_000
 _MAX_VALUE = 4096  # characters of one field's value (summaries are shorter already)
 
 Fields = dict[str, str]
-_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+-]+")
+#: What a value of an audit line may hold unquoted (a number, an id, a tool name).
+_PLAIN = string.ascii_letters + string.digits + "_.:/@+-"
 
 
 class AuditTrail:
@@ -411,8 +412,9 @@ class LineSink:
         words = [f"{prefix}audit={kind}"]
         for key, value in fields.items():
             name = _LINE_NAMES.get(key) or _LINE_NAMES.setdefault(key, key.removeprefix("TOOLD_").lower())
-            # plain when it is one safe word (a number, an id, a tool name), else quoted
-            words.append(f"{name}={value}" if _PLAIN.fullmatch(value) else f"{name}={quoted(value)}")
+            # plain when it is one safe word (nothing left once its plain characters are
+            # stripped from both ends), else quoted
+            words.append(f"{name}={value}" if value and not value.strip(_PLAIN) else f"{name}={quoted(value)}")
         self._lines.append(" ".join(words) + "\n")
 
     def flush(self) -> None:

@@ -50,6 +50,10 @@ class EventFormatter(logging.Formatter):
 
 
 def quoted(text: str) -> str:
+    """``text`` in double quotes, with backslashes, quotes and control characters escaped
+    (a line it is written into stays one line that says what it said)."""
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'  # nearly every text: nothing to escape (no control character is printable)
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
     return '"' + _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", escaped) + '"'
 
