@@ -4,6 +4,7 @@ no relay thread is free (the event-loop path)."""
 
 from __future__ import annotations
 
+import mmap
 import struct
 import threading
 from collections.abc import AsyncIterator
@@ -203,3 +204,25 @@ async def test_a_broken_side_ends_both_directions(path: str) -> None:
                 except trio.BrokenResourceError:
                     break
     assert endings == ["broken"]
+
+
+def test_a_thread_refused_its_buffer_mapping_relays_through_a_small_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*args: object) -> None:
+        raise OSError(12, "Cannot allocate memory")  # as under the process's address-space limit
+
+    monkeypatch.setattr(mmap, "mmap", refused)
+    sizes: list[int] = []
+    thread = threading.Thread(target=lambda: sizes.append(len(relay_module._thread_buffer())))  # a thread with none yet
+    thread.start()
+    thread.join()
+    assert sizes == [64 * 1024]
+
+
+def test_a_thread_keeps_its_buffer_for_the_next_direction() -> None:
+    kept: list[bool] = []
+    thread = threading.Thread(
+        target=lambda: kept.append(relay_module._thread_buffer() is relay_module._thread_buffer())
+    )
+    thread.start()
+    thread.join()
+    assert kept == [True] and len(relay_module._thread_buffer()) == relay_module.THREAD_BUFFER_BYTES
