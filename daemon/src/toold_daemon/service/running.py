@@ -85,7 +85,7 @@ class BatchRuns:
             )
             return
         uid = session.identity.uid
-        running = sum(s.running - s.journal_waits for s in self.shared.sessions if s.identity.uid == uid)
+        running = sum(s.running - s.journal_waits for s in self.shared.sessions.of_uid(uid))
         if running >= self.shared.config.daemon.max_running_batches_per_uid:
             self.shared.error(
                 session.peer,

@@ -49,6 +49,9 @@ class SessionsFull(Exception):
 class Sessions:
     def __init__(self, max_sessions: int, max_per_uid: int, on_evict: Callable[[Session], None]) -> None:
         self._by_peer: dict[bytes, Session] = {}  # least recently seen first
+        #: The same sessions by uid: a submission counts its uid's running batches among
+        #: that uid's sessions, not among every session of the daemon (up to a thousand).
+        self._by_uid: dict[int, dict[bytes, Session]] = {}
         self._max_sessions = max_sessions
         self._max_per_uid = max_per_uid
         self._on_evict = on_evict
@@ -59,30 +62,46 @@ class Sessions:
     def __iter__(self) -> Iterator[Session]:
         return iter(list(self._by_peer.values()))
 
+    def of_uid(self, uid: int) -> Iterator[Session]:
+        """The sessions of ``uid`` (a view: not to be changed while iterating)."""
+        return iter(self._by_uid.get(uid, {}).values())
+
     def seen(self, peer: bytes, identity: Identity) -> Session:
         """The peer's session, now the most recently seen; a new one on its first message.
         Raises ``SessionsFull``."""
         session = self._by_peer.pop(peer, None)
         if session is None:
             uid = identity.uid
-            mine = sum(1 for s in self._by_peer.values() if s.identity.uid == uid)
+            mine = len(self._by_uid.get(uid, ()))
             if mine >= self._max_per_uid and not self._evict_idle(uid):
                 raise SessionsFull(f"uid {uid} has {mine} sessions with running batches (max_sessions_per_uid)")
             if len(self._by_peer) >= self._max_sessions and not self._evict_idle():
                 raise SessionsFull("too many sessions with running batches")
             session = Session(session_id=secrets.token_hex(8), peer=peer, identity=identity)
+            self._by_uid.setdefault(uid, {})[peer] = session
         self._by_peer[peer] = session
         return session
 
     def end(self, peer: bytes) -> Session | None:
         """Forget the peer's session (it went away); the session, if it had one."""
-        return self._by_peer.pop(peer, None)
+        session = self._by_peer.pop(peer, None)
+        if session is not None:
+            self._forget_uid_entry(session)
+        return session
 
     def _evict_idle(self, uid: int | None = None) -> bool:
         """Drop the idle session seen longest ago (of ``uid`` only, when given)."""
         for peer, session in self._by_peer.items():
             if session.running == 0 and (uid is None or session.identity.uid == uid):
                 del self._by_peer[peer]
+                self._forget_uid_entry(session)
                 self._on_evict(session)
                 return True
         return False
+
+    def _forget_uid_entry(self, session: Session) -> None:
+        mine = self._by_uid.get(session.identity.uid)
+        if mine is not None:
+            mine.pop(session.peer, None)
+            if not mine:
+                del self._by_uid[session.identity.uid]
