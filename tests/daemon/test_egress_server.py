@@ -8,6 +8,7 @@ a connection still open is ended first, never left running past its call."""
 from __future__ import annotations
 
 import functools
+import gc
 import socket
 from typing import Any
 
@@ -23,8 +24,10 @@ from toold_daemon.egress.process import (
     EgressRecord,
     EgressServer,
     EgressUsed,
+    _Call,
     to_runner,
 )
+from toold_daemon.egress.proxy import Proxy
 from toold_daemon.egress.rules import EgressRules
 from toold_daemon.isolation.wire import FrameBuffer, frame
 
@@ -362,3 +365,31 @@ async def test_a_call_forgotten_as_its_zygote_goes_still_hands_over_its_records(
             await ended.wait()
         assert traffic(seen) == [(4, 4)]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_forgotten_call_leaves_no_reference_cycle_for_the_collector() -> None:
+    """Its proxy's closures hold the call; the call must not hold the proxy once it is
+    over, or each proxied command would leave a cycle only the garbage collector frees.
+    (The first of two calls: the server's loop keeps its last call at hand.)"""
+    gc.collect()
+    gc.disable()
+    try:
+        async with trio.open_nursery() as nursery:
+            port = await echo_server(nursery)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
+                first.bind(("127.0.0.1", 0))
+                first.listen(8)
+                runner, _proxy_port = await started_server(nursery, port, before=("first", first))
+            await runner.send(EgressForget(token="first"))
+            with trio.fail_after(5):
+                await runner.until_forgotten()
+            await trio.sleep(0.1)  # the cancelled proxy has wound down
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [type(thing).__name__ for thing in gc.garbage if isinstance(thing, (_Call, Proxy))]
+            nursery.cancel_scope.cancel()
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.enable()
+    assert left == []

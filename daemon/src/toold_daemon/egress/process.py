@@ -274,6 +274,7 @@ class EgressServer:
         except Exception:  # this call's proxy ends; the other calls' go on
             log.exception("the egress proxy of a call failed; its listener is closed")
         finally:
+            call.proxy = call.listener = None  # the proxy's closures hold the call: no cycle left behind
             call.done.set()
 
     async def _from_runner(self) -> None:
