@@ -11,6 +11,8 @@ per-round ratios: each round times its own baselines just before its isolated ca
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import statistics
 import subprocess
@@ -97,6 +99,30 @@ def spread(ratios: list[float]) -> str:
     )
 
 
+def _through_daemons(tmp: Path, root: Path, n: int) -> tuple[dict[bool, list[float]], list[float]]:
+    """``shell true`` through a daemon without a journal and one with, and
+    ``subprocess.run`` beside them: both daemons run at once and the three alternate in
+    rounds, so that the machine's drift hits them alike (measured one after the other,
+    the journal's cost read four times what it is)."""
+    through_daemon: dict[bool, list[float]] = {False: [], True: []}
+    sub_beside: list[float] = []
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for journaled in (False, True):
+            cfg = tmp / f"journal-{journaled}.toml"
+            cfg.write_text(f'[tools.approval]\nallowlist = ["shell"]\n[journal]\nenabled = {str(journaled).lower()}\n')
+            endpoint = stack.enter_context(running_daemon(root, "--config", str(cfg)))
+            clients[journaled] = stack.enter_context(Client(endpoint))
+        per_round = max(1, n // ROUNDS)
+        for round_number in range(ROUNDS):
+            warmup = 20 if round_number == 0 else 2
+            sub_beside += sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), per_round, warmup=warmup)
+            for journaled, client in clients.items():
+                call = functools.partial(client.call, "shell", {"command": "true"})
+                through_daemon[journaled] += sample(call, per_round, warmup=warmup)
+    return through_daemon, sub_beside
+
+
 def main(n: int = 300) -> None:
     config = parse('[tools.approval]\nallowlist = ["shell"]\n')
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,14 +142,7 @@ def main(n: int = 300) -> None:
                 runner.close()
 
         rounds = trio.run(measure)
-        through_daemon: dict[bool, list[float]] = {}
-        sub_beside: list[float] = []
-        for journaled in (False, True):
-            cfg = Path(tmp) / "c.toml"
-            cfg.write_text(f'[tools.approval]\nallowlist = ["shell"]\n[journal]\nenabled = {str(journaled).lower()}\n')
-            sub_beside += sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), n // 2, warmup=20)
-            with running_daemon(root, "--config", str(cfg)) as endpoint, Client(endpoint) as client:
-                through_daemon[journaled] = sample(lambda: client.call("shell", {"command": "true"}), n, warmup=20)
+        through_daemon, sub_beside = _through_daemons(Path(tmp), root, n)
     fork, python_child, sub, shell_true = (rounds.samples[k] for k in ("fork", "py", "sub", "sh"))
     print(f"# isolated child cost, n={n} in {ROUNDS} rounds (baselines, then isolated calls)")
     report("bare fork + exit + wait [baseline A]", fork)
