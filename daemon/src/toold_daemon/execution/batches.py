@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
 from toold_protocol import BatchFinished, BatchState, BatchStatus, Disposition, Identity, PlannedCall, ToolResult
@@ -98,6 +99,7 @@ class Batch:
     undo_bytes: int = 0  # pre-image bytes kept so far ([journal] undo_max_bytes_per_batch)
     journaled_at_end: bool = False  # read-only: one journal write when it ends, none per call
     observed: set[int] = field(default_factory=set)  # calls whose result the audit and metrics have seen
+    kept_bytes: int = 0  # what its results hold, once it has finished and is kept for get_batch
     #: (call, host, port) -> (allowed, why): asks a person about a command's new host.
     ask_network: Callable[[PreparedCall, str, int], Awaitable[tuple[bool, str]]] | None = None
 
@@ -125,6 +127,15 @@ class Batch:
         """``get_batch``'s answer (request id 0: the announcement a watcher gets)."""
         results = self.finished_results()
         return BatchStatus(id=request_id, batch_id=self.batch_id, state=self.state, calls=self.plan(), results=results)
+
+    def result_bytes(self) -> int:
+        """About what its results hold: their texts and their structured data, encoded."""
+        total = 0
+        for result in self.results:
+            if result is not None:
+                total += len(result.content) + (len(result.error.message) if result.error is not None else 0)
+                total += len(msgspec.msgpack.encode(result.data)) if result.data else 0
+        return total
 
     def outcome(self) -> BatchFinished:
         return BatchFinished(batch_id=self.batch_id, state=self.state, results=self.finished_results())

@@ -133,7 +133,7 @@ class Administration:
             return
         if message.action == "discard":
             journal.discard(stored.batch_id)
-            self.shared.batches.pop(stored.batch_id, None)
+            self.runs.forget_batch(stored.batch_id)
             self.shared.reply(session, Ack(id=message.id))
             return
         # Planned as the batch's original owner and client, in its workspace, under today's policy.
@@ -265,7 +265,7 @@ class Administration:
             older_than_seconds=message.older_than_seconds, uid=None if everyone else session.identity.uid
         )
         for batch_id in removed:
-            self.shared.batches.pop(batch_id, None)
+            self.runs.forget_batch(batch_id)
         self.shared.reply(session, Pruned(id=message.id, removed=len(removed)))
 
     def explain(self, session: Session, message: ExplainPolicy) -> None:

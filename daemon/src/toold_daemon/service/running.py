@@ -56,6 +56,7 @@ class BatchRuns:
         self.confirming = confirming
         self.held = HeldAccepts()
         self._turns: dict[tuple[int, str], int] = {}
+        self._kept_bytes = 0  # of the finished batches kept (``_keep_finished``)
 
     def submit(
         self, session: Session, message: SubmitBatch, *, discovered: bool = False, trusted: bool = False
@@ -164,7 +165,7 @@ class BatchRuns:
         except BaseException:
             # Remembered but never started: nothing would ever end it, and a stopping daemon
             # waits for every batch it knows. Forgotten, and ended, before the error is reported.
-            self.shared.batches.pop(batch_id, None)
+            self.forget_batch(batch_id)
             self.held.forget(batch_id)
             self.shared.executor.abandon(batch)
             batch.done.set()
@@ -336,6 +337,7 @@ class BatchRuns:
             # reference cycle that only the garbage collector frees, tens of thousands of
             # objects at a time (pauses of up to 100 ms under a stream of reads).
             batch.ask_network = None
+            self._keep_finished(batch)
             session.running -= 1
             if waited_for_journal:
                 session.journal_waits -= 1
@@ -394,7 +396,7 @@ class BatchRuns:
         try:
             await commit.durable()
         except JournalWriteFailed as exc:
-            self.shared.batches.pop(batch.batch_id, None)
+            self.forget_batch(batch.batch_id)
             batch.done.set()
             request_id = accepted.id if accepted is not None else None
             self.shared.error(
@@ -432,7 +434,34 @@ class BatchRuns:
         if excess > 0:
             oldest_done = (b for b, kept in self.shared.batches.items() if kept.done.is_set())
             for batch_id in list(itertools.islice(oldest_done, excess)):
-                del self.shared.batches[batch_id]
+                self.forget_batch(batch_id)
+
+    def forget_batch(self, batch_id: str) -> None:
+        """Drop a batch from those kept (its results go with it; the journal keeps its own)."""
+        batch = self.shared.batches.pop(batch_id, None)
+        if batch is not None:
+            self._kept_bytes -= batch.kept_bytes
+
+    def _keep_finished(self, batch: Batch) -> None:
+        """Count a finished batch's results against ``finished_batches_kept_bytes`` and drop
+        the oldest finished batches past it: a client reading large files in a loop would
+        otherwise make the daemon hold ``finished_batches_kept`` batches of them."""
+        if self.shared.batches.get(batch.batch_id) is not batch:
+            return  # forgotten already (refused, discarded)
+        batch.kept_bytes = batch.result_bytes()
+        self._kept_bytes += batch.kept_bytes
+        over = self._kept_bytes - self.shared.config.daemon.finished_batches_kept_bytes
+        if over <= 0:
+            return
+        doomed = []
+        for batch_id, kept in self.shared.batches.items():  # oldest first
+            if over <= 0:
+                break
+            if kept.done.is_set() and kept.kept_bytes:
+                doomed.append(batch_id)
+                over -= kept.kept_bytes
+        for batch_id in doomed:
+            self.forget_batch(batch_id)
 
     def _owned_batch(self, session: Session, request_id: int, batch_id: str) -> Batch | None:
         """The batch, if this session's uid owns it (root may see all). Another uid's batch looks unknown."""
