@@ -28,6 +28,7 @@ from ._messages import ClientMessage as ClientMessage
 from ._messages import Confirm as Confirm
 from ._messages import ConfirmationItem as ConfirmationItem
 from ._messages import ConfirmationRequested as ConfirmationRequested
+from ._messages import Connection as Connection
 from ._messages import ConnectionList as ConnectionList
 from ._messages import DaemonMessage as DaemonMessage
 from ._messages import Disposition as Disposition
@@ -92,6 +93,7 @@ __all__ = [
     "Confirm",
     "ConfirmationItem",
     "ConfirmationRequested",
+    "Connection",
     "ConnectionList",
     "DaemonMessage",
     "DecodeFailure",

@@ -440,21 +440,28 @@ class BatchList(_Message, tag="batch_list", frozen=True):
     batches: list[BatchSummary]
 
 
-class ServerConnection(msgspec.Struct, frozen=True, kw_only=True):
-    """One connection of an MCP server: ``refused`` says why when the proxy refused it,
-    else ``allowed_by`` says what allowed it and ``sent``/``received`` count its bytes."""
+class Connection(msgspec.Struct, frozen=True, kw_only=True):
+    """One connection through the egress proxy (a command's, in its result's
+    ``data.network``; an MCP server's, in ``ServerConnection``): ``refused`` says why
+    when the proxy refused it, else ``allowed_by`` says what allowed it and
+    ``sent``/``received`` count its bytes each way."""
 
-    server: str
-    uid: int
-    ended: float  # seconds since the epoch
     host: str
     port: int
-    protocol: str
-    address: str = ""
+    protocol: str  # connect | http | socks5
+    address: str = ""  # what was connected to
     allowed_by: str = ""
     refused: str = ""
     sent: int = 0
     received: int = 0
+
+
+class ServerConnection(Connection, frozen=True, kw_only=True):
+    """One connection of an MCP server, as the journal keeps it."""
+
+    server: str
+    uid: int
+    ended: float  # seconds since the epoch
 
 
 class ConnectionList(_Message, tag="connection_list", frozen=True):

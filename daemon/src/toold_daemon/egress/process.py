@@ -79,6 +79,10 @@ class EgressUsed(msgspec.Struct, frozen=True, kw_only=True, tag="egress_used"):
 
 
 class EgressRecord(msgspec.Struct, frozen=True, kw_only=True, tag="egress_record"):
+    """A finished connection as the egress process reports it: the protocol's
+    ``Connection`` and the call's token, each field bounded, since the runner decodes it
+    from a process that runs as the client."""
+
     token: Name
     host: Name
     port: int

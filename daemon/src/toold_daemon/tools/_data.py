@@ -16,22 +16,15 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from toold_protocol import Connection
+
 
 class _Data(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     pass
 
 
-class NetworkRecord(_Data):
+class NetworkRecord(Connection, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One connection a command made through the egress proxy."""
-
-    host: str
-    port: int
-    protocol: str
-    address: str = ""
-    allowed_by: str = ""
-    refused: str = ""
-    sent: int = 0
-    received: int = 0
 
 
 class NetworkOmitted(_Data):
