@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from jsonschema import Draft202012Validator
 
 from tests.conftest import DaemonProcess, start_daemon
 from tests.webserver import Server, serving
-from toold_client import APPROVE_ALL, DENY_ALL, Decision
+from toold_client import APPROVE_ALL, DENY_ALL, Client, Decision
 from toold_daemon.egress.calls import EgressCalls
 from toold_daemon.egress.process import EgressAnswer, EgressUsed, from_runner
 from toold_daemon.isolation.wire import FrameBuffer, frame
@@ -403,6 +404,28 @@ async def test_questions_about_made_up_calls_cannot_pile_up_in_the_daemon() -> N
         nursery.cancel_scope.cancel()
 
 
+@contextmanager
+def hostile_server_ran(
+    tmp_path: Path, name: str, source: str, config: str = ""
+) -> Iterator[tuple[DaemonProcess, Client]]:
+    """A daemon whose MCP server ``name`` (network on, through the proxy) has run
+    ``source`` with the server's own Python: (the daemon, a client of it)."""
+    from tests.e2e.test_mcp_gateway import PYTHON, hostile_entry
+
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(
+        tmp_path, root, config=f'[tools.approval]\nmode = "auto"\n{config}\n{hostile_entry(name)}network = true\n'
+    )
+    try:
+        with d.client(timeout=60) as client:
+            ran = client.call(f"mcp__{name}__run", {"argv": [PYTHON, "-c", source]})
+            assert ran.ok and "done" in ran.content, ran.content
+            yield d, client
+    finally:
+        d.stop()
+
+
 LOOPING_CLIENT = """
 import os, socket
 host, port = os.environ["HTTP_PROXY"].removeprefix("http://").rsplit(":", 1)
@@ -418,30 +441,11 @@ def test_an_mcp_server_connecting_in_a_loop_keeps_only_its_share_of_the_journal(
     """Attack: an MCP server (untrusted code, long-lived) opens connection after
     connection through the proxy to grow the daemon's journal without bound. Each is
     refused and recorded, but only the newest ``server_connections_kept`` stay."""
-    from tests.e2e.test_mcp_gateway import PYTHON, hostile_entry
-
-    config = f"""
-[tools.approval]
-mode = "auto"
-
-[journal]
-server_connections_kept = 20
-
-{hostile_entry("loop")}network = true
-"""
-    root = tmp_path / "root"
-    root.mkdir()
-    d = start_daemon(tmp_path, root, config=config)
-    try:
-        with d.client(timeout=60) as client:
-            ran = client.call("mcp__loop__run", {"argv": [PYTHON, "-c", LOOPING_CLIENT]})
-            assert ran.ok and "done" in ran.content, ran.content
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and d.log.read_text().count("audit=connection") < 150:
-                time.sleep(0.05)
-            kept = client.list_connections("mcp:loop", limit=10_000)
-    finally:
-        d.stop()
+    with hostile_server_ran(tmp_path, "loop", LOOPING_CLIENT, "[journal]\nserver_connections_kept = 20") as (d, client):
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and d.log.read_text().count("audit=connection") < 150:
+            time.sleep(0.05)
+        kept = client.list_connections("mcp:loop", limit=10_000)
     assert d.log.read_text().count("audit=connection") == 150  # every one was judged and recorded
     assert 20 <= len(kept) <= 40, len(kept)
     ports = [c.port for c in kept]
@@ -464,26 +468,16 @@ def test_a_servers_connection_cannot_put_terminal_escapes_in_front_of_the_person
     screen, retitle the window), hoping the person listing the journal's connections
     gets them raw. The connection is refused, kept, and listed neutralised."""
     from tests.conftest import BIN
-    from tests.e2e.test_mcp_gateway import PYTHON, hostile_entry
 
-    config = f'[tools.approval]\nmode = "auto"\n\n{hostile_entry("esc")}network = true\n'
-    root = tmp_path / "root"
-    root.mkdir()
-    d = start_daemon(tmp_path, root, config=config)
-    try:
-        with d.client(timeout=60) as client:
-            ran = client.call("mcp__esc__run", {"argv": [PYTHON, "-c", ESCAPING_CLIENT]})
-            assert ran.ok and "done" in ran.content, ran.content
-            deadline = time.monotonic() + 10
-            while not (kept := client.list_connections("mcp:esc")) and time.monotonic() < deadline:
-                time.sleep(0.05)
+    with hostile_server_ran(tmp_path, "esc", ESCAPING_CLIENT) as (d, client):
+        deadline = time.monotonic() + 10
+        while not (kept := client.list_connections("mcp:esc")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         shown = subprocess.run(
             [str(BIN / "toolctl"), "--endpoint", d.endpoint, "journal", "connections"],
             capture_output=True,
             timeout=60,
         )
-    finally:
-        d.stop()
     assert len(kept) == 1 and kept[0].refused and "\x1b" in kept[0].host  # kept as it came
     assert shown.returncode == 0 and b"evil.invalid:443" in shown.stdout, shown
     assert b"\x1b" not in shown.stdout and b"\x07" not in shown.stdout, shown.stdout
