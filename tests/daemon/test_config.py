@@ -44,6 +44,8 @@ denylist = ["grep"]
         ("[tools]\n\n[tools.sandbox]\nallow_absolute = 'yes'\n", 4, "Expected `bool`"),
         ("[tools.timeouts]\ndefault_seconds = -1\n", 2, ">"),
         ("[tools]\nmode = 'sometimes'\n", 2, "Invalid enum value"),
+        ("[daemon]\nfinished_batches_kept_bytes = 0\n", 2, "Expected `int` >= 1"),
+        ("[daemon]\n\nfinished_batches_kept_bytes = 'lots'\n", 3, "Expected `int`, got `str`"),
     ],
 )
 def test_errors_name_file_and_line(tmp_path: Path, text: str, line: int, words: str) -> None:
