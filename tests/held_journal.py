@@ -35,14 +35,15 @@ def hold_back_journal_writer(monkeypatch: pytest.MonkeyPatch, seconds: float = 2
 
 @asynccontextmanager
 async def daemon_with_a_journal_behind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **limits: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, every_read_waits: bool = True, **limits: int
 ) -> AsyncIterator[tuple[str, threading.Event]]:
     """(endpoint, gate): a daemon serving ``tmp_path/root`` (holding ``a.txt``) whose every
-    ended read waits for its journal record, which waits for the gate. ``limits``:
-    ``[daemon]`` settings."""
+    ended read waits for its journal record (``every_read_waits``; else only past the
+    service's backlog bounds), which waits for the gate. ``limits``: ``[daemon]`` settings."""
     gate = hold_back_journal_writer(monkeypatch)
     monkeypatch.setattr(JournalWriter, "_now_if_idle", lambda self, write: None)  # as if the thread were busy
-    monkeypatch.setattr(running, "JOURNAL_BACKLOG", -1)  # every ended batch waits for its record
+    if every_read_waits:
+        monkeypatch.setattr(running, "JOURNAL_BACKLOG", -1)
     root = tmp_path / "root"
     root.mkdir()
     (root / "a.txt").write_text("hello\n")

@@ -124,8 +124,9 @@ async def test_checkpoints_are_made_by_the_writer_thread(tmp_path: Path, monkeyp
 async def test_a_stalled_writer_shows_its_backlog_and_awaited_writes_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A disk that stops answering: the queue is visible (the service then makes
-    read-only batches wait for their own write), and an awaited write waits."""
+    """A disk that stops answering: the queue is visible, in writes and in bytes (the
+    service then makes read-only batches wait for their own write), and an awaited write
+    waits."""
     gate = hold_back_journal_writer(monkeypatch, seconds=10)
     journal = Journal.open_in(tmp_path)
     journal.start_writer()
@@ -135,15 +136,17 @@ async def test_a_stalled_writer_shows_its_backlog_and_awaited_writes_wait(
         while journal.backlog() and time.monotonic() < deadline:  # the thread has taken it, and waits
             await trio.sleep(0.005)
         for n in range(20):
-            ended(journal, f"q{n}")
-        assert journal.backlog() == 20
+            ended(journal, f"q{n}", content="x" * 1000)
+        # what the queue holds, in writes and in bytes of results (content and display are
+        # the same: stored, and counted, once)
+        assert (journal.backlog(), journal.backlog_bytes()) == (20, 20_000)
         waited = ended(journal, "waited", awaited=True)
         with trio.move_on_after(0.2) as still_waiting:
             await waited.durable()
         assert still_waiting.cancelled_caught
         gate.set()
         await waited.durable()
-        assert committed(journal.path, "waited") and journal.backlog() == 0
+        assert committed(journal.path, "waited") and (journal.backlog(), journal.backlog_bytes()) == (0, 0)
     finally:
         gate.set()
         journal.close()

@@ -58,3 +58,30 @@ def _another_client_reads(endpoint: str) -> bool:
     """Another session's call, answered while the journal is held (its record waits too)."""
     with Client(endpoint, timeout=10) as client:
         return client.call("read_file", {"path": "a.txt"}).ok
+
+
+async def test_clients_that_each_open_a_session_cannot_pile_up_batches_behind_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's batch waiting for the journal holds that session's next submissions;
+    a client that opens a new session for each submission (a new connection, or one cut
+    off for not reading) would escape that and pile up results waiting for the disk. The
+    uid's waiting batches are counted whatever became of their sessions: past
+    ``max_running_batches_per_uid`` its submissions are refused."""
+    limits = {"max_running_batches_per_uid": 4}
+    async with daemon_with_a_journal_behind(tmp_path, monkeypatch, **limits) as (endpoint, gate):
+        outcomes = await trio.to_thread.run_sync(_a_session_per_read, endpoint, 12)
+        gate.set()
+    assert outcomes[:4] == ["ok"] * 4
+    assert outcomes[4:] == ["TOO_MANY_BATCHES"] * 8
+
+
+def _a_session_per_read(endpoint: str, count: int) -> list[str]:
+    outcomes = []
+    for _ in range(count):
+        with Client(endpoint, timeout=10) as client:
+            try:
+                outcomes.append("ok" if client.call("read_file", {"path": "a.txt"}).ok else "error")
+            except RemoteError as exc:
+                outcomes.append(exc.code)
+    return outcomes

@@ -178,11 +178,12 @@ class Journal:
         if self._writer is None:
             self._writer = JournalWriter(self._writer_db, trio.lowlevel.current_trio_token())
 
-    def _write(self, write: Write | Rows, *, awaited: bool = False) -> Commit:
+    def _write(self, write: Write | Rows, *, awaited: bool = False, size: int = 0) -> Commit:
         """Run ``write`` in a transaction: queued on the writer thread when there is one,
-        else now (a failure then raises, as it happens)."""
+        else now (a failure then raises, as it happens). ``size``: the bytes of results it
+        carries, for ``backlog_bytes``."""
         if self._writer is not None:
-            return self._writer.submit(write, awaited=awaited)
+            return self._writer.submit(write, awaited=awaited, size=size)
         value = None
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -211,6 +212,10 @@ class Journal:
     def backlog(self) -> int:
         """Writes queued for the writer thread and not yet taken."""
         return self._writer.backlog() if self._writer is not None else 0
+
+    def backlog_bytes(self) -> int:
+        """Bytes of results in the writes queued for the writer thread and not yet taken."""
+        return self._writer.backlog_bytes() if self._writer is not None else 0
 
     def flush(self) -> None:
         """Wait until every queued write is committed: reads see them all after this."""
@@ -259,15 +264,17 @@ class Journal:
             (*_call_columns(s.batch_id, c, p), now if p.index == started else None)
             for c, p in zip(s.calls, s.planned, strict=True)
         ]
+        result_rows = [_result_row(s.batch_id, index, r, now) for index, r in results]
         return self._write(
             Rows(
                 [
                     (_INSERT_BATCH, [(*batch_row, now if ended else None, state, s.digest, s.workspace)]),
                     (_INSERT_CALL, call_rows),
-                    (_INSERT_RESULT, [_result_row(s.batch_id, index, r, now) for index, r in results]),
+                    (_INSERT_RESULT, result_rows),
                 ]
             ),
             awaited=awaited,
+            size=sum(map(_result_row_bytes, result_rows)),
         )
 
     def started(self, batch_id: str, index: int) -> Commit:
@@ -323,7 +330,7 @@ class Journal:
                     "UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (final_state, now, batch_id)
                 )
 
-        return self._write(write, awaited=awaited)
+        return self._write(write, awaited=awaited, size=len(result.content) + len(result.display))
 
     def batch_done(self, batch_id: str, state: BatchState) -> Commit:
         now = time.time()
@@ -551,6 +558,11 @@ def _result_row(batch_id: str, index: int, result: ToolResult, now: float) -> tu
         now,
         int(same),
     )
+
+
+def _result_row_bytes(row: tuple[Any, ...]) -> int:
+    """The bytes a result row carries: its content, display, data and error."""
+    return len(row[4]) + len(row[5]) + len(row[6] or b"") + len(row[7] or b"")
 
 
 def _is_undo(db: sqlite3.Connection, batch_id: str) -> bool:

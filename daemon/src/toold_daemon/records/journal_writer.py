@@ -105,6 +105,7 @@ class JournalWriter:
         self._commits = 0  # since the last checkpoint
         self._token = token
         self._queue: list[tuple[Write | Rows, Commit]] = []
+        self._queued_bytes = 0  # what the queued writes carry, as their submitters said
         self._busy = False
         self._urgent = False  # something queued is waited for: commit now
         self._closing = False
@@ -112,7 +113,8 @@ class JournalWriter:
         self._thread = threading.Thread(target=self._work, name="toold-journal", daemon=True)
         self._thread.start()
 
-    def submit(self, write: Write | Rows, *, awaited: bool = False) -> Commit:
+    def submit(self, write: Write | Rows, *, awaited: bool = False, size: int = 0) -> Commit:
+        """Queue ``write``; ``size``: about how many bytes of results it carries."""
         if awaited:
             done = self._now_if_idle(write)
             if done is not None:
@@ -123,6 +125,7 @@ class JournalWriter:
                 raise JournalWriteFailed("the journal is closed")
             first = not self._queue
             self._queue.append((write, commit))
+            self._queued_bytes += size
             if awaited:
                 self._urgent = True
             if awaited or first:  # the first of a group starts the thread's linger
@@ -141,7 +144,7 @@ class JournalWriter:
             if self._busy or self._closing:
                 return None
             self._busy = True
-            group, self._queue = self._queue, []
+            group, self._queue, self._queued_bytes = self._queue, [], 0
         commit = Commit()
         try:
             if group:
@@ -189,6 +192,9 @@ class JournalWriter:
     def backlog(self) -> int:
         return len(self._queue)  # read without the lock: a hint, not a count to act on exactly
 
+    def backlog_bytes(self) -> int:
+        return self._queued_bytes  # a hint too
+
     def flush(self) -> None:
         """Block until every write queued so far is committed (or failed)."""
         with self._changed:
@@ -218,7 +224,7 @@ class JournalWriter:
                     if self._closing:
                         return
                     continue
-                group, self._queue = self._queue, []
+                group, self._queue, self._queued_bytes = self._queue, [], 0
                 self._busy, self._urgent = True, False
                 checkpoint = self._checkpoint_due() or self._closing
             try:

@@ -46,8 +46,10 @@ log = logging.getLogger(__name__)
 
 _PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
 _TURNS_KEPT = 10_000
-#: Writes waiting for the journal's thread past which a read-only batch waits for its own.
+#: Writes waiting for the journal's thread past which a read-only batch waits for its own...
 JOURNAL_BACKLOG = 5_000
+#: ... or bytes of results in them (5,000 reads of 800 KB would be 4 GB held in memory).
+JOURNAL_BACKLOG_BYTES = 16 << 20
 
 
 class BatchRuns:
@@ -57,6 +59,8 @@ class BatchRuns:
         self.held = HeldAccepts()
         self._turns: dict[tuple[int, str], int] = {}
         self._kept_bytes = 0  # of the finished batches kept (``_keep_finished``)
+        #: Batches of each uid waiting for the journal, whatever became of their sessions.
+        self._journal_waits: dict[int, int] = {}
 
     def submit(
         self, session: Session, message: SubmitBatch, *, discovered: bool = False, trusted: bool = False
@@ -93,6 +97,17 @@ class BatchRuns:
                 message.id,
                 ProtocolErrorCode.TOO_MANY_BATCHES,
                 f"uid {uid} already runs {running} batches (max_running_batches_per_uid)",
+            )
+            return
+        waiting = self._journal_waits.get(uid, 0)
+        if waiting >= self.shared.config.daemon.max_running_batches_per_uid:
+            # A session's own waits hold its next submissions back; a client that ends its
+            # sessions (by not reading, or by reconnecting) would escape that.
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.TOO_MANY_BATCHES,
+                f"uid {uid} has {waiting} batches waiting for the journal to catch up (max_running_batches_per_uid)",
             )
             return
         internal = [c.name for c in message.calls if (t := self.shared.registry.get(c.name)) is not None and t.internal]
@@ -325,6 +340,7 @@ class BatchRuns:
                 if commit.awaited:
                     session.journal_waits += 1
                     waited_for_journal = True
+                    self._count_journal_wait(batch.identity.uid, 1)
                     with contextlib.suppress(JournalWriteFailed):  # logged by the writer
                         await commit.durable()
         except Exception:
@@ -340,6 +356,7 @@ class BatchRuns:
             self._keep_finished(batch)
             session.running -= 1
             if waited_for_journal:
+                self._count_journal_wait(batch.identity.uid, -1)
                 session.journal_waits -= 1
                 if not session.journal_waits:
                     self._resume(session)  # with this batch's slot free
@@ -384,10 +401,17 @@ class BatchRuns:
                 self._observe(batch, index, result)
         self.shared.metrics.batch_finished(batch.identity.uid, batch.state)
 
+    def _count_journal_wait(self, uid: int, change: int) -> None:
+        waiting = self._journal_waits.get(uid, 0) + change
+        if waiting:
+            self._journal_waits[uid] = waiting
+        else:
+            del self._journal_waits[uid]
+
     def _journal_ended(self, batch: Batch, submission: Submission) -> Commit:
         journal = self.shared.journal
         assert journal is not None
-        awaited = journal.backlog() > JOURNAL_BACKLOG
+        awaited = journal.backlog() > JOURNAL_BACKLOG or journal.backlog_bytes() > JOURNAL_BACKLOG_BYTES
         return journal.record_ended(submission, batch.results, batch.state, awaited=awaited)
 
     async def _recorded(self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit) -> bool:
