@@ -46,6 +46,7 @@ denylist = ["grep"]
         ("[tools]\nmode = 'sometimes'\n", 2, "Invalid enum value"),
         ("[daemon]\nfinished_batches_kept_bytes = 0\n", 2, "Expected `int` >= 1"),
         ("[daemon]\n\nfinished_batches_kept_bytes = 'lots'\n", 3, "Expected `int`, got `str`"),
+        ("[daemon]\nmax_uid_backlog_bytes = 4096\n", 2, "Expected `int` >= 1048576"),
     ],
 )
 def test_errors_name_file_and_line(tmp_path: Path, text: str, line: int, words: str) -> None:

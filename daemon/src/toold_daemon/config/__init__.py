@@ -414,6 +414,11 @@ class DaemonConfig(_Section, frozen=True):
     # Frames queued for one client that stopped reading; past this the client is treated
     # as disconnected and told so once (BACKLOG_OVERFLOW).
     max_peer_backlog_bytes: Annotated[int, Meta(ge=1 << 20)] = 16 << 20
+    # Bytes waiting for all of one uid's clients together (queued, or handed to the socket
+    # and not yet read): past it, the client whose reply would go over is cut off the same
+    # way. Without it, one user's hundreds of connections that never read would each hold
+    # their own backlog.
+    max_uid_backlog_bytes: Annotated[int, Meta(ge=1 << 20)] = 128 << 20
     # A separate policy file (the keys of [tools.approval] at top level, rules as [[rules]]);
     # when set it replaces [tools.approval]. Relative to this file's directory.
     policy_file: str = ""

@@ -35,6 +35,7 @@ import re
 import socket
 import stat
 import struct
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ import zmq
 
 from toold_protocol import Identity
 
+from .backlog import Backlogs
 from .connections import HANDSHAKE_SECONDS, ConnectionGuard
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,11 @@ _PEER_ADDRESS = re.compile(r"^(?:localhost:)?(\d+):(\d+):(\d+)$")
 _RETRY_BLOCKED_SECONDS = 0.005
 PEER_CHECK_SECONDS = 0.2
 _LIBZMQ_FRAMES_PER_PEER = 64
+#: Bytes handed to libzmq for one connection before it must be seen reading for more to go.
+IN_FLIGHT_BYTES = 4 << 20
+#: A connection whose kernel send queue holds less than this is reading.
+_READING_BELOW_BYTES = 64 << 10
+_INT = struct.Struct("i")
 _MONITOR_ENDPOINT = "inproc://toold.connections"
 _MONITOR_EVENT = struct.Struct("=HI")  # libzmq's first monitor frame: event, value (the fd)
 _AUDIT_SECONDS = 1.0
@@ -109,7 +116,7 @@ class Inbound:
     identity: Identity
     frame: bytes | None  # None: the peer is gone, or stopped reading (see ``overflowed``)
     parts: int = 1
-    overflowed: bool = False  # its backlog passed the bound: dropped, further frames discarded
+    overflowed: str = ""  # why its backlog passed a bound: dropped, further frames discarded
 
 
 FrameHandler = Callable[[Inbound], None]
@@ -136,6 +143,7 @@ class IpcServer:
         *,
         hard_max_frame_bytes: int,
         max_backlog_bytes: int = 16 << 20,
+        max_uid_backlog_bytes: int = 128 << 20,
         refuse: Admission | None = None,
         activated_fd: int | None = None,
         heir: int | None = None,
@@ -155,14 +163,14 @@ class IpcServer:
         self._refuse = refuse
         self._handler: FrameHandler | None = None
         self._hard_max = hard_max_frame_bytes
-        self._max_backlog = max_backlog_bytes
+        self._backlogs = Backlogs(max_backlog_bytes, max_uid_backlog_bytes, self._seen_reading)
         self._ctx = zmq.Context()
         self._router: zmq.Socket[bytes] | None = None
         self._zap: zmq.Socket[bytes] | None = None
         self._lock_fd: int | None = None
         self._outbox: dict[bytes, collections.deque[bytes]] = {}
-        self._backlog: dict[bytes, int] = {}  # bytes queued in _outbox, per peer
         self._overflowed: set[bytes] = set()  # frames to these are discarded until they send again
+        self._telling: bytes | None = None  # the peer whose handler is being told it overflowed
         self._blocked: set[bytes] = set()
         self._wake: trio.CancelScope | None = None
         self._identities: dict[bytes, Identity] = {}
@@ -268,10 +276,13 @@ class IpcServer:
         self._lock_fd = fd
 
     def forget(self, peer: bytes) -> None:
-        """Drop what is queued for a peer the handler no longer serves."""
+        """Drop what is queued for a peer the handler no longer serves. What libzmq still
+        holds for it stays counted, and its connection watched, until it is gone."""
         self._drop_queue(peer)
         self._identities.pop(peer, None)
-        self._connections.pop(peer, None)
+        if not self._backlogs.in_flight(peer):
+            self._connections.pop(peer, None)
+            self._backlogs.gone(peer)
 
     def close(self) -> None:
         """Close sockets (flushing for up to the linger time), remove the socket file, drop the lock."""
@@ -302,20 +313,23 @@ class IpcServer:
         ``flush`` (a batch's last frame: its client waits for nothing else).
 
         A peer that stops reading while frames keep coming would grow its queue without
-        end, so past ``max_backlog_bytes`` the queue is dropped and the handler told (as
-        for a vanished peer, with ``overflowed``). What the handler sends while told still
-        goes out (its notice to the peer); later frames are discarded until the peer
-        sends again, which shows it is back to reading.
+        end, so past ``max_backlog_bytes`` (or its uid's clients past
+        ``max_uid_backlog_bytes``) the queue is dropped and the handler told (as for a
+        vanished peer, with ``overflowed``). What the handler sends while told still goes
+        out (its notice to the peer); later frames are discarded until the peer sends
+        again. Sending does not show it reads again: one that submits and never reads is
+        cut off again as soon as its results pass the bound, and what libzmq holds for it
+        stays counted until it reads or is gone.
         """
         if self.closed or peer in self._overflowed:
             return
-        queued = self._backlog.get(peer, 0)
-        backlog = queued + len(frame)
-        if queued and backlog > self._max_backlog:  # one big reply alone always goes
-            self._overflow(peer)
-            return
+        if peer != self._telling:
+            refused = self._backlogs.refusal(peer, len(frame))
+            if refused is not None:
+                self._overflow(peer, refused)
+                return
         self._outbox.setdefault(peer, collections.deque()).append(frame)
-        self._backlog[peer] = backlog
+        self._backlogs.add_queued(peer, len(frame))
         if flush and peer not in self._blocked:
             self._flush_peer(peer, in_pump=False)
         if self._wake is not None and (peer in self._outbox or self._input_waiting()):
@@ -328,19 +342,38 @@ class IpcServer:
         router = self._router
         return router is not None and bool(int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
-    def _overflow(self, peer: bytes) -> None:
-        log.warning("peer %r stopped reading: dropped %d queued bytes", peer, self._backlog.get(peer, 0))
+    def _overflow(self, peer: bytes, why: str) -> None:
+        log.warning("peer %r stopped reading (%s): dropped %d queued bytes", peer, why, self._backlogs.queued(peer))
         self._drop_queue(peer)
         identity = self._identities.pop(peer, None)
-        self._connections.pop(peer, None)
         if identity is not None:
-            self._dispatch(Inbound(peer, identity, None, overflowed=True))
+            self._telling = peer
+            try:
+                self._dispatch(Inbound(peer, identity, None, overflowed=why))
+            finally:
+                self._telling = None
         self._overflowed.add(peer)
 
     def _drop_queue(self, peer: bytes) -> None:
         self._outbox.pop(peer, None)
-        self._backlog.pop(peer, None)
+        self._backlogs.drop_queued(peer)
         self._blocked.discard(peer)
+
+    def _seen_reading(self, peer: bytes) -> bool:
+        """Whether ``peer``'s kernel send queue is nearly empty: what libzmq wrote there
+        was read, so what it still holds is on its way. A peer without a socket of its
+        own (inproc) always is; one whose descriptor now holds another socket never is."""
+        connection = self._connections.get(peer)
+        if connection is None:
+            return True
+        fd, inode = connection
+        try:
+            if os.fstat(fd).st_ino != inode:
+                return False
+            unread = _INT.unpack(fcntl.ioctl(fd, termios.TIOCOUTQ, bytes(_INT.size)))[0]
+        except OSError:
+            return False
+        return bool(unread < _READING_BELOW_BYTES)
 
     def pending(self) -> int:
         return sum(len(q) for q in self._outbox.values())
@@ -356,7 +389,13 @@ class IpcServer:
         queue = self._outbox.get(peer)  # a handler told of a gone peer may have dropped others
         if router is None or queue is None:
             return
+        backlogs = self._backlogs
+        if queue and backlogs.in_flight(peer) >= IN_FLIGHT_BYTES and self._seen_reading(peer):
+            backlogs.reading(peer)  # once per flush: libzmq may not have written what this one hands
         while queue:
+            if backlogs.in_flight(peer) >= IN_FLIGHT_BYTES:
+                self._blocked.add(peer)  # until it is seen reading what it was handed
+                return
             try:
                 router.send_multipart([peer, queue[0]], flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -368,7 +407,7 @@ class IpcServer:
                         self._peer_gone(peer)
                     return
                 raise
-            self._backlog[peer] -= len(queue.popleft())
+            backlogs.handed_over(peer, len(queue.popleft()))
             self._blocked.discard(peer)
         if self._outbox.get(peer) is queue:
             self._drop_queue(peer)
@@ -377,6 +416,7 @@ class IpcServer:
         """Drop what is queued for a vanished peer and tell the handler, once."""
         self._drop_queue(peer)
         self._connections.pop(peer, None)
+        self._backlogs.gone(peer)
         identity = self._identities.pop(peer, None)
         if identity is not None:
             self._dispatch(Inbound(peer, identity, None))
@@ -431,6 +471,7 @@ class IpcServer:
                     continue  # cannot happen after ZAP accepted the peer; refuse silently
                 self._identities[peer] = identity
                 self._remember_connection(peer, frames[0])
+                self._backlogs.connected(peer, identity.uid)
             frame = frames[1].bytes if len(frames) > 1 else b""
             self._dispatch(Inbound(peer, identity, frame, parts=len(frames) - 1))
 

@@ -199,7 +199,7 @@ class Service:
                 "internal error while handling the request; the daemon keeps running",
             )
 
-    def _disconnected(self, peer: bytes, *, overflowed: bool = False) -> None:
+    def _disconnected(self, peer: bytes, *, overflowed: str = "") -> None:
         """The peer closed its socket, or stopped reading (``overflowed``): end its session.
 
         ``on_client_disconnect = "cancel"`` cancels the batches it submitted that have not
@@ -222,8 +222,8 @@ class Service:
                 peer,
                 None,
                 ProtocolErrorCode.BACKLOG_OVERFLOW,
-                f"more than {self.shared.config.daemon.max_peer_backlog_bytes} bytes waited for this client; "
-                "its queued events were dropped and its session ended (results stay available by get_batch)",
+                f"{overflowed}; its queued events were dropped and its session ended "
+                "(results stay available by get_batch)",
             )
 
     def _dispatch(self, session: Session, message: ClientMessage) -> None:
