@@ -70,6 +70,8 @@ def test_connections_seen_reading_no_longer_count_against_their_uid() -> None:
     reading.add(b"a")  # it read what it was handed: the uid holds 5 MB, not 10
     assert counts.refusal(b"c", MB) is None
     assert counts.in_flight(b"a") == 0 and counts.uid_held(1000) == 5 * MB
+    reading.add(b"b")
+    assert counts.held_by_uid() == {}  # what is reported is recounted first
 
 
 _operations = st.lists(

@@ -73,6 +73,9 @@ def test_the_metrics_file_parses_and_its_counters_move_with_calls(tmp_path: Path
         assert after[("toold_call_duration_seconds_bucket", (("le", "+Inf"), ("tool", "read_file")))] == 3
         assert after[("toold_batches_total", (("state", "finished"),))] == 3
         assert after[("toold_journal_bytes", ())] > 0
+        # every reply was read, every record written (or about to be)
+        assert after[("toold_waiting_for_clients_bytes", ())] == 0
+        assert ("toold_journal_backlog_bytes", ()) in after
         assert not any("uid" in dict(labels) for _name, labels in after)  # totals only, no per-user detail
         assert stat.S_IMODE(metrics.stat().st_mode) == 0o644  # node_exporter runs as a user of its own
         assert [p.name for p in metrics.parent.iterdir()] == ["toold.prom"]  # no temporary left behind

@@ -60,6 +60,7 @@ def test_connections_that_submit_and_never_read_leave_the_daemon_its_memory(tmp_
                     slowest = max(slowest, time.monotonic() - started)
                 submitted = int(line.split()[1])
                 grown = protocol.memory_info().rss - before
+                waiting = victim.stats().holding["waiting_for_clients_bytes"]  # root sees every uid's
                 notices = attacker.line().split()
             finally:
                 attacker.kill()
@@ -67,6 +68,8 @@ def test_connections_that_submit_and_never_read_leave_the_daemon_its_memory(tmp_
         assert grown < 100 * MB, f"the daemon grew by {grown // MB} MB for {CONNECTIONS} clients that never read"
         assert slowest < 2.5, f"a read took {slowest:.1f} s during the attack"
         assert "BACKLOG_OVERFLOW" in notices
+        # what the attacker's connections hold is within its uid's budget (and a frame)
+        assert 0 < waiting <= 5 * MB, waiting
 
 
 def _attack(endpoint: str) -> None:

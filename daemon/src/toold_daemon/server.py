@@ -308,6 +308,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
         gateway=gateway,
         audit=audit,
         audit_dropped=lambda: sink.dropped if isinstance(sink, JournalSink) else 0,
+        waiting_for_clients=ipc.waiting_bytes_by_uid,
     )
     try:
         ipc.claim()

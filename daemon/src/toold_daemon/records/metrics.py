@@ -53,6 +53,10 @@ class Holding:
     zygotes: int = 0
     journal_bytes: int = 0
     audit_dropped: int = 0
+    #: Bytes of replies waiting for each uid's clients (not yet read).
+    waiting_for_clients: dict[int, int] = field(default_factory=dict)
+    #: Bytes of results queued for the journal's thread, not yet written.
+    journal_backlog_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -124,6 +128,7 @@ class Metrics:
                 "zygotes": holding.zygotes,
                 "journal_bytes": holding.journal_bytes,
                 "audit_records_dropped": holding.audit_dropped,
+                "waiting_for_clients_bytes": held(holding.waiting_for_clients),
             },
         )
 
@@ -212,6 +217,16 @@ class _Collector:
             ("toold_workers", holding.workers, "Confined tool workers alive"),
             ("toold_zygotes", holding.zygotes, "Command zygotes alive"),
             ("toold_journal_bytes", holding.journal_bytes, "Size of the journal's files"),
+            (
+                "toold_journal_backlog_bytes",
+                holding.journal_backlog_bytes,
+                "Bytes of results queued for the journal, not yet written",
+            ),
+            (
+                "toold_waiting_for_clients_bytes",
+                sum(holding.waiting_for_clients.values()),
+                "Bytes of replies waiting for clients to read them",
+            ),
             ("toold_start_time_seconds", m.started, "When the daemon started (Unix time)"),
         ):
             yield GaugeMetricFamily(name, text, value=value)

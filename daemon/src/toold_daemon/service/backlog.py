@@ -49,6 +49,11 @@ class Backlogs:
     def uid_held(self, uid: int) -> int:
         return self._uid_held.get(uid, 0)
 
+    def held_by_uid(self) -> dict[int, int]:
+        """Bytes waiting for each uid's clients, those seen reading recounted first (a copy)."""
+        self._recount_readers(None)
+        return dict(self._uid_held)
+
     def refusal(self, peer: bytes, size: int) -> str | None:
         """Why ``size`` more bytes may not wait for ``peer`` (None: they may). A connection,
         or a uid, holding nothing always gets one frame, however large."""
@@ -67,9 +72,10 @@ class Backlogs:
         held = self._uid_held.get(uid, 0)
         return bool(held) and held + size > self.max_uid_held
 
-    def _recount_readers(self, uid: int) -> None:
+    def _recount_readers(self, uid: int | None) -> None:
+        """Forget what the connections of ``uid`` (None: all) seen reading were handed."""
         for peer, holding in list(self._peers.items()):
-            if holding.uid == uid and holding.in_flight and self.seen_reading(peer):
+            if (uid is None or holding.uid == uid) and holding.in_flight and self.seen_reading(peer):
                 self.reading(peer)
 
     def add_queued(self, peer: bytes, size: int) -> None:

@@ -378,6 +378,11 @@ class IpcServer:
     def pending(self) -> int:
         return sum(len(q) for q in self._outbox.values())
 
+    def waiting_bytes_by_uid(self) -> dict[int, int]:
+        """Bytes waiting for each uid's clients: queued here, or handed to libzmq and not
+        yet seen read."""
+        return self._backlogs.held_by_uid()
+
     def _flush_outbox(self) -> None:
         for peer in list(self._outbox):
             self._flush_peer(peer)

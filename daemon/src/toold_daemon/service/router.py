@@ -89,9 +89,11 @@ class Service:
         gateway: Gateway | None = None,
         audit: AuditTrail | None = None,
         audit_dropped: Callable[[], int] | None = None,
+        waiting_for_clients: Callable[[], dict[int, int]] | None = None,
     ) -> None:
         self.isolation = isolation or []
         self._audit_dropped = audit_dropped or (lambda: 0)
+        self._waiting_for_clients = waiting_for_clients or dict
         self._forget = forget or (lambda peer: None)
         sessions = Sessions(config.daemon.max_sessions, config.daemon.max_sessions_per_uid, self._evicted)
         self.shared = Shared(
@@ -129,7 +131,7 @@ class Service:
 
     def _holding(self) -> Holding:
         """What the daemon holds right now, for ``toolctl stats`` and the metrics file."""
-        holding = Holding(audit_dropped=self._audit_dropped())
+        holding = Holding(audit_dropped=self._audit_dropped(), waiting_for_clients=self._waiting_for_clients())
         for batch in self.shared.batches.values():
             if not batch.done.is_set():
                 uid = batch.identity.uid
@@ -146,6 +148,7 @@ class Service:
         holding.zygotes = getattr(runner, "zygotes_alive", 0)
         if self.shared.journal is not None:
             holding.journal_bytes = self.shared.journal.size()
+            holding.journal_backlog_bytes = self.shared.journal.backlog_bytes()
         return holding
 
     def _evicted(self, session: Session) -> None:
