@@ -137,9 +137,9 @@ async def test_a_stalled_writer_shows_its_backlog_and_awaited_writes_wait(
             await trio.sleep(0.005)
         for n in range(20):
             ended(journal, f"q{n}", content="x" * 1000)
-        # what the queue holds, in writes and in bytes of results (content and display are
-        # the same: stored, and counted, once)
-        assert (journal.backlog(), journal.backlog_bytes()) == (20, 20_000)
+        # what the queue holds, in writes and in bytes of arguments and results (content and
+        # display are the same: stored, and counted, once)
+        assert (journal.backlog(), journal.backlog_bytes()) == (20, 20 * (len(CALL.arguments) + 1000))
         waited = ended(journal, "waited", awaited=True)
         with trio.move_on_after(0.2) as still_waiting:
             await waited.durable()

@@ -404,7 +404,7 @@ class DaemonConfig(_Section, frozen=True):
     max_connections_per_uid: PositiveInt = 512
     max_connections: PositiveInt = 8192
     finished_batches_kept: PositiveInt = 1000
-    # ... and at most this many bytes of their results (the oldest go first; get_batch then
+    # ... and at most this many bytes of their arguments and results (the oldest go first; get_batch then
     # reads them from the journal): 1,000 batches of 8 calls of 100 KB would be 800 MB.
     finished_batches_kept_bytes: PositiveInt = 64 * 1024 * 1024
     shutdown_grace_seconds: Annotated[float, Meta(ge=0, le=600)] = 5.0

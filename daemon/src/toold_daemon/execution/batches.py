@@ -99,7 +99,8 @@ class Batch:
     undo_bytes: int = 0  # pre-image bytes kept so far ([journal] undo_max_bytes_per_batch)
     journaled_at_end: bool = False  # read-only: one journal write when it ends, none per call
     observed: set[int] = field(default_factory=set)  # calls whose result the audit and metrics have seen
-    kept_bytes: int = 0  # what its results hold, once it has finished and is kept for get_batch
+    kept_bytes: int = 0  # what it holds (arguments, results), once it has finished and is kept for get_batch
+    argument_bytes: int = 0  # its calls' arguments as submitted (encoded)
     #: (call, host, port) -> (allowed, why): asks a person about a command's new host.
     ask_network: Callable[[PreparedCall, str, int], Awaitable[tuple[bool, str]]] | None = None
 

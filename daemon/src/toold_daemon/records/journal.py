@@ -274,7 +274,7 @@ class Journal:
                 ]
             ),
             awaited=awaited,
-            size=sum(map(_result_row_bytes, result_rows)),
+            size=sum(map(_result_row_bytes, result_rows)) + sum(len(row[4]) for row in call_rows),
         )
 
     def started(self, batch_id: str, index: int) -> Commit:

@@ -136,6 +136,7 @@ class BatchRuns:
             approval_timeout=message.approval_timeout_seconds,
             sandbox=session.sandbox,
             dry_run=message.dry_run,
+            argument_bytes=sum(len(call.arguments) for call in message.calls),
         )
         planned = batch.plan()
         accepted = BatchAccepted(id=message.id, batch_id=batch_id, calls=planned)
@@ -467,12 +468,12 @@ class BatchRuns:
             self._kept_bytes -= batch.kept_bytes
 
     def _keep_finished(self, batch: Batch) -> None:
-        """Count a finished batch's results against ``finished_batches_kept_bytes`` and drop
+        """Count a finished batch's arguments and results against ``finished_batches_kept_bytes`` and drop
         the oldest finished batches past it: a client reading large files in a loop would
         otherwise make the daemon hold ``finished_batches_kept`` batches of them."""
         if self.shared.batches.get(batch.batch_id) is not batch:
             return  # forgotten already (refused, discarded)
-        batch.kept_bytes = batch.result_bytes()
+        batch.kept_bytes = batch.result_bytes() + batch.argument_bytes  # get_batch answers both
         self._kept_bytes += batch.kept_bytes
         over = self._kept_bytes - self.shared.config.daemon.finished_batches_kept_bytes
         if over <= 0:
