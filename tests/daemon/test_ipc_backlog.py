@@ -114,5 +114,15 @@ async def test_a_uids_connections_share_one_bound(tmp_path: Path) -> None:
             assert "this user's clients" in cut_off[0].overflowed
             # the first two hold 16 MB; the third was handed 4 before the bound
             assert server.pending() == 2 * (8 - IN_FLIGHT_BYTES // MB)
+            # once the clients are gone (noticed within PEER_CHECK_SECONDS), nothing of
+            # theirs is counted, the cut-off one's included
+            for client in clients:
+                client.close()
+            with trio.fail_after(5):
+                while server.waiting_bytes_by_uid():
+                    await trio.sleep(0.05)
+            assert server.pending() == 0
+            # nor remembered as cut off: clients cycling through cut-offs would grow that set
+            assert not server._overflowed
     finally:
         ctx.destroy(linger=0)

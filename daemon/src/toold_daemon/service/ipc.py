@@ -422,6 +422,7 @@ class IpcServer:
         self._drop_queue(peer)
         self._connections.pop(peer, None)
         self._backlogs.gone(peer)
+        self._overflowed.discard(peer)  # (a cut-off peer's connection stays watched until it goes)
         identity = self._identities.pop(peer, None)
         if identity is not None:
             self._dispatch(Inbound(peer, identity, None))
