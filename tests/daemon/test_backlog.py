@@ -109,3 +109,14 @@ def test_the_uid_totals_are_always_the_sum_of_their_connections(operations: list
             )
             assert counts.uid_held(uid) == queued[uid]
         assert counts.queued(peer) >= 0 and counts.in_flight(peer) >= 0
+
+
+def test_an_id_taken_by_another_uids_connection_is_not_charged_with_the_old_ones_bytes() -> None:
+    counts = backlogs()
+    counts.connected(b"a", 1000)
+    counts.add_queued(b"a", 3 * MB)
+    counts.handed_over(b"a", 3 * MB)
+    counts.connected(b"a", 2000)  # a client chose the same routing id under another uid
+    assert counts.uid_held(1000) == 0 and counts.in_flight(b"a") == 0
+    counts.add_queued(b"a", MB)
+    assert (counts.uid_held(1000), counts.uid_held(2000)) == (0, MB)

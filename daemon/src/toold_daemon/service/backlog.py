@@ -34,8 +34,13 @@ class Backlogs:
         self._uid_held: dict[int, int] = {}
 
     def connected(self, peer: bytes, uid: int) -> None:
-        """Start counting for ``peer`` (again: what it still holds is kept)."""
-        if peer not in self._peers:
+        """Start counting for ``peer`` (again: what it still holds is kept, unless the id now
+        belongs to another uid's connection, which is never charged with the old one's)."""
+        holding = self._peers.get(peer)
+        if holding is not None and holding.uid != uid:
+            self.gone(peer)
+            holding = None
+        if holding is None:
             self._peers[peer] = Holding(uid)
 
     def queued(self, peer: bytes) -> int:

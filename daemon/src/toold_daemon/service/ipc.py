@@ -174,6 +174,7 @@ class IpcServer:
         self._blocked: set[bytes] = set()
         self._wake: trio.CancelScope | None = None
         self._identities: dict[bytes, Identity] = {}
+        self._user_ids: dict[bytes, str] = {}  # the ZAP user id each peer's frames carry
         self._connections: dict[bytes, tuple[int, int]] = {}  # peer -> (fd, inode) of its socket
         self.closed = False
 
@@ -280,6 +281,7 @@ class IpcServer:
         holds for it stays counted, and its connection watched, until it is gone."""
         self._drop_queue(peer)
         self._identities.pop(peer, None)
+        self._user_ids.pop(peer, None)
         if not self._backlogs.in_flight(peer):
             self._connections.pop(peer, None)
             self._backlogs.gone(peer)
@@ -346,6 +348,7 @@ class IpcServer:
         log.warning("peer %r stopped reading (%s): dropped %d queued bytes", peer, why, self._backlogs.queued(peer))
         self._drop_queue(peer)
         identity = self._identities.pop(peer, None)
+        self._user_ids.pop(peer, None)
         if identity is not None:
             self._telling = peer
             try:
@@ -424,6 +427,7 @@ class IpcServer:
         self._backlogs.gone(peer)
         self._overflowed.discard(peer)  # (a cut-off peer's connection stays watched until it goes)
         identity = self._identities.pop(peer, None)
+        self._user_ids.pop(peer, None)
         if identity is not None:
             self._dispatch(Inbound(peer, identity, None))
 
@@ -469,13 +473,19 @@ class IpcServer:
                 return
             peer = frames[0].bytes
             self._overflowed.discard(peer)
+            user_id = frames[1].get("User-Id") if len(frames) > 1 else None
             identity = self._identities.get(peer)
+            if identity is not None and user_id != self._user_ids.get(peer):
+                # A client picks its own routing id: under a closed client's id, another
+                # connection (another user's) is a new peer, never the old one.
+                self._peer_gone(peer)
+                identity = None
             if identity is None:
-                user_id = frames[1].get("User-Id") if len(frames) > 1 else None
                 identity = parse_peer_address(user_id if isinstance(user_id, str) else "")
                 if identity is None:
                     continue  # cannot happen after ZAP accepted the peer; refuse silently
                 self._identities[peer] = identity
+                self._user_ids[peer] = str(user_id)
                 self._remember_connection(peer, frames[0])
                 self._backlogs.connected(peer, identity.uid)
             frame = frames[1].bytes if len(frames) > 1 else b""
