@@ -325,6 +325,8 @@ class IpcServer:
         """
         if self.closed or peer in self._overflowed:
             return
+        if peer not in self._identities and peer != self._telling:
+            return  # gone, or not yet seen: its id may come back as another client's
         if peer != self._telling:
             refused = self._backlogs.refusal(peer, len(frame))
             if refused is not None:

@@ -211,6 +211,9 @@ class Service:
         """
         session = self.shared.sessions.end(peer)
         self.shared.confirmations.approvers.pop(peer, None)
+        for batch in self.shared.batches.values():  # its id may come back as another client's
+            if not batch.done.is_set() and batch.listeners:
+                batch.listeners = [(listener, every) for listener, every in batch.listeners if listener != peer]
         if session is None:
             return
         session.deferred.clear()  # submissions waiting on the journal: nobody to answer
