@@ -9,11 +9,18 @@ Two daemons run side by side on the same root: one with ``[tools.network] mode =
 file; the proxy daemon allows that address. Rounds alternate between the daemons so
 that the machine's drift hits both alike. Also shown: curl run directly by this process.
 
+The floor for any proxy that moves bytes in user space is a bare relay: ``socat`` with
+1 MiB buffers relaying TCP to the same server (no proxy protocol, no rules, no records),
+fetched by the host-mode daemon's shell. What the proxy adds over host mode, less what
+that relay adds, is the proxy's own cost. Skipped when ``socat`` is not installed.
+
     .venv/bin/python bench/bench_egress.py [rounds]
 """
 
 from __future__ import annotations
 
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +66,8 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.2:{server.server_address[1]}/file"
     download = f"curl -sS -o /dev/null {url}"
+    relay = _bare_relay(server.server_address[1])
+    relayed = f"curl -sS -o /dev/null http://127.0.0.1:{relay[1]}/file" if relay else ""
     one_byte = f"curl -sS -o /dev/null {url.removesuffix('/file')}/byte"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp, "root")
@@ -79,13 +88,15 @@ def main() -> None:
             for _ in range(3):
                 timed_call(via_proxy, download)
                 timed_call(via_host, download)
-            sizes: dict[str, list[float]] = {"proxy": [], "host": [], "curl": []}
+            sizes: dict[str, list[float]] = {"proxy": [], "host": [], "curl": [], "relay": []}
             trues: dict[str, list[float]] = {"proxy": [], "host": []}
             bytes_: dict[str, list[float]] = {"proxy": [], "host": []}
             for _ in range(rounds):
                 sizes["curl"].append(_curl(url))
                 sizes["proxy"].append(timed_call(via_proxy, download))
                 sizes["host"].append(timed_call(via_host, download))
+                if relayed:
+                    sizes["relay"].append(timed_call(via_host, relayed))
                 for _ in range(5):
                     bytes_["proxy"].append(timed_call(via_proxy, one_byte))
                     bytes_["host"].append(timed_call(via_host, one_byte))
@@ -93,11 +104,22 @@ def main() -> None:
                     trues["proxy"].append(timed_call(via_proxy, "true"))
                     trues["host"].append(timed_call(via_host, "true"))
     server.shutdown()
-    med = {k: statistics.median(v) for k, v in sizes.items()}
+    if relay:
+        relay[0].kill()
+    med = {k: statistics.median(v) for k, v in sizes.items() if v}
     print(f"10 MB download, curl directly          p50 {med['curl'] * 1e3:8.1f} ms")
     print(f"10 MB download, shell, mode host       p50 {med['host'] * 1e3:8.1f} ms")
     ratios = f"ratio to host mode {med['proxy'] / med['host']:.2f}x  to curl {med['proxy'] / med['curl']:.2f}x"
     print(f"10 MB download, shell, mode proxy      p50 {med['proxy'] * 1e3:8.1f} ms   {ratios}")
+    if "relay" in med:
+        floor = f"ratio to host mode {med['relay'] / med['host']:.2f}x"
+        print(
+            f"10 MB download, shell, host, via socat p50 {med['relay'] * 1e3:8.1f} ms   {floor} (a bare relay's floor)"
+        )
+        own = (med["proxy"] - med["relay"]) * 1e3
+        print(f"   the proxy's own cost over a bare relay: {own:+.1f} ms per 10 MB download")
+    else:
+        print("   (socat is not installed: no bare-relay floor; apt-get install socat)")
     p, h = statistics.median(bytes_["proxy"]), statistics.median(bytes_["host"])
     print(f"1 byte download, shell, mode host      p50 {h * 1e3:8.1f} ms")
     added = f"added {(p - h) * 1e6:+.0f} µs per connection"
@@ -105,6 +127,30 @@ def main() -> None:
     p, h = statistics.median(trues["proxy"]), statistics.median(trues["host"])
     print(f"shell true, mode host                  p50 {h * 1e6:8.1f} µs")
     print(f"shell true, mode proxy                 p50 {p * 1e6:8.1f} µs   added {(p - h) * 1e6:+.1f} µs per command")
+
+
+def _bare_relay(port: int) -> tuple[subprocess.Popen[bytes], int] | None:
+    """socat relaying 127.0.0.1:<free port> to the server, a process per connection."""
+    if shutil.which("socat") is None:
+        return None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        listen = probe.getsockname()[1]
+    command = [
+        "socat",
+        "-b",
+        str(1 << 20),
+        f"TCP-LISTEN:{listen},bind=127.0.0.1,fork,reuseaddr",
+        f"TCP:127.0.0.2:{port}",
+    ]
+    process = subprocess.Popen(command)
+    for _ in range(100):
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", listen)) == 0:
+                return process, listen
+        time.sleep(0.02)
+    process.kill()
+    return None
 
 
 def _curl(url: str) -> float:
