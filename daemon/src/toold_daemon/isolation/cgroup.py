@@ -128,9 +128,20 @@ class Cgroups:
             if "pids" in hierarchy.limits:
                 _write(os.path.join(path, "pids.max"), str(pids_max))
 
-    def move(self, pid: int, name: str) -> bool:
-        """Move another process (a zygote) into cgroup ``name`` in every hierarchy."""
-        return bool(name) and all(_write(os.path.join(p, "cgroup.procs"), str(pid)) for p in self.paths(name))
+    def open_procs(self, name: str) -> list[int] | None:
+        """``cgroup.procs`` of cgroup ``name`` in every hierarchy, opened for writing (the
+        move itself, which may wait milliseconds in the kernel, is the caller's)."""
+        if not name:
+            return None
+        opened: list[int] = []
+        try:
+            for path in self.paths(name):
+                opened.append(os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+        except OSError:
+            for fd in opened:
+                os.close(fd)
+            return None
+        return opened
 
     def kill(self, name: str) -> bool:
         """SIGKILL every process in cgroup ``name``: ``cgroup.kill`` (v2, Linux 5.14), else

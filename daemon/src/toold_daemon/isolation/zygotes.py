@@ -11,7 +11,11 @@ first.
 With cgroups, a zygote waits in a fresh call cgroup ("parked"): the next command is
 started there, so its call's cgroup holds it from its first instruction, and only then
 is the zygote moved on to a new one. Creating and moving happen after the command is
-started, while it runs, not before: a move costs ~0.15 ms. The parked zygote counts
+started, while it runs, not before. The move itself (the writes to ``cgroup.procs``)
+runs in a thread, never on the event loop: it usually costs ~0.1 ms, but moving a
+process between cgroups takes a kernel lock whose writer may first wait out an RCU grace
+period, and about one move in four took 5 to 14 ms on the machine we measured; on the
+loop, that stalled every client's calls. The parked zygote counts
 against the cgroup's process limit, so a fresh cgroup allows one process more until the
 zygote has left; the call then has its budget, however fast it forks. (A command that
 forks in the instant between the zygote's move and the lowering of the limit keeps one
@@ -110,34 +114,18 @@ class Zygote:
         """Every cgroup this zygote may still be in (to remove once it has exited)."""
         return [group for group in (self.home, self.parked, self.inside, *self.abandoned) if group]
 
-    def park(self) -> bool:
-        """Wait in a fresh cgroup, so the next command starts in its own without a move on
-        its path; else at home. False when the zygote could not leave its current cgroup
-        (it must not stay in a call's cgroup: that call's kill would reach it)."""
-        fresh = self.new_group()
-        if fresh and self.cgroups.move(self.pid, fresh):
-            self.parked, self.inside = fresh, ""
-            return True
-        if fresh:
-            self.cgroups.remove(fresh)
-        self.parked = ""
-        left = not self.home or self.cgroups.move(self.pid, self.home)
-        if left:
-            self.inside = ""
-        return left
-
     async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, trio.Event | None]:
         """Start one command in the cgroup the zygote is parked in, which becomes the call's;
         then park the zygote again: (pid, which leads its own group; the call's cgroup; an
         event set once the zygote has left that cgroup, which the call's kill waits for).
-        Parking again (a cgroup made, the zygote moved: a few hundred microseconds) happens
+        Parking again (a cgroup made, the zygote moved: in a thread, ~0.1 ms, at times ms) happens
         behind the call, while its command runs. Shielded: once the zygote has the request,
         the reply must be read, and the zygote must leave the call's cgroup, whatever
         cancels the caller."""
         async with self.lock:
             with trio.CancelScope(shield=True):
                 if self.home and not self.parked:
-                    self.park()
+                    await self.park()
                     if not self.parked:
                         raise ZygoteUnavailable("no cgroup to start the command in")
                 group = self.parked
@@ -158,7 +146,7 @@ class Zygote:
                         left = trio.Event()
                         self.nursery.start_soon(self._leave_later, group, left)
                     else:
-                        self._leave(group)
+                        await self._leave(group)
         self.spawned += 1
         if reply.error or reply.pid <= 0:
             self.cgroups.remove(group)
@@ -167,10 +155,35 @@ class Zygote:
             raise CommandNotStarted(reply.error or "no pid")
         return reply.pid, group, left
 
-    def _leave(self, group: str) -> None:
+    async def park(self) -> bool:
+        """Wait in a fresh cgroup, so the next command starts in its own without a move on
+        its path; else at home. False when the zygote could not leave its current cgroup
+        (it must not stay in a call's cgroup: that call's kill would reach it). The moves
+        run in a thread (see the module's docstring); the zygote's state changes here, on
+        the loop."""
+        fresh = self.new_group()
+        if fresh and await self._move(fresh):
+            self.parked, self.inside = fresh, ""
+            return True
+        if fresh:
+            self.cgroups.remove(fresh)
+        self.parked = ""
+        left = not self.home or await self._move(self.home)
+        if left:
+            self.inside = ""
+        return left
+
+    async def _move(self, group: str) -> bool:
+        """Move the zygote into ``group``: the writes in a thread, with nothing else there."""
+        opened = self.cgroups.open_procs(group)
+        if opened is None:
+            return False
+        return await trio.to_thread.run_sync(_write_pid, opened, self.pid)
+
+    async def _leave(self, group: str) -> None:
         """Leave call cgroup ``group`` for a fresh one (unless an earlier park already
         did), then give the call its own process limit."""
-        if self.inside == group and not self.park():
+        if self.inside == group and not await self.park():
             log.warning("zygote %d cannot leave a call's cgroup; retiring it", self.pid)
             self.spawned = MAX_SPAWNS  # that call's kill will end it
             return
@@ -179,7 +192,8 @@ class Zygote:
     async def _leave_later(self, group: str, left: trio.Event) -> None:
         try:
             async with self.lock:  # the next command waits for a fresh cgroup
-                self._leave(group)
+                with trio.CancelScope(shield=True):  # the zygote must not stay in the call's
+                    await self._leave(group)
         finally:
             left.set()
 
@@ -295,7 +309,7 @@ class Zygotes:
             if self.on_egress is not None:
                 self.on_egress(zygote.egress)
         if home:
-            zygote.park()  # so that even the first command needs no move
+            await zygote.park()  # so that even the first command needs no move
         return zygote
 
     def _new_group(self) -> str:
@@ -323,3 +337,17 @@ class Zygotes:
         while self._homes_to_remove and time.monotonic() < deadline:
             time.sleep(0.005)
             self._homes_to_remove = [home for home in self._homes_to_remove if not self._cgroups.remove(home)]
+
+
+def _write_pid(opened: list[int], pid: int) -> bool:
+    """Write ``pid`` to each opened ``cgroup.procs`` and close them (in a thread)."""
+    text = str(pid).encode()
+    moved = True
+    for fd in opened:
+        try:
+            os.write(fd, text)
+        except OSError:
+            moved = False
+        finally:
+            os.close(fd)
+    return moved
