@@ -47,6 +47,10 @@ MAX_AGE_S = 600.0
 _READY_TIMEOUT_S = 10.0
 _CLOSE_WAIT_S = 1.0
 
+#: Threads that move zygotes between cgroups, apart from trio's default limiter (which
+#: name lookups share): a burst of slow lookups must not hold up starting commands.
+_MOVERS = trio.CapacityLimiter(8)
+
 _outcome_decoder = msgspec.msgpack.Decoder(Outcome)
 _spawned_decoder = msgspec.msgpack.Decoder(Spawned)
 
@@ -178,7 +182,7 @@ class Zygote:
         opened = self.cgroups.open_procs(group)
         if opened is None:
             return False
-        return await trio.to_thread.run_sync(_write_pid, opened, self.pid)
+        return await trio.to_thread.run_sync(_write_pid, opened, self.pid, limiter=_MOVERS)
 
     async def _leave(self, group: str) -> None:
         """Leave call cgroup ``group`` for a fresh one (unless an earlier park already
