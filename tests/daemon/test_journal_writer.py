@@ -121,6 +121,31 @@ async def test_checkpoints_are_made_by_the_writer_thread(tmp_path: Path, monkeyp
         journal.close()
 
 
+async def test_a_flood_of_large_writes_is_checkpointed_by_bytes_and_the_log_cut_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer than ``CHECKPOINT_EVERY`` commits of large writes: a checkpoint still comes
+    once they carried ``CHECKPOINT_BYTES``, and the write-ahead log shrinks back to its
+    limit after it (it is the journal's disk too)."""
+    monkeypatch.setattr(journal_writer, "CHECKPOINT_BYTES", 2 * 1024 * 1024)
+    monkeypatch.setattr(journal_writer, "CHECKPOINT_EVERY", 10_000)  # the count never comes into it
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    wal = Path(f"{journal.path}-wal")
+    try:
+        for n in range(40):  # 40 commits of 200 KB: 8 MB through the log
+            ended(journal, f"big{n}", content="b" * 200_000, awaited=True)
+            journal.flush()
+            await trio.sleep(0)
+        deadline = time.monotonic() + 5
+        while wal.stat().st_size > 3 * 1024 * 1024 and time.monotonic() < deadline:  # the thread's turn
+            ended(journal, f"small{time.monotonic_ns()}", awaited=True)  # a write after a checkpoint cuts the log
+            await trio.sleep(0.01)
+        assert wal.stat().st_size <= 3 * 1024 * 1024, wal.stat().st_size  # 8 MB without the bound
+    finally:
+        journal.close()
+
+
 async def test_a_stalled_writer_shows_its_backlog_and_awaited_writes_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

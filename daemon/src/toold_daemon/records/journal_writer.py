@@ -56,8 +56,11 @@ class Rows:
 #: The longest a write nobody waits for stays queued (what a crash may lose of them).
 LINGER_SECONDS = 0.01
 
-#: Commits between two WAL checkpoints (run by the thread; SQLite's own are turned off).
+#: Commits between two WAL checkpoints (run by the thread; SQLite's own are turned off),
+#: or fewer once they carried this many bytes: the write-ahead log is the journal's
+#: disk too, and a flood of large writes must not grow it between two checkpoints.
 CHECKPOINT_EVERY = 200
+CHECKPOINT_BYTES = 64 * 1024 * 1024
 
 
 class Commit:
@@ -102,7 +105,9 @@ class JournalWriter:
     def __init__(self, db: sqlite3.Connection, token: trio.lowlevel.TrioToken) -> None:
         self._db = db
         db.execute("PRAGMA wal_autocheckpoint=0")
+        db.execute(f"PRAGMA journal_size_limit={CHECKPOINT_BYTES}")  # the log is cut back after a checkpoint
         self._commits = 0  # since the last checkpoint
+        self._uncheckpointed = 0  # bytes the commits since the last checkpoint carried
         self._token = token
         self._queue: list[tuple[Write | Rows, Commit]] = []
         self._queued_bytes = 0  # what the queued writes carry, as their submitters said
@@ -116,7 +121,7 @@ class JournalWriter:
     def submit(self, write: Write | Rows, *, awaited: bool = False, size: int = 0) -> Commit:
         """Queue ``write``; ``size``: about how many bytes of results it carries."""
         if awaited:
-            done = self._now_if_idle(write)
+            done = self._now_if_idle(write, size)
             if done is not None:
                 return done
         commit = Commit(awaited=awaited)
@@ -132,7 +137,7 @@ class JournalWriter:
                 self._changed.notify_all()
         return commit
 
-    def _now_if_idle(self, write: Write | Rows) -> Commit | None:
+    def _now_if_idle(self, write: Write | Rows, size: int = 0) -> Commit | None:
         """Commit ``write`` here and now, with whatever is queued before it (so it keeps
         its place in order), unless the thread is committing: None then (it is queued).
 
@@ -144,7 +149,9 @@ class JournalWriter:
             if self._busy or self._closing:
                 return None
             self._busy = True
-            group, self._queue, self._queued_bytes = self._queue, [], 0
+            group, self._queue = self._queue, []
+            self._uncheckpointed += self._queued_bytes + size
+            self._queued_bytes = 0
         commit = Commit()
         try:
             if group:
@@ -224,7 +231,9 @@ class JournalWriter:
                     if self._closing:
                         return
                     continue
-                group, self._queue, self._queued_bytes = self._queue, [], 0
+                group, self._queue = self._queue, []
+                self._uncheckpointed += self._queued_bytes
+                self._queued_bytes = 0
                 self._busy, self._urgent = True, False
                 checkpoint = self._checkpoint_due() or self._closing
             try:
@@ -236,13 +245,14 @@ class JournalWriter:
                 with self._changed:
                     self._busy = False
                     self._commits = 0 if checkpoint else self._commits + 1
+                    self._uncheckpointed = 0 if checkpoint else self._uncheckpointed
                     self._changed.notify_all()
             awaited = [commit for _, commit in group if commit.awaited]
             if awaited:  # nobody waits on the others: the loop is not woken for them
                 self._wake(awaited)
 
     def _checkpoint_due(self) -> bool:
-        return self._commits >= CHECKPOINT_EVERY
+        return self._commits >= CHECKPOINT_EVERY or self._uncheckpointed >= CHECKPOINT_BYTES
 
     def _checkpoint(self) -> None:
         try:
