@@ -47,6 +47,7 @@ denylist = ["grep"]
         ("[daemon]\nfinished_batches_kept_bytes = 0\n", 2, "Expected `int` >= 1"),
         ("[daemon]\n\nfinished_batches_kept_bytes = 'lots'\n", 3, "Expected `int`, got `str`"),
         ("[daemon]\nmax_uid_backlog_bytes = 4096\n", 2, "Expected `int` >= 1048576"),
+        ("[journal]\nmax_bytes_per_uid = 4096\n", 2, "Expected `int` >= 1048576"),
     ],
 )
 def test_errors_name_file_and_line(tmp_path: Path, text: str, line: int, words: str) -> None:

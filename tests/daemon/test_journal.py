@@ -163,6 +163,7 @@ def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path
     record(journal, "kept", 1)
     journal.close()
     db = sqlite3.connect(tmp_path / "journal.sqlite3")
+    _back_to_schema_5(db)
     db.execute("DROP TABLE server_connections")
     db.execute("PRAGMA user_version = 4")
     db.commit()
@@ -171,6 +172,29 @@ def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path
     journal.server_connection("mcp:s", ME, {"host": "h", "port": 1, "protocol": "connect"})
     assert [c.host for c in journal.server_connections(uid=ME.uid, server=None, limit=10)] == ["h"]
     assert journal.load("kept") is not None
+
+
+def _back_to_schema_5(db: sqlite3.Connection) -> None:
+    """What schema 6 added, taken away again (a journal written before it)."""
+    db.execute("DROP INDEX batches_by_uid_age")
+    db.execute("ALTER TABLE batches DROP COLUMN bytes")
+    db.execute("PRAGMA user_version = 5")
+
+
+def test_a_journal_of_schema_5_counts_what_its_batches_hold(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    record(journal, "old", 1)
+    journal.result("old", 0, ToolResult(call_id="c0", ok=True, content="x" * 1000, display="x" * 1000))
+    journal.close()
+    db = sqlite3.connect(tmp_path / "journal.sqlite3")
+    written = db.execute("SELECT bytes FROM batches WHERE batch_id = 'old'").fetchone()[0]
+    _back_to_schema_5(db)
+    db.commit()
+    db.close()
+    journal = Journal.open_in(tmp_path)
+    counted = journal._db.execute("SELECT bytes FROM batches WHERE batch_id = 'old'").fetchone()[0]
+    assert counted == written >= 1000  # the migration counts what the writes counted
+    assert journal.held_by(ME.uid) == counted
 
 
 def test_a_uids_connections_are_listed_through_an_index_not_a_scan_of_everyones(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from .records.audit import AuditTrail, JournalSink, open_sink
 from .records.journal import RECOVERY_NAME, Journal
 from .records.metrics import write_metrics_forever
 from .records.state_files import replace_file
+from .records.upkeep import keep_journal_forever
 from .records.user_state import UserState
 from .sandbox import build_sandbox
 from .service import Service
@@ -146,6 +147,7 @@ def open_journal(config: Config, options: ServeOptions) -> Journal | None:
         state_dir,
         synchronous=config.journal.synchronous,
         server_connections_kept=config.journal.server_connections_kept,
+        max_bytes_per_uid=config.journal.max_bytes_per_uid,
     )
     waiting = journal.recover()
     if waiting:
@@ -334,6 +336,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 if isinstance(sink, JournalSink):
                     sink.bind_nursery(nursery)
                 audit.bind_nursery(nursery)
+                if journal is not None:
+                    nursery.start_soon(keep_journal_forever, journal, undo, config.journal.retention_days)
                 metrics_file = config.daemon.metrics_file
                 if metrics_file:
                     every = config.daemon.metrics_interval_seconds

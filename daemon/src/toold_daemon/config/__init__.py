@@ -477,6 +477,9 @@ class JournalConfig(_Section, frozen=True):
     # normal: survives a daemon crash; full: also power loss (one fsync per commit).
     synchronous: Literal["normal", "full"] = "normal"
     retention_days: Annotated[float, Meta(gt=0)] = 30.0
+    # What one uid's batches may hold in the journal (arguments, results, pre-images);
+    # past it the uid's oldest finished batches are pruned: one user cannot fill the disk.
+    max_bytes_per_uid: Annotated[int, Meta(ge=1024 * 1024)] = 1024 * 1024 * 1024
     # Pre-images kept per batch for ``toolctl undo``; a file past it is "not undoable".
     undo_max_bytes_per_batch: Annotated[int, Meta(ge=0)] = 64 * 1024 * 1024
     # Connections kept per MCP server and uid (the newest; a server may connect in a loop).

@@ -42,6 +42,7 @@ class PreparedCall:
     policy_rule: int | None = None
     denial: ToolResult | None = None  # the result of a call a person denied (journaled when reached)
     changes: list[Any] = field(default_factory=list)  # what it did to each path (undo), journaled with its result
+    undo_bytes: int = 0  # what its pre-images took in the undo store (counted in the journal's share)
     started_recorded: bool = False  # its started mark went into the journal with the batch
     decision: str = ""  # what the policy made of it when it was planned (see policy_decision)
     context: ToolContext | None = None  # made early by ``Executor.begin``; taken when the call runs

@@ -59,6 +59,7 @@ class Recorder(Protocol):
         *,
         final_state: BatchState | None = None,
         changes: Sequence[Any] = (),
+        undo_bytes: int = 0,
         awaited: bool = False,
     ) -> Commit: ...
 
@@ -79,6 +80,7 @@ class NoRecorder:
         *,
         final_state: BatchState | None = None,
         changes: Sequence[Any] = (),
+        undo_bytes: int = 0,
         awaited: bool = False,
     ) -> Commit:
         return Commit.done()
@@ -125,7 +127,13 @@ class Executor:
                 commit = None
                 if call.result is None:  # pre-resolved results were journaled with the batch
                     commit = recorder.result(
-                        batch.batch_id, call.index, result, final_state=final, changes=call.changes, awaited=durable
+                        batch.batch_id,
+                        call.index,
+                        result,
+                        final_state=final,
+                        changes=call.changes,
+                        undo_bytes=call.undo_bytes,
+                        awaited=durable,
                     )
                 elif final is not None:
                     recorder.batch_done(batch.batch_id, final)
@@ -283,6 +291,7 @@ class Executor:
         if output.changes and self.undo is not None:
             kept = self.undo.keep(output.changes)
             batch.undo_bytes += kept.stored_bytes
+            call.undo_bytes = kept.stored_bytes
             call.changes = kept.changes
             if kept.not_undoable:  # said in the result, never silently
                 content += f"\n[toold: not undoable: {'; '.join(kept.not_undoable[:20])}]"

@@ -23,6 +23,13 @@ an undo's: an undo the daemon died in is run again at the next start, resuming, 
 it finishes (``undos_to_finish``). Calls that never started wait for ``resume`` or
 ``discard``.
 
+Each uid's share is bounded (``max_bytes_per_uid``): every batch row counts what the
+batch holds (its calls' arguments, its results, the pre-images kept for undo), and a
+uid past its share has its oldest finished batches pruned down to three quarters of it,
+in short writes on the writer thread (``journal_shares`` chooses them). Other uids'
+batches are never touched; what runs is bounded by the daemon's limits on running
+batches, not here.
+
 ``synchronous = "normal"`` (default) survives a daemon crash (WAL: a committed
 transaction is in the log before the call returns); ``"full"`` also fsyncs each
 commit so it survives power loss, at the cost of one fsync per commit.
@@ -56,12 +63,14 @@ from toold_protocol import (
 from ..undo.images import Change
 from . import server_connections as connection_rows
 from .journal_schema import SCHEMA_VERSION, NewerSchema, migrate
+from .journal_shares import Shares
 from .journal_writer import Commit, JournalWriter, Rows, Write
 from .state_files import StateFileRefused, refuse_links
 from .stored_batches import StoredBatch, StoredCall, StoredChange, Submission
 
 JOURNAL_NAME = "journal.sqlite3"
 RECOVERY_NAME = "last-recovery.json"  # what the last start found and did (``toold doctor``)
+DEFAULT_MAX_BYTES_PER_UID = 1024 * 1024 * 1024
 INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
 DISCARDED = "discarded after restart"
 
@@ -81,9 +90,13 @@ class Journal:
         *,
         synchronous: Literal["normal", "full"] = "normal",
         server_connections_kept: int = connection_rows.KEPT_PER_SERVER,
+        max_bytes_per_uid: int = DEFAULT_MAX_BYTES_PER_UID,
     ) -> None:
         self.path = path
         self.server_connections_kept = server_connections_kept
+        self.max_bytes_per_uid = max_bytes_per_uid
+        #: Batches pruned because their uid was past its share, since the journal opened.
+        self.pruned_for_space = 0
         self._lock_fd: int | None = None
         self._writer: JournalWriter | None = None
         self.interrupted_calls = 0  # by the last recover()
@@ -97,6 +110,8 @@ class Journal:
             self._migrate()
             if self._db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise JournalError(f"{path}: the journal is damaged (quick_check failed); move it aside to start fresh")
+            held = dict(self._db.execute("SELECT uid, SUM(bytes) FROM batches GROUP BY uid").fetchall())
+            self._shares = Shares(max_bytes_per_uid, held)
             # The writer thread's, opened now: after a privilege drop it could not be.
             self._writer_db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._writer_db.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -112,6 +127,7 @@ class Journal:
         *,
         synchronous: Literal["normal", "full"] = "normal",
         server_connections_kept: int = connection_rows.KEPT_PER_SERVER,
+        max_bytes_per_uid: int = DEFAULT_MAX_BYTES_PER_UID,
     ) -> Journal:
         """Open the journal of ``state_dir``, holding an exclusive lock on the directory: a
         second daemon's recovery would otherwise mark the first one's running batches interrupted."""
@@ -130,7 +146,10 @@ class Journal:
             raise JournalError(f"another toold is using the journal in {state_dir}") from None
         try:
             journal = cls(
-                state_dir / JOURNAL_NAME, synchronous=synchronous, server_connections_kept=server_connections_kept
+                state_dir / JOURNAL_NAME,
+                synchronous=synchronous,
+                server_connections_kept=server_connections_kept,
+                max_bytes_per_uid=max_bytes_per_uid,
             )
         except BaseException:
             os.close(lock)
@@ -222,6 +241,27 @@ class Journal:
         if self._writer is not None:
             self._writer.flush()
 
+    # ------------------------------------------------------------------ each uid's share
+
+    def held_by(self, uid: int) -> int:
+        """Bytes uid ``uid``'s batches hold in the journal (as written so far)."""
+        return self._shares.held_by(uid)
+
+    def _keep_within_share(self, uid: int) -> None:
+        if not self._shares.over(uid):
+            return
+        chosen = self._shares.choose(uid, self._older_batches)
+        if chosen:
+            self.pruned_for_space += len(chosen)
+            self._write(Rows([("DELETE FROM batches WHERE batch_id = ?", [(batch_id,) for batch_id in chosen])]))
+
+    def _older_batches(self, uid: int, after: float, before: float, limit: int) -> list[tuple[str, int, float]]:
+        return self._db.execute(  # all fetched: a cursor left open would hold a read snapshot
+            "SELECT batch_id, bytes, finished FROM batches WHERE uid = ? AND state IN ('finished', 'cancelled') "
+            "AND finished > ? AND finished < ? ORDER BY finished LIMIT ?",
+            (uid, after, before, limit),
+        ).fetchall()
+
     # ------------------------------------------------------------------ writes (in discipline order)
 
     def record_batch(self, submission: Submission, *, started: int | None = None, awaited: bool = False) -> Commit:
@@ -265,17 +305,21 @@ class Journal:
             for c, p in zip(s.calls, s.planned, strict=True)
         ]
         result_rows = [_result_row(s.batch_id, index, r, now) for index, r in results]
-        return self._write(
+        held = sum(map(_result_row_bytes, result_rows)) + sum(len(row[4]) for row in call_rows)
+        commit = self._write(
             Rows(
                 [
-                    (_INSERT_BATCH, [(*batch_row, now if ended else None, state, s.digest, s.workspace)]),
+                    (_INSERT_BATCH, [(*batch_row, now if ended else None, state, s.digest, s.workspace, held)]),
                     (_INSERT_CALL, call_rows),
                     (_INSERT_RESULT, result_rows),
                 ]
             ),
             awaited=awaited,
-            size=sum(map(_result_row_bytes, result_rows)) + sum(len(row[4]) for row in call_rows),
+            size=held,
         )
+        self._shares.recorded(s.batch_id, identity.uid, held, ended_at=now if ended else None)
+        self._keep_within_share(identity.uid)
+        return commit
 
     def started(self, batch_id: str, index: int) -> Commit:
         """Step 2: from here on, a crash means "may have happened"."""
@@ -295,13 +339,16 @@ class Journal:
         *,
         final_state: BatchState | None = None,
         changes: Sequence[Change] = (),
+        undo_bytes: int = 0,
         awaited: bool = False,
     ) -> Commit:
         """Step 3: before the next call starts and before the result is sent (for a batch
         with side effects, which therefore waits: ``awaited``). With ``final_state`` (the
         batch's last call), the batch's end is in the same transaction; ``changes`` (what
-        the call did to each path, for undo) too."""
+        the call did to each path, for undo, whose pre-images took ``undo_bytes``) too."""
         now = time.time()
+        row = _result_row(batch_id, index, result, now)
+        held = _result_row_bytes(row) + undo_bytes
         change_rows = [
             (
                 index,
@@ -317,7 +364,8 @@ class Journal:
         ]
 
         def write(db: sqlite3.Connection) -> None:
-            _insert_result(db, batch_id, index, result, now)
+            db.execute(_INSERT_RESULT, row)
+            db.execute("UPDATE batches SET bytes = bytes + ? WHERE batch_id = ?", (held, batch_id))
             if change_rows:
                 first = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM changes WHERE batch_id = ?", (batch_id,))
                 start = int(first.fetchone()[0])
@@ -330,10 +378,21 @@ class Journal:
                     "UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (final_state, now, batch_id)
                 )
 
-        return self._write(write, awaited=awaited, size=len(result.content) + len(result.display))
+        commit = self._write(write, awaited=awaited, size=len(result.content) + len(result.display))
+        owner = None
+        if not self._shares.is_open(batch_id):  # recorded before this start (resumed): its row says whose
+            row_uid = self._db.execute("SELECT uid FROM batches WHERE batch_id = ?", (batch_id,)).fetchone()
+            owner = None if row_uid is None else int(row_uid[0])
+        uid = self._shares.added(batch_id, held, uid=owner)
+        if final_state is not None:
+            self._shares.ended(batch_id, now)
+        if uid is not None:
+            self._keep_within_share(uid)
+        return commit
 
     def batch_done(self, batch_id: str, state: BatchState) -> Commit:
         now = time.time()
+        self._shares.ended(batch_id, now)
 
         def write(db: sqlite3.Connection) -> None:
             db.execute("UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (state, now, batch_id))
@@ -507,17 +566,20 @@ class Journal:
             where += " AND uid = ?"
             params = (cutoff, uid)
 
-        def write(db: sqlite3.Connection) -> list[str]:
+        def write(db: sqlite3.Connection) -> tuple[list[str], list[tuple[int, int]]]:
             ids = [r[0] for r in db.execute(f"SELECT batch_id FROM batches WHERE {where}", params)]  # noqa: S608
+            held = db.execute(f"SELECT uid, SUM(bytes) FROM batches WHERE {where} GROUP BY uid", params)  # noqa: S608
+            freed = [(int(row[0]), int(row[1])) for row in held]
             db.execute(f"DELETE FROM batches WHERE {where}", params)  # noqa: S608
             connection_rows.prune(db, cutoff=cutoff, uid=uid)
-            return ids
+            return ids, freed
 
-        removed: list[str] = self._write_now(write)
-        return removed
+        removed, freed = self._write_now(write)
+        self._shares.pruned(freed, set(removed))
+        return list(removed)
 
 
-_INSERT_BATCH = "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_BATCH = "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _INSERT_CALL = "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _INSERT_RESULT = "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 

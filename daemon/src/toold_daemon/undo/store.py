@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 
 from ..records.state_files import refuse_links, write_through
@@ -34,6 +35,7 @@ class UndoStore:
         name = digest(data)
         path = self.directory / name
         if path.exists():
+            os.utime(path)  # kept anew: a collection running now must not take it (``recent_seconds``)
             return name
         write_through(self.directory / f".{name}.{secrets.token_hex(4)}.tmp", path, data)
         return name
@@ -49,14 +51,24 @@ class UndoStore:
             data = f.read()
         return data if digest(data) == name else None
 
-    def collect(self, referenced: set[str]) -> int:
-        """Remove blobs no journal row names; the number removed."""
+    def collect(self, referenced: set[str], *, recent_seconds: float = 0.0) -> int:
+        """Remove blobs no journal row names; the number removed. While the daemon serves,
+        a blob kept after ``referenced`` was read is not in it: blobs kept (or kept anew)
+        within ``recent_seconds`` stay."""
         removed = 0
+        newest = time.time() - recent_seconds
         for entry in os.scandir(self.directory):
-            if entry.name not in referenced:
+            if entry.name not in referenced and (not recent_seconds or _modified(entry) < newest):
                 try:
                     os.unlink(entry.path)
                     removed += 1
                 except OSError:
                     pass
         return removed
+
+
+def _modified(entry: os.DirEntry[str]) -> float:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime
+    except OSError:
+        return float("inf")  # gone or unreadable: not ours to remove now

@@ -1,0 +1,55 @@
+"""The journal's upkeep while the daemon serves: retention applied every hour (not only
+at start, so that a daemon running for weeks still forgets old batches), and the undo
+store's pre-images of pruned batches removed once batches were pruned, for retention
+or because their uid was past its share of the journal."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from .journal import Journal
+
+if TYPE_CHECKING:  # the undo package sits above the records it keeps
+    from ..undo.ledger import UndoLedger
+
+log = logging.getLogger(__name__)
+
+#: How often the upkeep looks, and how often it applies retention.
+LOOK_SECONDS = 60.0
+RETENTION_SECONDS = 3600.0
+#: Pre-images kept this recently stay whatever the journal says: the rows that name them
+#: may still be on their way to it.
+RECENT_PRE_IMAGE_SECONDS = 600.0
+
+
+async def keep_journal_forever(
+    journal: Journal,
+    ledger: UndoLedger | None,
+    retention_days: float,
+    *,
+    look_seconds: float = LOOK_SECONDS,
+    retention_seconds: float = RETENTION_SECONDS,
+) -> None:
+    pruned_for_space = journal.pruned_for_space
+    since_retention = 0.0
+    while True:
+        await trio.sleep(look_seconds)
+        since_retention += look_seconds
+        pruned = 0
+        if since_retention >= retention_seconds:
+            since_retention = 0.0
+            pruned = len(journal.prune(older_than_seconds=retention_days * 86400))
+            if pruned:
+                log.info("pruned %d finished batch(es) older than %g days", pruned, retention_days)
+        if ledger is None or (not pruned and journal.pruned_for_space == pruned_for_space):
+            continue
+        pruned_for_space = journal.pruned_for_space
+        referenced = journal.kept_hashes()
+        collect = functools.partial(ledger.store.collect, referenced, recent_seconds=RECENT_PRE_IMAGE_SECONDS)
+        removed = await trio.to_thread.run_sync(collect)
+        if removed:
+            log.info("removed %d undo pre-image(s) of pruned batches", removed)
