@@ -76,6 +76,7 @@ def test_the_metrics_file_parses_and_its_counters_move_with_calls(tmp_path: Path
         # every reply was read, every record written (or about to be)
         assert after[("toold_waiting_for_clients_bytes", ())] == 0
         assert ("toold_journal_backlog_bytes", ()) in after
+        assert after[("toold_journal_pruned_for_space_total", ())] == 0  # nobody is past their share
         assert not any("uid" in dict(labels) for _name, labels in after)  # totals only, no per-user detail
         assert stat.S_IMODE(metrics.stat().st_mode) == 0o644  # node_exporter runs as a user of its own
         assert [p.name for p in metrics.parent.iterdir()] == ["toold.prom"]  # no temporary left behind

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import reachable_daemon
 from tests.e2e.test_identity import OTHER_UID
+from tests.e2e.test_metrics import wait_for
 from tests.security.test_q_one_user_cannot_take_the_daemon_down import OtherUser
 from toold_client import Client
 
@@ -29,7 +30,11 @@ READ = {"name": "read_file", "arguments": {"path": "big.txt"}}
 
 
 def test_another_users_flood_of_large_results_stays_within_its_share_of_the_journal(tmp_path: Path) -> None:
-    config = f"[journal]\nmax_bytes_per_uid = {SHARE}\n"
+    metrics = tmp_path / "metrics" / "toold.prom"
+    metrics.parent.mkdir()
+    config = (
+        f'[journal]\nmax_bytes_per_uid = {SHARE}\n[daemon]\nmetrics_file = "{metrics}"\nmetrics_interval_seconds = 1\n'
+    )
     with reachable_daemon(tmp_path, config=config) as daemon:
         (daemon.root / "big.txt").write_text(("z" * 99 + "\n") * 1000)  # 100 KB, readable by all
         with daemon.client(timeout=60) as client:
@@ -45,11 +50,16 @@ def test_another_users_flood_of_large_results_stays_within_its_share_of_the_jour
         deadline = time.monotonic() + 10
         while (held := _held(journal)).get(OTHER_UID, 0) > SHARE + 800_000 and time.monotonic() < deadline:
             time.sleep(0.05)  # the last prune is a write on its way
+        counter = ("toold_journal_pruned_for_space_total", ())
+        # every batch of the attacker's is either still there or counted as pruned (the
+        # metrics file is written every second, and the last delete may still be queued)
+        samples = wait_for(metrics, lambda s: s.get(counter, 0) + len(_batches(journal, OTHER_UID)) == BATCHES + 1)
         kept = _batches(journal, OTHER_UID)
         with daemon.client(timeout=60) as client:
             status = client.get_batch(mine.batch_id)  # this uid's batch is untouched (from the journal)
     assert 0 < held[OTHER_UID] <= SHARE + 800_000, held  # 32 MB before
     assert len(kept) < 8, f"{len(kept)} of the attacker's {BATCHES + 1} batches kept"
+    assert samples[counter] == BATCHES + 1 - len(kept)  # operators see it
     assert status.state == "finished" and status.results[0].ok and len(status.results[0].content) == 100_000
 
 

@@ -57,6 +57,8 @@ class Holding:
     waiting_for_clients: dict[int, int] = field(default_factory=dict)
     #: Bytes of results queued for the journal's thread, not yet written.
     journal_backlog_bytes: int = 0
+    #: Batches pruned since the start because their uid was past its share of the journal.
+    journal_pruned_for_space: int = 0
 
 
 @dataclass(slots=True)
@@ -206,6 +208,11 @@ class _Collector:
             durations.add_metric([tool], cumulative, sum_value=d.total)
         yield durations
         holding = m.holding()
+        yield CounterMetricFamily(
+            "toold_journal_pruned_for_space",
+            "Batches pruned from the journal because their uid was past max_bytes_per_uid",
+            value=holding.journal_pruned_for_space,
+        )
         for name, value, text in (
             ("toold_running_batches", sum(holding.running_batches.values()), "Batches running or waiting now"),
             ("toold_sessions", sum(holding.sessions.values()), "Client sessions open now"),

@@ -149,6 +149,7 @@ class Service:
         if self.shared.journal is not None:
             holding.journal_bytes = self.shared.journal.size()
             holding.journal_backlog_bytes = self.shared.journal.backlog_bytes()
+            holding.journal_pruned_for_space = self.shared.journal.pruned_for_space
         return holding
 
     def _evicted(self, session: Session) -> None:
