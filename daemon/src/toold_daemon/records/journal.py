@@ -47,20 +47,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-import msgspec
 import trio
 
 from toold_protocol import (
     BatchState,
     Identity,
-    PlannedCall,
     ServerConnection,
-    ToolCall,
     ToolErrorInfo,
     ToolResult,
 )
 
 from ..undo.images import Change
+from . import journal_rows
 from . import server_connections as connection_rows
 from .journal_schema import SCHEMA_VERSION, NewerSchema, migrate
 from .journal_shares import Shares
@@ -73,10 +71,6 @@ RECOVERY_NAME = "last-recovery.json"  # what the last start found and did (``too
 DEFAULT_MAX_BYTES_PER_UID = 1024 * 1024 * 1024
 INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
 DISCARDED = "discarded after restart"
-
-_encoder = msgspec.msgpack.Encoder()
-_error_decoder = msgspec.msgpack.Decoder(ToolErrorInfo)
-_data_decoder = msgspec.msgpack.Decoder(dict[str, Any])
 
 
 class JournalError(Exception):
@@ -300,18 +294,19 @@ class Journal:
         s, now = submission, time.time()
         identity = s.identity
         batch_row = (s.batch_id, identity.uid, identity.gid, identity.pid, s.client_name, s.turn_id, now)
+        finished = now if ended else None
         call_rows = [
-            (*_call_columns(s.batch_id, c, p), now if p.index == started else None)
+            (*journal_rows.call_columns(s.batch_id, c, p), now if p.index == started else None)
             for c, p in zip(s.calls, s.planned, strict=True)
         ]
-        result_rows = [_result_row(s.batch_id, index, r, now) for index, r in results]
-        held = sum(map(_result_row_bytes, result_rows)) + sum(len(row[4]) for row in call_rows)
+        result_rows = [journal_rows.result_row(s.batch_id, index, r, now) for index, r in results]
+        held = sum(map(journal_rows.result_bytes, result_rows)) + sum(len(row[4]) for row in call_rows)
         commit = self._write(
             Rows(
                 [
-                    (_INSERT_BATCH, [(*batch_row, now if ended else None, state, s.digest, s.workspace, held)]),
-                    (_INSERT_CALL, call_rows),
-                    (_INSERT_RESULT, result_rows),
+                    (journal_rows.INSERT_BATCH, [(*batch_row, finished, state, s.digest, s.workspace, held)]),
+                    (journal_rows.INSERT_CALL, call_rows),
+                    (journal_rows.INSERT_RESULT, result_rows),
                 ]
             ),
             awaited=awaited,
@@ -347,8 +342,8 @@ class Journal:
         batch's last call), the batch's end is in the same transaction; ``changes`` (what
         the call did to each path, for undo, whose pre-images took ``undo_bytes``) too."""
         now = time.time()
-        row = _result_row(batch_id, index, result, now)
-        held = _result_row_bytes(row) + undo_bytes
+        row = journal_rows.result_row(batch_id, index, result, now)
+        held = journal_rows.result_bytes(row) + undo_bytes
         change_rows = [
             (
                 index,
@@ -364,7 +359,7 @@ class Journal:
         ]
 
         def write(db: sqlite3.Connection) -> None:
-            db.execute(_INSERT_RESULT, row)
+            db.execute(journal_rows.INSERT_RESULT, row)
             db.execute("UPDATE batches SET bytes = bytes + ? WHERE batch_id = ?", (held, batch_id))
             if change_rows:
                 first = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM changes WHERE batch_id = ?", (batch_id,))
@@ -446,22 +441,9 @@ class Journal:
             )
         ]
         results: list[ToolResult | None] = [None] * len(calls)
-        for r in self._db.execute(
-            "SELECT idx, call_id, ok, content, display, data, error, truncated, duration_ms, display_is_content "
-            "FROM results "
-            "WHERE batch_id = ? ORDER BY idx",
-            (batch_id,),
-        ):
-            results[r[0]] = ToolResult(
-                call_id=r[1],
-                ok=bool(r[2]),
-                content=r[3],
-                display=r[3] if r[9] else r[4],
-                data=None if r[5] is None else _data_decoder.decode(r[5]),
-                error=None if r[6] is None else _error_decoder.decode(r[6]),
-                truncated=bool(r[7]),
-                duration_ms=r[8],
-            )
+        query = f"SELECT idx, {journal_rows.RESULT_COLUMNS} FROM results WHERE batch_id = ? ORDER BY idx"  # noqa: S608
+        for r in self._db.execute(query, (batch_id,)):
+            results[r[0]] = journal_rows.stored_result(r)
         return StoredBatch(
             row[0],
             Identity(uid=row[1], gid=row[2], pid=row[3]),
@@ -535,7 +517,8 @@ class Journal:
                     self.undos_to_finish.append(batch_id)
                     db.execute("UPDATE calls SET started = NULL WHERE batch_id = ?", (batch_id,))
                 for index, call_id in _without_result(db, batch_id, started_only=True):
-                    _insert_result(db, batch_id, index, _error_result(call_id, "INTERRUPTED", INTERRUPTED), now)
+                    interrupted = _error_result(call_id, "INTERRUPTED", INTERRUPTED)
+                    journal_rows.insert_result(db, batch_id, index, interrupted, now)
                     self.interrupted_calls += 1
                 state = "interrupted" if _without_result(db, batch_id) else "finished"
                 db.execute(
@@ -551,7 +534,7 @@ class Journal:
 
         def write(db: sqlite3.Connection) -> None:
             for index, call_id in _without_result(db, batch_id):
-                _insert_result(db, batch_id, index, _error_result(call_id, "DISCARDED", DISCARDED), now)
+                journal_rows.insert_result(db, batch_id, index, _error_result(call_id, "DISCARDED", DISCARDED), now)
             db.execute("UPDATE batches SET state = 'cancelled', finished = ? WHERE batch_id = ?", (now, batch_id))
 
         self._write_now(write)
@@ -577,54 +560,6 @@ class Journal:
         removed, freed = self._write_now(write)
         self._shares.pruned(freed, set(removed))
         return list(removed)
-
-
-_INSERT_BATCH = "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_INSERT_CALL = "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_INSERT_RESULT = "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-
-
-def _call_columns(batch_id: str, call: ToolCall, plan: PlannedCall) -> tuple[Any, ...]:
-    """A call's row but its started time."""
-    return (
-        batch_id,
-        plan.index,
-        call.call_id,
-        call.name,
-        bytes(call.arguments),
-        plan.disposition,
-        plan.summary,
-        plan.risk,
-    )
-
-
-def _insert_result(db: sqlite3.Connection, batch_id: str, index: int, result: ToolResult, now: float) -> None:
-    db.execute(_INSERT_RESULT, _result_row(batch_id, index, result, now))
-
-
-def _result_row(batch_id: str, index: int, result: ToolResult, now: float) -> tuple[Any, ...]:
-    """A result row; ``display`` is stored only when it differs from ``content`` (most
-    results: a read's 4 KB is written once, not twice)."""
-    same = result.display == result.content
-    return (
-        batch_id,
-        index,
-        result.call_id,
-        int(result.ok),
-        result.content,
-        "" if same else result.display,
-        None if result.data is None else _encoder.encode(result.data),
-        None if result.error is None else _encoder.encode(result.error),
-        int(result.truncated),
-        result.duration_ms,
-        now,
-        int(same),
-    )
-
-
-def _result_row_bytes(row: tuple[Any, ...]) -> int:
-    """The bytes a result row carries: its content, display, data and error."""
-    return len(row[4]) + len(row[5]) + len(row[6] or b"") + len(row[7] or b"")
 
 
 def _is_undo(db: sqlite3.Connection, batch_id: str) -> bool:
