@@ -50,13 +50,13 @@ def _zygote(tmp_path: Path) -> tuple[Zygote, list[str]]:
 async def test_a_slow_move_leaves_the_event_loop_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     zygote, made = _zygote(tmp_path)
     zygote.inside = "call-before"
-    real_write = zygotes._write_pid
+    real_write = zygotes.write_procs
 
     def slow_write(opened: list[int], pid: int) -> bool:
         time.sleep(SLOW_MOVE_SECONDS)  # as the kernel's grace period would
         return real_write(opened, pid)
 
-    monkeypatch.setattr(zygotes, "_write_pid", slow_write)
+    monkeypatch.setattr(zygotes, "write_procs", slow_write)
     ticks = 0
 
     async def tick() -> None:

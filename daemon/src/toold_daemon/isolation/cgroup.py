@@ -361,6 +361,22 @@ def _enable_controllers(parent: str, base: str) -> frozenset[str]:
     return frozenset(enabled)
 
 
+def write_procs(opened: list[int], pid: int) -> bool:
+    """Move ``pid`` by writing it to each ``cgroup.procs`` ``Cgroups.open_procs`` opened,
+    and close them; False if any write failed. May wait milliseconds in the kernel: the
+    caller runs it off the event loop."""
+    text = str(pid).encode()
+    moved = True
+    for fd in opened:
+        try:
+            os.write(fd, text)
+        except OSError:
+            moved = False
+        finally:
+            os.close(fd)
+    return moved
+
+
 def _write(path: str, text: str) -> bool:
     try:
         with open(path, "w") as f:

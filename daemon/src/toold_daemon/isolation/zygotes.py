@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
-from .cgroup import Cgroups
+from .cgroup import Cgroups, write_procs
 from .sockets import PeerGone, receive_frame, receive_frame_with_fds, send_with_fd
 from .wire import Outcome, Spawned, SpawnRequest, frame
 
@@ -182,7 +182,7 @@ class Zygote:
         opened = self.cgroups.open_procs(group)
         if opened is None:
             return False
-        return await trio.to_thread.run_sync(_write_pid, opened, self.pid, limiter=_MOVERS)
+        return await trio.to_thread.run_sync(write_procs, opened, self.pid, limiter=_MOVERS)
 
     async def _leave(self, group: str) -> None:
         """Leave call cgroup ``group`` for a fresh one (unless an earlier park already
@@ -341,17 +341,3 @@ class Zygotes:
         while self._homes_to_remove and time.monotonic() < deadline:
             time.sleep(0.005)
             self._homes_to_remove = [home for home in self._homes_to_remove if not self._cgroups.remove(home)]
-
-
-def _write_pid(opened: list[int], pid: int) -> bool:
-    """Write ``pid`` to each opened ``cgroup.procs`` and close them (in a thread)."""
-    text = str(pid).encode()
-    moved = True
-    for fd in opened:
-        try:
-            os.write(fd, text)
-        except OSError:
-            moved = False
-        finally:
-            os.close(fd)
-    return moved
