@@ -88,7 +88,6 @@ class Journal:
     ) -> None:
         self.path = path
         self.server_connections_kept = server_connections_kept
-        self.max_bytes_per_uid = max_bytes_per_uid
         #: Batches pruned because their uid was past its share, since the journal opened.
         self.pruned_for_space = 0
         self._lock_fd: int | None = None
