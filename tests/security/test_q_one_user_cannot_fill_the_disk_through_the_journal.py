@@ -57,6 +57,9 @@ def test_another_users_flood_of_large_results_stays_within_its_share_of_the_jour
         kept = _batches(journal, OTHER_UID)
         with daemon.client(timeout=60) as client:
             status = client.get_batch(mine.batch_id)  # this uid's batch is untouched (from the journal)
+        audited = daemon.log.read_text().count(f"audit=batch uid={OTHER_UID} ")
+    # the journal forgot the attacker's oldest batches; the audit trail did not
+    assert audited == BATCHES + 1, audited
     assert 0 < held[OTHER_UID] <= SHARE + 800_000, held  # 32 MB before
     assert len(kept) < 8, f"{len(kept)} of the attacker's {BATCHES + 1} batches kept"
     assert samples[counter] == BATCHES + 1 - len(kept)  # operators see it
