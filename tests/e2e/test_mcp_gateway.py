@@ -269,11 +269,12 @@ def test_doctor_starts_each_server_and_reports_the_one_that_fails(tmp_path: Path
 
 
 def _alive(pid: int) -> bool:
+    """Running, not a zombie. The process may be reaped between the two looks: gone then."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def test_a_server_with_network_reaches_only_allowed_hosts_through_the_proxy(tmp_path: Path) -> None:
