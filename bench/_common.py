@@ -88,6 +88,22 @@ def sample(fn: Callable[[], object], n: int, warmup: int = 50) -> list[float]:
     return times
 
 
+def sample_interleaved(fns: dict[str, Callable[[], object]], n: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Each of ``fns`` once a round, in turn, for ``n`` rounds: the machine's drift over
+    the run then hits every one alike (timed one after another in blocks, a slow minute
+    can land on one of them alone and decide the ratio)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(n):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def pct(times: list[float], q: float) -> float:
     return statistics.quantiles(times, n=100)[int(q) - 1] if len(times) > 1 else times[0]
 

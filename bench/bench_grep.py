@@ -2,7 +2,8 @@
 
 The baseline is ``rg -n`` run directly from a fresh process, as a shell user would
 (all cores, output in no particular order); the tool returns the same hits in path
-order. Target: tool p50 <= 1.2x ripgrep p50.
+order. Target: tool p50 <= 1.1x ripgrep p50. The four are timed in turn, round by round,
+so that the machine's drift cannot land on one of them alone.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import random
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from _common import report, running_daemon, sample
+from _common import report, running_daemon, sample_interleaved
 from toold_client import Client
 from toold_daemon.tools.grep import RIPGREP_FLAGS, find_ripgrep
 
@@ -33,39 +35,50 @@ def make_tree(root: Path, files: int, lines: int) -> None:
     (root / ".gitignore").write_text("*.log\n")
 
 
-_CONFINED_LOOP = """
-import json, os, subprocess, sys, time
+_CONFINED_SERVER = """
+import json, subprocess, sys
 from toold_daemon.isolation import confine, kernel
-cmd, root, n = json.loads(sys.argv[1])
+cmd, root = json.loads(sys.argv[1])
 kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
 ruleset = confine.landlock_ruleset([root], [], network=False, tools_only=True)
 if isinstance(ruleset, str) or kernel.seccomp_supported() is not None:
-    print("[]")
+    print("unsupported", flush=True)
     raise SystemExit
 confine._apply_landlock(ruleset)
 kernel.seccomp_filter(sockets="none")
 env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
-times = []
-for i in range(n + 3):
-    started = time.perf_counter()
+print("ready", flush=True)
+for _ in sys.stdin:
     subprocess.run(cmd, cwd=root, capture_output=True, env=env, check=False)
-    times.append(time.perf_counter() - started)
-print(json.dumps(times[3:]))
+    print("done", flush=True)
 """
 
 
-def confined_rg(cmd: list[str], root: Path, n: int) -> list[float]:
-    """``cmd`` timed from a process under the kernel confinement a tool worker has
-    (Landlock on the root, seccomp), which the tool pays and ``rg`` run directly does
-    not: what the confinement itself costs. Empty where the kernel lacks either."""
-    out = subprocess.run(
-        [sys.executable, "-c", _CONFINED_LOOP, json.dumps([cmd, str(root), n])],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    times: list[float] = json.loads(out)
-    return times
+class ConfinedRipgrep:
+    """A process under the kernel confinement a tool worker has (Landlock on the root,
+    seccomp) that runs ``cmd`` each time it is asked: what the confinement itself costs,
+    which the tool pays and ``rg`` run directly does not. ``available`` is False where
+    the kernel lacks either."""
+
+    def __init__(self, cmd: list[str], root: Path) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _CONFINED_SERVER, json.dumps([cmd, str(root)])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
+        self.available = self._stdout.readline().strip() == "ready"
+
+    def run(self) -> None:
+        self._stdin.write("go\n")
+        self._stdin.flush()
+        self._stdout.readline()
+
+    def close(self) -> None:
+        self._stdin.close()
+        self._proc.wait()
 
 
 def main(files: int = 3_000, lines: int = 270, n: int = 30) -> None:
@@ -79,25 +92,31 @@ def main(files: int = 3_000, lines: int = 270, n: int = 30) -> None:
         make_tree(root, files, lines)
         size = sum(p.stat().st_size for p in root.rglob("*.py"))
         plain = [rg, "-n", "needle", "."]  # what a person types: all cores, no order
-        direct = sample(lambda: subprocess.run(plain, cwd=root, capture_output=True, check=True), n, warmup=3)
-        cmd = [rg, *RIPGREP_FLAGS, "--sort=path", "--case-sensitive", "--regexp", "needle", "--", "."]
-        ordered = sample(lambda: subprocess.run(cmd, cwd=root, capture_output=True, check=True), n, warmup=3)
+        ordered = [rg, *RIPGREP_FLAGS, "--sort=path", "--case-sensitive", "--regexp", "needle", "--", "."]
+        unsorted = [rg, *RIPGREP_FLAGS, "--case-sensitive", "--regexp", "needle", "--", "."]  # as the tool runs it
+        confined = ConfinedRipgrep(unsorted, root)
         with running_daemon(root) as endpoint, Client(endpoint) as client:
 
             def tool() -> None:
                 result = client.call("grep", {"pattern": "needle", "max_results": 10_000})
                 assert result.ok and result.content.count("\n") + 1 == (files + 96) // 97
 
-            via_tool = sample(tool, n, warmup=3)
-        print(f"# grep over {files} files, {size / 1e6:.1f} MB, n={n}")
-        report("rg -n direct [baseline]", direct)
-        report("rg direct, --sort=path (one thread)", ordered, direct)
-        unsorted = [rg, *RIPGREP_FLAGS, "--case-sensitive", "--regexp", "needle", "--", "."]  # as the tool runs it
-        confined = confined_rg(unsorted, root, n)
-        report("grep tool via Client.call", via_tool, direct)
-        if confined:
-            report("rg under a worker's Landlock+seccomp", confined, direct)
-            report("grep tool vs that confined rg", via_tool, confined)
+            contenders: dict[str, Callable[[], object]] = {
+                "direct": lambda: subprocess.run(plain, cwd=root, capture_output=True, check=True),
+                "ordered": lambda: subprocess.run(ordered, cwd=root, capture_output=True, check=True),
+                "tool": tool,
+            }
+            if confined.available:
+                contenders["confined"] = confined.run
+            times = sample_interleaved(contenders, n)
+        confined.close()
+        print(f"# grep over {files} files, {size / 1e6:.1f} MB, n={n}, rounds interleaved")
+        report("rg -n direct [baseline]", times["direct"])
+        report("rg direct, --sort=path (one thread)", times["ordered"], times["direct"])
+        report("grep tool via Client.call", times["tool"], times["direct"])
+        if "confined" in times:
+            report("rg under a worker's Landlock+seccomp", times["confined"], times["direct"])
+            report("grep tool vs that confined rg", times["tool"], times["confined"])
 
 
 if __name__ == "__main__":
