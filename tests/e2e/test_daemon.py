@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 import zmq
 
@@ -287,6 +288,10 @@ def test_bad_config_exits_2(tmp_path: Path, root: Path) -> None:
         timeout=10,
     )
     assert missing_root.returncode == 2 and "not a directory" in missing_root.stderr
+    # The isolation probe's child starts before the roots are checked: it must not outlive the refusal.
+    nope = str(tmp_path / "nope")
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if nope in " ".join(p.info["cmdline"] or [])]
+    assert left == []
 
 
 def test_disabled_mode_and_denylist(tmp_path: Path, root: Path) -> None:

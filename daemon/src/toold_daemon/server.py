@@ -9,6 +9,7 @@ socket and exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import gc
@@ -36,7 +37,7 @@ from .execution.executor import Executor
 from .execution.runner import ThreadRunner
 from .isolation.peers import parent_of, tool_process
 from .isolation.probe import Probe
-from .isolation.runner import SpawnRunner
+from .isolation.runner import ProbeUnderWay, SpawnRunner
 from .mcp import Gateway
 from .operation.notify import Notifier
 from .operation.privileges import CannotDrop, drop_to
@@ -85,17 +86,26 @@ def warm_planning(registry: Registry) -> None:
             log.warning("warming the planning of %s failed: %s: %s", tool.name, type(exc).__name__, exc)
 
 
-async def build_runner(config: Config, options: ServeOptions) -> ThreadRunner | SpawnRunner:
+def build_runner(config: Config, options: ServeOptions) -> ThreadRunner | SpawnRunner:
     if options.spawner is None:
         return ThreadRunner()
-    runner = SpawnRunner(*options.spawner, config)
-    layers = await runner.probe(Probe())
+    return SpawnRunner(*options.spawner, config)
+
+
+async def learn_layers(runner: SpawnRunner, probe: ProbeUnderWay) -> None:
+    """The isolation layers, from the probe's child: logged, and the required ones checked."""
+    layers = await runner.finish_probe(probe)
     for name, state in sorted(layers.items()):
         (log.info if state.startswith("on") else log.warning)("isolation layer %s: %s", name, state)
-    missing = [n for n in config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
+    missing = [n for n in runner.config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
     if missing:
         log.error("required isolation layers are off (%s): side-effecting tools will be refused", ", ".join(missing))
-    return runner
+
+
+async def abandon_probe(runner: SpawnRunner, probe: ProbeUnderWay) -> None:
+    """The start failed: the probe's child is killed, not left behind."""
+    with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+        await runner.finish_probe(probe)
 
 
 def default_runtime_dir() -> Path:
@@ -256,62 +266,76 @@ def resolve_endpoint(config: Config, options: ServeOptions) -> str:
 
 
 async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str], None] | None = None) -> None:
-    sandbox = build_sandbox(config, options.roots)
-    registry = Registry()
-    for tool in builtin_tools():
-        reason = tool.unavailable(config)
-        if reason:
-            registry.withhold(tool.name, reason)
-        else:
+    runner = build_runner(config, options)
+    # The probe's child confines itself in the spawner (another process, often on another
+    # core) while this one builds everything else: most of the probe's time is overlapped.
+    probe = await runner.start_probe(Probe()) if isinstance(runner, SpawnRunner) else None
+    try:
+        sandbox = build_sandbox(config, options.roots)
+        registry = Registry()
+        for tool in builtin_tools():
+            reason = tool.unavailable(config)
+            if reason:
+                registry.withhold(tool.name, reason)
+            else:
+                registry.register(tool)
+        for tool in configured_tools(config.tools):  # names checked against the built-ins when the config loaded
             registry.register(tool)
-    for tool in configured_tools(config.tools):  # names checked against the built-ins when the config loaded
-        registry.register(tool)
-    for tool in options.plugins:  # names checked by the loader
-        registry.register(tool)
-    notifier = Notifier.from_environment()
-    notifier.status("recovering the journal")
-    journal = open_journal(config, options)
-    endpoint = resolve_endpoint(config, options)
+        for tool in options.plugins:  # names checked by the loader
+            registry.register(tool)
+        notifier = Notifier.from_environment()
+        notifier.status("recovering the journal")
+        journal = open_journal(config, options)
+        endpoint = resolve_endpoint(config, options)
 
-    runner = await build_runner(config, options)
-    user_state = UserState.open_in(state_dir_of(config, options))
-    if isinstance(runner, SpawnRunner):
-        runner.user_state = user_state
-    undo = _undo_ledger(config, options, journal)
-    executor = Executor(runner, sandbox, config, journal, undo)
-    gateway = _gateway(config, runner, registry)
-    ipc = IpcServer(
-        endpoint,
-        guard=_connection_guard(config),
-        hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
-        max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
-        max_uid_backlog_bytes=config.daemon.max_uid_backlog_bytes,
-        refuse=_refuse_tool_processes(runner),
-        activated_fd=options.activated_fd,
-        heir=service_user_uid(config),
-        socket_access=socket_access(config),
-    )
-    sink = open_sink(
-        config.daemon.audit, config.daemon.audit_journal_socket, stderr_is_journal=logs.stderr_is_journal()
-    )
-    audit = AuditTrail(sink)
-    if isinstance(runner, SpawnRunner):  # an MCP server's connections belong to no call: kept as they come
-        runner.egress.on_server_record = functools.partial(_keep_server_connection, audit, journal)
-    service = Service(
-        config=config,
-        registry=registry,
-        sandbox=sandbox,
-        executor=executor,
-        send=ipc.send,
-        forget=ipc.forget,
-        isolation=runner.isolation if isinstance(runner, SpawnRunner) else list(ThreadRunner.ISOLATION),
-        journal=journal,
-        config_path=options.config_path,
-        gateway=gateway,
-        audit=audit,
-        audit_dropped=lambda: sink.dropped if isinstance(sink, JournalSink) else 0,
-        waiting_for_clients=ipc.waiting_bytes_by_uid,
-    )
+        user_state = UserState.open_in(state_dir_of(config, options))
+        if isinstance(runner, SpawnRunner):
+            runner.user_state = user_state
+        undo = _undo_ledger(config, options, journal)
+        executor = Executor(runner, sandbox, config, journal, undo)
+        gateway = _gateway(config, runner, registry)
+        ipc = IpcServer(
+            endpoint,
+            guard=_connection_guard(config),
+            hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
+            max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
+            max_uid_backlog_bytes=config.daemon.max_uid_backlog_bytes,
+            refuse=_refuse_tool_processes(runner),
+            activated_fd=options.activated_fd,
+            heir=service_user_uid(config),
+            socket_access=socket_access(config),
+        )
+        sink = open_sink(
+            config.daemon.audit, config.daemon.audit_journal_socket, stderr_is_journal=logs.stderr_is_journal()
+        )
+        audit = AuditTrail(sink)
+        if isinstance(runner, SpawnRunner):  # an MCP server's connections belong to no call: kept as they come
+            runner.egress.on_server_record = functools.partial(_keep_server_connection, audit, journal)
+        service = Service(
+            config=config,
+            registry=registry,
+            sandbox=sandbox,
+            executor=executor,
+            send=ipc.send,
+            forget=ipc.forget,
+            isolation=runner.isolation if isinstance(runner, SpawnRunner) else list(ThreadRunner.ISOLATION),
+            journal=journal,
+            config_path=options.config_path,
+            gateway=gateway,
+            audit=audit,
+            audit_dropped=lambda: sink.dropped if isinstance(sink, JournalSink) else 0,
+            waiting_for_clients=ipc.waiting_bytes_by_uid,
+        )
+        settle_garbage_collector()  # within the probe's time too
+    except BaseException:
+        if probe is not None:
+            assert isinstance(runner, SpawnRunner)
+            await abandon_probe(runner, probe)
+        raise
+    if probe is not None:
+        assert isinstance(runner, SpawnRunner)
+        await learn_layers(runner, probe)
+        service.isolation = runner.isolation
     try:
         ipc.claim()
         if config.daemon.user:
@@ -347,7 +371,6 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
                 if ready is not None:
                     ready(endpoint)
-                settle_garbage_collector()
                 notifier.ready(_status(service))  # the socket serves and recovery is done
                 nursery.start_soon(notifier.keep_alive, lambda: _status(service))
                 nursery.start_soon(trio.to_thread.run_sync, warm_planning, registry)

@@ -75,6 +75,14 @@ class StdioChild:
         return self.child.pid
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeUnderWay:
+    """The probe's child, started and not yet reported (see ``SpawnRunner.start_probe``)."""
+
+    child: CallProcess
+    ctx: ToolContext
+
+
 class SpawnRunner:
     def __init__(self, spawner_pid: int, control: socket.socket, config: Config) -> None:
         self.spawner_pid = spawner_pid
@@ -166,9 +174,19 @@ class SpawnRunner:
     async def probe(self, tool: Tool[Any]) -> dict[str, str]:
         """Run ``tool`` (a no-op) in a child with the network cut, to learn which layers the
         kernel grants; the answer goes into ``welcome`` and ``toold doctor``."""
+        return await self.finish_probe(await self.start_probe(tool))
+
+    async def start_probe(self, tool: Tool[Any]) -> ProbeUnderWay:
+        """Start the probe's child and return at once: the daemon's start goes on with its
+        own setup while the child confines itself (on another core), then ``finish_probe``."""
         ctx = ToolContext(call_id="probe", sandbox=None, config=self.config)  # type: ignore[arg-type]
         me = Identity(uid=self._euid, gid=os.getegid(), pid=os.getpid())
-        outcome = await self._spawn(tool, tool.args_type(), ctx, me, probe=True)
+        child = await self._launch(tool, tool.args_type(), ctx, me, command=None, probe=True)
+        return ProbeUnderWay(child, ctx)
+
+    async def finish_probe(self, probe: ProbeUnderWay) -> dict[str, str]:
+        """The layers the probe's child reported (its child is killed whatever happens)."""
+        outcome = await self._finish(probe.child, probe.ctx)
         self.layers = dict(outcome.layers)
         if self.layers.get("cgroup", "").startswith("on") or not self.cgroups.base:
             self.layers["cgroup"] = self.cgroups.describe()
@@ -350,6 +368,10 @@ class SpawnRunner:
         """Run one call in a child and return its outcome; the child and everything it
         started are killed, and its temp dir cleared, whatever ends the wait."""
         child = await self._launch(tool, args, ctx, identity, command=command, probe=probe, preview=preview)
+        return await self._finish(child, ctx)
+
+    async def _finish(self, child: CallProcess, ctx: ToolContext) -> Outcome:
+        """Wait for a launched child's outcome; then kill it and everything it started."""
         try:
             outcome = await collect(child.read_end, ctx, self.config.tools.output.max_bytes)
             network = await self.egress.forget(child.token)
