@@ -312,11 +312,15 @@ class MemoryConfig(_Section, frozen=True):
     max_key_chars: Annotated[int, Meta(ge=1, le=4096)] = 256
     max_value_bytes: PositiveInt = 65_536
     max_keys: PositiveInt = 10_000  # per user and scope
+    # Keys and values of one user in all scopes together (each workspace is a scope of its
+    # own, and a user may open any number): one user cannot fill the disk through memory.
+    max_bytes_per_user: PositiveInt = 64 * 1024 * 1024
 
 
 class TodosConfig(_Section, frozen=True):
     max_todos: PositiveInt = 1000  # per user and workspace
     max_task_chars: PositiveInt = 2000
+    max_todos_per_user: PositiveInt = 10_000  # in all of one user's workspaces together
 
 
 class WebConfig(_Section, frozen=True):

@@ -75,7 +75,9 @@ class Memory(Tool[MemoryArgs]):
             if size > limits.max_value_bytes:
                 raise limits_exceeded(f"the value is {size} bytes (max_value_bytes = {limits.max_value_bytes})")
             try:
-                created = state.set(uid, scope, args.key, args.value, max_keys=limits.max_keys)
+                created = state.set(
+                    uid, scope, args.key, args.value, max_keys=limits.max_keys, max_bytes=limits.max_bytes_per_user
+                )
             except Full as exc:
                 raise limits_exceeded(str(exc)) from None
             return ToolOutput(

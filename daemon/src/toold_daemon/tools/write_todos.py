@@ -81,13 +81,19 @@ class WriteTodos(Tool[WriteTodosArgs]):
         extra: dict[str, str] = {}
         try:
             if args.action == "add":
-                extra["id"] = state.add_todo(uid, scope, args.task.strip(), max_todos=limits.max_todos).id
+                added = state.add_todo(
+                    uid, scope, args.task.strip(), max_todos=limits.max_todos, max_per_user=limits.max_todos_per_user
+                )
+                extra["id"] = added.id
             elif args.action == "complete":
                 state.set_status(uid, scope, args.id, "completed")
             elif args.action == "remove":
                 state.remove_todo(uid, scope, args.id)
             elif args.action == "replace":
-                state.replace_todos(uid, scope, [(t.task, t.status) for t in args.todos], max_todos=limits.max_todos)
+                items: list[tuple[str, str]] = [(t.task, t.status) for t in args.todos]
+                state.replace_todos(
+                    uid, scope, items, max_todos=limits.max_todos, max_per_user=limits.max_todos_per_user
+                )
         except Full as exc:
             raise limits_exceeded(str(exc)) from None
         except UnknownTodo:
