@@ -205,6 +205,10 @@ class IsolationConfig(_Section, frozen=True):
     # Python tools (reads, writes, edits ...) run in confined, long-lived workers: at most
     # this many at once across all users and workspaces; one idle this long exits.
     max_workers: Annotated[int, Meta(ge=1, le=256)] = 8
+    # Workers one uid's calls may hold at once, so that one user's slow calls (a long
+    # search, a regex that backtracks until its timeout) cannot leave every other user's
+    # reads waiting. 0: all but a quarter of max_workers (at least one kept for others).
+    max_workers_per_uid: Annotated[int, Meta(ge=0, le=256)] = 0
     worker_idle_seconds: Annotated[float, Meta(gt=0, le=86_400)] = 300.0
 
     def __post_init__(self) -> None:

@@ -118,6 +118,7 @@ class SpawnRunner:
             pids_max=isolation.processes,
             memory_max=isolation.address_space_mb * 1024 * 1024,
             max_workers=isolation.max_workers,
+            max_per_uid=isolation.max_workers_per_uid,
             idle_seconds=isolation.worker_idle_seconds,
         )
         self._nursery: trio.Nursery | None = None

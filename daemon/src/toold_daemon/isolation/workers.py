@@ -9,9 +9,12 @@ times out, or whose worker dies or sends garbage, ends that worker (SIGKILL to i
 cgroup and pid), and the next call of that kind gets a fresh one.
 
 At most ``max_workers`` live at once; when a new kind needs room, the least recently
-used idle worker is retired; when none is idle, the call waits for one. Workers idle
-for ``idle_seconds`` exit, and so does a worker after ``MAX_CALLS`` calls or
-``MAX_AGE_S`` seconds (its CPU-time rlimit counts across calls).
+used idle worker is retired; when none is idle, the call waits for one. One uid's calls
+hold at most ``max_per_uid`` workers at once (busy ones; its idle ones are retired for
+others like any): a user whose calls are slow, by chance or on purpose, waits for their
+own workers and leaves the rest to everyone else. Workers idle for ``idle_seconds``
+exit, and so does a worker after ``MAX_CALLS`` calls or ``MAX_AGE_S`` seconds (its
+CPU-time rlimit counts across calls).
 """
 
 from __future__ import annotations
@@ -56,6 +59,14 @@ class WorkerUnavailable(Exception):
     """No worker could be started (a required layer is off, the spawner is gone ...)."""
 
 
+def per_uid_share(max_workers: int, configured: int) -> int:
+    """Workers one uid may hold: ``configured`` (at most the pool), or by default all but a
+    quarter of the pool, one kept for the others at the least (one, for a pool of one)."""
+    if configured:
+        return min(configured, max_workers)
+    return max(1, max_workers - max(1, max_workers // 4))
+
+
 def kind_of(request: SpawnRequest, config_generation: int) -> Kind:
     return (request.uid, request.gid, tuple(request.roots), config_generation, tuple(request.require))
 
@@ -72,6 +83,11 @@ class Worker:
     last_used: float = field(default_factory=time.monotonic)
     calls: int = 0
     buffer: FrameBuffer = field(default_factory=FrameBuffer)
+    busy: bool = False  # taken for a call (counted against its uid) until given back or ended
+
+    @property
+    def uid(self) -> int:
+        return self.kind[0]
 
     async def send(self, data: bytes) -> None:
         """All of ``data`` (a request, or what a begun call's first write left)."""
@@ -142,11 +158,14 @@ class Workers:
         memory_max: int,
         max_workers: int,
         idle_seconds: float,
+        max_per_uid: int = 0,
     ) -> None:
         self._start_child = start_child
         self._cgroups = cgroups
         self._limits = (pids_max, memory_max)
         self.max_workers = max(1, max_workers)
+        self.max_per_uid = per_uid_share(self.max_workers, max_per_uid)
+        self._busy: dict[int, int] = {}  # uid -> workers its calls hold
         self.idle_seconds = idle_seconds
         self._idle: list[Worker] = []  # least recently used first
         self._in_flight = 0  # calls waiting for a worker's outcome
@@ -185,12 +204,15 @@ class Workers:
         call's task. The caller then ``run``s it with the result, or ``abandon``s it."""
         kind = kind_of(request, self._generation(config))
         self._retire_idle()
+        if not self._may_hold_another(request.uid):
+            return None
         for worker in reversed(self._idle):
             if worker.kind == kind:
                 self._idle.remove(worker)
                 if not worker.alive():
                     self._end(worker)
                     return None
+                self._hold(worker)
                 data = frame(request)
                 try:
                     sent = os.write(worker.sock.fileno(), data)
@@ -271,27 +293,52 @@ class Workers:
         kind = kind_of(request, self._generation(config))
         while True:
             self._retire_idle()
-            for worker in reversed(self._idle):  # the most recently used: warmest caches
-                if worker.kind == kind:
-                    self._idle.remove(worker)
-                    if worker.alive():
-                        return worker
-                    self._end(worker)  # died while idle (killed, OOM): never hand it a call
+            if self._may_hold_another(request.uid):
+                for worker in reversed(self._idle):  # the most recently used: warmest caches
+                    if worker.kind == kind:
+                        self._idle.remove(worker)
+                        if worker.alive():
+                            return self._hold(worker)
+                        self._end(worker)  # died while idle (killed, OOM): never hand it a call
+                        break
+                if self._live < self.max_workers:
                     break
-            if self._live < self.max_workers:
-                break
-            if self._idle:
-                self._end(self._idle.pop(0))
-                break
+                if self._idle:
+                    self._end(self._idle.pop(0))
+                    break
             self._freed = trio.Event() if self._freed.is_set() else self._freed
             await self._freed.wait()
         self._live += 1
+        self._busy[request.uid] = self._busy.get(request.uid, 0) + 1  # its place, while it starts
         try:
-            return await self._start(msgspec.structs.replace(request, config=config), kind)
+            worker = await self._start(msgspec.structs.replace(request, config=config), kind)
         except BaseException:
             self._live -= 1
-            self._freed.set()
+            self._release(request.uid)
             raise
+        worker.busy = True
+        return worker
+
+    def _may_hold_another(self, uid: int) -> bool:
+        return self._busy.get(uid, 0) < self.max_per_uid
+
+    def _hold(self, worker: Worker) -> Worker:
+        worker.busy = True
+        self._busy[worker.uid] = self._busy.get(worker.uid, 0) + 1
+        return worker
+
+    def _release(self, uid: int) -> None:
+        left = self._busy.get(uid, 0) - 1
+        if left > 0:
+            self._busy[uid] = left
+        else:
+            self._busy.pop(uid, None)
+        self._freed.set()
+
+    def _unhold(self, worker: Worker) -> None:
+        if worker.busy:
+            worker.busy = False
+            self._release(worker.uid)
 
     def _generation(self, config: bytes) -> int:
         """A small number per configuration (a reload makes a new kind), so the kind
@@ -301,6 +348,7 @@ class Workers:
         return self._config_generation
 
     def _give_back(self, worker: Worker, *, counts: bool = True) -> None:
+        self._unhold(worker)
         worker.calls += counts
         worker.last_used = time.monotonic()
         if worker.worn_out():
@@ -369,6 +417,7 @@ class Workers:
 
     def _end(self, worker: Worker, *, counted: bool = True) -> None:
         """Kill a worker that is not in the idle list, and free its place."""
+        self._unhold(worker)
         worker.sock.close()
         if not self._cgroups.kill(worker.cgroup):
             try:
