@@ -1,9 +1,9 @@
-"""How many tool workers one uid's calls may hold (the pool itself is attacked in
+"""How much of a shared pool one uid may hold (the pools themselves are attacked in
 ``tests/security/test_q_one_user_cannot_hold_every_worker.py``)."""
 
 from __future__ import annotations
 
-from toold_daemon.isolation.workers import per_uid_share
+from toold_daemon.pool_shares import per_uid_share
 
 
 def test_by_default_a_quarter_of_the_pool_and_at_least_one_worker_stay_for_the_others() -> None:

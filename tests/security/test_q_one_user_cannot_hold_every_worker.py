@@ -1,13 +1,18 @@
-"""Q. One user cannot hold every tool worker. Python tools (reads, searches, edits) run
-in a bounded pool of workers shared by all users; a call that finds none free waits.
-A user whose calls are slow, on purpose or not (here a search whose regex backtracks
-until its timeout: overlapping alternation, which the pattern guard lets through, behind
-a look-ahead that sends it to Python's engine), could take every worker and leave every
-other user's reads waiting for as long as they kept it up. One uid's calls now hold at
-most ``max_workers_per_uid`` workers; the rest stay free for the others."""
+"""Q. One user cannot hold every tool worker or every MCP server instance. Both are
+bounded pools shared by all users: a call that finds no worker free waits, one that finds
+every instance busy is refused. A user whose calls are slow, on purpose or not (a search
+whose regex backtracks until its timeout: overlapping alternation, which the pattern
+guard lets through, behind a look-ahead that sends it to Python's engine; a server's
+tool that sleeps, in as many workspaces as the pool has instances), could take a whole
+pool and leave every other user's calls waiting, or refused, for as long as they kept it
+up. One uid now holds at most ``max_workers_per_uid`` workers and
+``max_instances_per_uid`` instances; the rest stay for the others."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -15,6 +20,7 @@ from typing import Any
 
 from tests.conftest import reachable_daemon
 from tests.e2e.test_identity import as_other_user
+from tests.e2e.test_mcp_gateway import hostile_entry
 from toold_client import Client
 from toold_protocol import ToolResult
 
@@ -58,3 +64,53 @@ def test_one_users_slow_calls_leave_a_worker_for_everyone_else(tmp_path: Path) -
         assert seen["seconds"] < 4.0, seen
         assert len(results) == 2 and not any(r.ok for r in results)  # the attack itself got nowhere
         assert all(r.error is not None and r.error.type == "Timeout" for r in results), [r.content for r in results]
+
+
+def test_one_users_busy_servers_leave_an_instance_for_everyone_else(tmp_path: Path) -> None:
+    shared = Path(tempfile.mkdtemp(prefix="toold-shared-ws-"))
+    os.chmod(shared, 0o755)
+    config = f"""
+[tools.approval]
+mode = "auto"
+
+[tools.sandbox]
+allowed_roots = ["{shared}"]
+
+[mcp]
+max_instances = 2
+
+{hostile_entry("hostile")}
+"""
+    try:
+        root = shared / "daemon-root"
+        root.mkdir(mode=0o755)
+        with reachable_daemon(tmp_path, config=config, root=root) as daemon:
+            results: list[ToolResult] = []
+
+            def attack(n: int) -> None:  # each workspace has an instance of its own
+                workspace = shared / f"attacker-{n}"
+                workspace.mkdir()
+                with Client(daemon.endpoint, timeout=60, workspace=workspace) as client:
+                    results.append(client.call("mcp__hostile__sleep", {"seconds": 8}))
+
+            attackers = [threading.Thread(target=attack, args=(n,)) for n in range(2)]
+            for attacker in attackers:
+                attacker.start()
+            time.sleep(3.0)  # the instances started and are sleeping in their calls
+
+            def whoami(client: Client) -> dict[str, Any]:
+                result = client.call("mcp__hostile__whoami", {})
+                return {"ok": result.ok, "content": result.content}
+
+            seen = as_other_user(daemon.endpoint, whoami)
+            for attacker in attackers:
+                attacker.join(timeout=60)
+            # Before the bound: "2 MCP server instances are busy ([mcp] max_instances)".
+            assert seen["ok"], seen
+            refused = [r for r in results if not r.ok]
+            assert len(results) == 2 and len(refused) == 1, [r.content for r in results]
+            # Refused at the instance (its share is busy) or, for a workspace whose tools were
+            # not listed yet, at the listing, which needs an instance too: its tools are unknown.
+            assert refused[0].error is not None and refused[0].error.code in ("LIMITS_EXCEEDED", "UNKNOWN_TOOL")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -525,6 +525,9 @@ class McpConfig(_Section, frozen=True):
     servers: list[McpServerConfig] = []
     idle_seconds: Seconds = 600.0  # an instance nobody called for this long is stopped
     max_instances: PositiveInt = 32  # running at once, over every user and workspace
+    # Instances one uid may run at once (each workspace has its own): one user's busy
+    # servers cannot have everyone else's calls refused. 0: all but a quarter of max_instances.
+    max_instances_per_uid: Annotated[int, Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         names = [server.name for server in self.servers]

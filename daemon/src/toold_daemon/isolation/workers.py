@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
+from ..pool_shares import per_uid_share
 from .cgroup import Cgroups
 from .sockets import PeerGone, receive_frame
 from .wire import Chunk, FrameBuffer, Outcome, SpawnRequest, child_decoder, frame
@@ -57,14 +58,6 @@ class WorkerFailed(Exception):
 
 class WorkerUnavailable(Exception):
     """No worker could be started (a required layer is off, the spawner is gone ...)."""
-
-
-def per_uid_share(max_workers: int, configured: int) -> int:
-    """Workers one uid may hold: ``configured`` (at most the pool), or by default all but a
-    quarter of the pool, one kept for the others at the least (one, for a pool of one)."""
-    if configured:
-        return min(configured, max_workers)
-    return max(1, max_workers - max(1, max_workers // 4))
 
 
 def kind_of(request: SpawnRequest, config_generation: int) -> Kind:

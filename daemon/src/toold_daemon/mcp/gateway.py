@@ -31,6 +31,7 @@ from .. import __version__
 from ..config import McpConfig, McpServerConfig
 from ..errors import ToolError
 from ..isolation.runner import SpawnRunner, StdioChild
+from ..pool_shares import per_uid_share
 from ..sandbox import Sandbox
 from ..sandbox.environment import DEFAULT_PATH, acceptable
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
@@ -80,6 +81,7 @@ class Gateway:
         self._registry = registry
         self._instances: dict[Key, Instance] = {}
         self._starting: dict[Key, trio.Lock] = {}
+        self._coming: dict[int, int] = {}  # uid -> its instances being started
         self._discovered: set[str] = set()
         self._stale: set[str] = set()  # the server said its tool list changed
         self._failed_at: dict[str, float] = {}
@@ -200,22 +202,43 @@ class Gateway:
                     "MCP server %s (uid %d) stopped: %s; restarting", server.name, identity.uid, instance.why_gone()
                 )
                 await self._stop(key)
-            await self._make_room()
-            instance = await self._start(server, identity, sandbox)
-            self._instances[key] = instance
+            await self._make_room(identity.uid)
+            self._coming[identity.uid] = self._coming.get(identity.uid, 0) + 1  # counted while it starts
+            try:
+                instance = await self._start(server, identity, sandbox)
+                self._instances[key] = instance
+            finally:
+                self._coming[identity.uid] -= 1
             return instance
 
-    async def _make_room(self) -> None:
-        if len(self._instances) < self.config.max_instances:
-            return
-        idle = [(i.last_used, k) for k, i in self._instances.items() if i.in_flight == 0]
-        if not idle:
-            raise ToolError(
-                ToolErrorType.SANDBOX_VIOLATION,
-                "LIMITS_EXCEEDED",
-                f"{len(self._instances)} MCP server instances are busy ([mcp] max_instances)",
-            )
-        await self._stop(min(idle)[1])
+    async def _make_room(self, uid: int) -> None:
+        """Room for one more instance of ``uid``'s: past its share, by stopping one of its
+        own idle ones (never another user's); past the pool, the least recently used idle.
+        Instances still starting count; each stop is awaited, so the counts are read again."""
+        share = per_uid_share(self.config.max_instances, self.config.max_instances_per_uid)
+        while True:
+            own = [(i.last_used, k) for k, i in self._instances.items() if k[1] == uid]
+            if len(own) + self._coming.get(uid, 0) >= share:
+                own_idle = [(used, k) for used, k in own if self._instances[k].in_flight == 0]
+                if not own_idle:
+                    raise ToolError(
+                        ToolErrorType.SANDBOX_VIOLATION,
+                        "LIMITS_EXCEEDED",
+                        f"this user's {len(own) + self._coming.get(uid, 0)} MCP server instances are all busy "
+                        "([mcp] max_instances_per_uid)",
+                    )
+                await self._stop(min(own_idle)[1])
+                continue
+            if len(self._instances) + sum(self._coming.values()) < self.config.max_instances:
+                return
+            idle = [(i.last_used, k) for k, i in self._instances.items() if i.in_flight == 0]
+            if not idle:
+                raise ToolError(
+                    ToolErrorType.SANDBOX_VIOLATION,
+                    "LIMITS_EXCEEDED",
+                    f"{len(self._instances)} MCP server instances are busy ([mcp] max_instances)",
+                )
+            await self._stop(min(idle)[1])
 
     async def _start(self, server: McpServerConfig, identity: Identity, sandbox: Sandbox) -> Instance:
         assert self._nursery is not None
