@@ -106,7 +106,17 @@ DAEMON_LAYERS: list[set[str]] = [
     {"policy"},  # deciding: planning a batch, the policy, confirmations
     {"execution", "isolation", "egress", "mcp"},  # running: the executor and where tools run
     {"tools", "undo", "patches", "web", "plugins", "records"},  # the tools, and what is recorded
-    {"sandbox", "config", "errors", "output", "redaction", "regexguard", "globmatch", "__init__"},  # vocabulary
+    {
+        "sandbox",
+        "config",
+        "errors",
+        "output",
+        "redaction",
+        "regexguard",
+        "globmatch",
+        "pool_shares",
+        "__init__",
+    },  # vocabulary
 ]
 
 
