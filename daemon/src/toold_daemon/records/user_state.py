@@ -38,6 +38,10 @@ CREATE TABLE IF NOT EXISTS todos (
     status TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (uid, scope, id)
 );
+CREATE TABLE IF NOT EXISTS grants (
+    uid INTEGER NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (uid, scope, key)
+);
 CREATE TABLE IF NOT EXISTS todo_counters (
     uid INTEGER NOT NULL, scope TEXT NOT NULL, last INTEGER NOT NULL, PRIMARY KEY (uid, scope)
 );
@@ -226,6 +230,16 @@ class UserState:
             "SELECT id, task, status, created FROM todos WHERE uid=? AND scope=? ORDER BY seq", (uid, scope)
         )
         return [Todo(str(i), str(t), str(s), float(c)) for i, t, s, c in rows.fetchall()]
+
+    def grant(self, uid: int, scope: str, key: str) -> None:
+        """Remember a person's "always" answer (a network host for a workspace)."""
+        with self._transaction() as db:
+            db.execute("INSERT OR IGNORE INTO grants VALUES (?, ?, ?, ?)", (uid, scope, key, time.time()))
+
+    def granted(self, uid: int, scope: str, key: str) -> bool:
+        with self._transaction() as db:
+            row = db.execute("SELECT 1 FROM grants WHERE uid = ? AND scope = ? AND key = ?", (uid, scope, key))
+            return row.fetchone() is not None
 
     def close(self) -> None:
         with self._lock:
