@@ -137,3 +137,14 @@ def test_the_totals_always_equal_the_rows_and_stay_within_budget(
             assert held == counted(state.path, who)
             assert held[0] <= 400 and held[1] <= 5
     state.close()
+
+
+def test_kept_answers_are_bounded_per_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("toold_daemon.records.user_state.MAX_GRANTS_PER_UID", 3)
+    state = UserState.open_in(tmp_path)
+    assert all(state.grant(ALICE, f"workspace:/w{n}", "network:example.org:443") for n in range(3))
+    assert not state.grant(ALICE, "workspace:/w9", "network:example.org:443")  # a fourth is not kept
+    assert not state.granted(ALICE, "workspace:/w9", "network:example.org:443")
+    assert state.grant(ALICE, "workspace:/w0", "network:example.org:443")  # one already kept stays kept
+    assert state.granted(ALICE, "workspace:/w0", "network:example.org:443")
+    assert state.grant(BOB, "workspace:/w0", "network:example.org:443")  # another uid's are its own

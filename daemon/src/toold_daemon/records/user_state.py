@@ -27,6 +27,8 @@ from pathlib import Path
 from .state_files import refuse_links
 
 FILE_NAME = "memory.sqlite3"
+#: "Always" answers kept per uid over all workspaces (a host each).
+MAX_GRANTS_PER_UID = 10_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memory (
@@ -231,10 +233,17 @@ class UserState:
         )
         return [Todo(str(i), str(t), str(s), float(c)) for i, t, s, c in rows.fetchall()]
 
-    def grant(self, uid: int, scope: str, key: str) -> None:
-        """Remember a person's "always" answer (a network host for a workspace)."""
+    def grant(self, uid: int, scope: str, key: str) -> bool:
+        """Remember a person's "always" answer (a network host for a workspace); False when
+        it is not kept: the uid already has ``MAX_GRANTS_PER_UID`` (one user's own answers
+        must not grow the shared file without bound)."""
         with self._transaction() as db:
+            (count,) = db.execute("SELECT COUNT(*) FROM grants WHERE uid = ?", (uid,)).fetchone()
+            if count >= MAX_GRANTS_PER_UID:
+                known = db.execute("SELECT 1 FROM grants WHERE uid = ? AND scope = ? AND key = ?", (uid, scope, key))
+                return known.fetchone() is not None
             db.execute("INSERT OR IGNORE INTO grants VALUES (?, ?, ?, ?)", (uid, scope, key, time.time()))
+        return True
 
     def granted(self, uid: int, scope: str, key: str) -> bool:
         with self._transaction() as db:

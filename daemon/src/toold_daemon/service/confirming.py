@@ -160,8 +160,9 @@ class ConfirmationFlow:
         if answer.remember_for_session:
             session.grants.add(key)
         if answer.remember_for_workspace and stored is not None:
-            await trio.to_thread.run_sync(stored.grant, batch.identity.uid, scope, key)
-            return True, f"{host}:{port} approved by {who} for this workspace"
+            if await trio.to_thread.run_sync(stored.grant, batch.identity.uid, scope, key):
+                return True, f"{host}:{port} approved by {who} for this workspace"
+            return True, f"{host}:{port} approved by {who} (not kept for the workspace: this user keeps too many hosts)"
         return True, f"{host}:{port} approved by {who}" + (" for this session" if answer.remember_for_session else "")
 
     async def _preview(self, batch: Batch, call: PreparedCall) -> str | None:
