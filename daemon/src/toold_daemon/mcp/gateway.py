@@ -119,6 +119,9 @@ class Gateway:
             instance = await self._instance(server, identity, sandbox)
             listed = await self._list_tools(instance)
         except ToolError as exc:
+            if exc.code == "LIMITS_EXCEEDED":  # no room for this caller's instance now: not the server's
+                log.info("MCP server %s: tools not listed for uid %d now: %s", server.name, identity.uid, exc.message)
+                return  # fault, so nobody else's listing waits for a retry; the next call tries again
             self._failed_at[server.name] = trio.current_time()
             self.problems[server.name] = exc.message
             log.warning("MCP server %s: %s", server.name, exc.message)
