@@ -57,8 +57,9 @@ class Preparer:
     def warm(self) -> None:
         """Let each tool build what its first call would (web_fetch's HTTP stack: a fifth
         of a second), once, so that every child forked after inherits it. The spawner does
-        this when it has nothing to serve, not before its first request: the daemon's
-        start waits on that request (the isolation probe), never on the warming."""
+        this once it has had nothing to serve for a while, never before its first request:
+        the daemon's start waits on that request (the isolation probe), and neither it nor
+        a client's first call should wait on the warming."""
         if not self.warmed:
             self.warmed = True
             for tool in self.tools.values():

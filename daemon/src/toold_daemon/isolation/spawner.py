@@ -38,6 +38,11 @@ from .wire import Spawned, SpawnerMessage, SpawnRequest, TempDone, TempWanted, c
 
 _request_decoder = msgspec.msgpack.Decoder(SpawnerMessage)
 log = logging.getLogger("toold.spawner")
+#: The spawner warms the tools (web_fetch's HTTP stack: about a fifth of a second, during
+#: which it forks nothing) only after this long without a request: the daemon's start
+#: sends the isolation probe first and a client's first call soon after; warming between
+#: the two made that call wait for it.
+QUIET_BEFORE_WARMING_S = 0.25
 
 
 def start(tools: list[Tool[Any]], admission: Admission | None = None) -> tuple[int, socket.socket]:
@@ -150,8 +155,8 @@ def _loop(control: socket.socket, preparer: Preparer, admission: Admission, temp
     lent: dict[str, int] = {}  # temp dirs handed out -> their uid
     first = True
     while True:
-        if not first and not preparer.warmed and not _waiting(control):
-            preparer.warm()  # after the first request (the daemon's start waits on that one)
+        if not first and not preparer.warmed and not _waiting(control, QUIET_BEFORE_WARMING_S):
+            preparer.warm()  # once nothing has been asked for a while (see QUIET_BEFORE_WARMING_S)
         first = False
         try:
             received = receive_checked(control, peer.pid)
@@ -223,8 +228,8 @@ def _temp_chore(
     return Spawned()
 
 
-def _waiting(control: socket.socket) -> bool:
-    """Whether a request is already there to be read."""
+def _waiting(control: socket.socket, seconds: float = 0.0) -> bool:
+    """Whether a request is there to be read, or comes within ``seconds``."""
     poller = select.poll()  # (select() refuses descriptors past 1024)
     poller.register(control.fileno(), select.POLLIN)
-    return bool(poller.poll(0))
+    return bool(poller.poll(round(seconds * 1000)))
