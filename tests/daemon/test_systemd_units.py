@@ -109,3 +109,10 @@ def test_every_relaxed_setting_says_why(name: str) -> None:
         if relaxed.match(line) and not line.startswith("AmbientCapabilities"):
             above = lines[max(0, index - 8) : index]
             assert any(a.startswith("#") for a in above), f"no reason given for {line}"
+
+
+@pytest.mark.parametrize("unit", ["toold.service", "user/toold.service"])
+def test_journald_never_drops_the_audit_trail_for_a_flood(unit: str) -> None:
+    """One user's flood of calls must not trip journald's per-unit rate limit, which
+    drops every user's audit records alike (and says so only in journald's own log)."""
+    assert "LogRateLimitIntervalSec=0" in (UNITS / unit).read_text().splitlines()
