@@ -140,6 +140,18 @@ def wait_ready(daemon: DaemonProcess, timeout: float = 10.0) -> None:
 
 
 @pytest.fixture
+def shared() -> Iterator[Path]:
+    """A fresh directory every user can enter (0755), outside pytest's 0700 temp dirs: for
+    workspaces that another uid's sessions open; removed afterwards."""
+    place = Path(tempfile.mkdtemp(prefix="toold-shared-ws-"))
+    os.chmod(place, 0o755)
+    try:
+        yield place
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+@pytest.fixture
 def root(tmp_path: Path) -> Path:
     r = tmp_path / "root"
     r.mkdir()

@@ -56,16 +56,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is 
 
 
 @pytest.fixture
-def shared(tmp_path: Path) -> Iterator[Path]:
-    place = Path(tempfile.mkdtemp(prefix="toold-shared-ws-"))
-    os.chmod(place, 0o755)
-    try:
-        yield place
-    finally:
-        shutil.rmtree(place, ignore_errors=True)
-
-
-@pytest.fixture
 def daemon(tmp_path: Path, shared: Path) -> Iterator[DaemonProcess]:
     root = shared / "daemon-root"
     root.mkdir(mode=0o755)

@@ -6,10 +6,7 @@ each user's memory bytes and todos are bounded in all scopes together."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sqlite3
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,16 +32,6 @@ max_bytes_per_user = {BUDGET}
 max_todos = 20
 max_todos_per_user = 50
 """
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    place = Path(tempfile.mkdtemp(prefix="toold-shared-ws-"))
-    os.chmod(place, 0o755)
-    try:
-        yield place
-    finally:
-        shutil.rmtree(place, ignore_errors=True)
 
 
 @pytest.fixture

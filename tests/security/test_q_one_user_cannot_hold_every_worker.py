@@ -10,9 +10,6 @@ up. One uid now holds at most ``max_workers_per_uid`` workers and
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -66,9 +63,7 @@ def test_one_users_slow_calls_leave_a_worker_for_everyone_else(tmp_path: Path) -
         assert all(r.error is not None and r.error.type == "Timeout" for r in results), [r.content for r in results]
 
 
-def test_one_users_busy_servers_leave_an_instance_for_everyone_else(tmp_path: Path) -> None:
-    shared = Path(tempfile.mkdtemp(prefix="toold-shared-ws-"))
-    os.chmod(shared, 0o755)
+def test_one_users_busy_servers_leave_an_instance_for_everyone_else(tmp_path: Path, shared: Path) -> None:
     config = f"""
 [tools.approval]
 mode = "auto"
@@ -81,36 +76,33 @@ max_instances = 2
 
 {hostile_entry("hostile")}
 """
-    try:
-        root = shared / "daemon-root"
-        root.mkdir(mode=0o755)
-        with reachable_daemon(tmp_path, config=config, root=root) as daemon:
-            results: list[ToolResult] = []
+    root = shared / "daemon-root"
+    root.mkdir(mode=0o755)
+    with reachable_daemon(tmp_path, config=config, root=root) as daemon:
+        results: list[ToolResult] = []
 
-            def attack(n: int) -> None:  # each workspace has an instance of its own
-                workspace = shared / f"attacker-{n}"
-                workspace.mkdir()
-                with Client(daemon.endpoint, timeout=60, workspace=workspace) as client:
-                    results.append(client.call("mcp__hostile__sleep", {"seconds": 8}))
+        def attack(n: int) -> None:  # each workspace has an instance of its own
+            workspace = shared / f"attacker-{n}"
+            workspace.mkdir()
+            with Client(daemon.endpoint, timeout=60, workspace=workspace) as client:
+                results.append(client.call("mcp__hostile__sleep", {"seconds": 8}))
 
-            attackers = [threading.Thread(target=attack, args=(n,)) for n in range(2)]
-            for attacker in attackers:
-                attacker.start()
-            time.sleep(3.0)  # the instances started and are sleeping in their calls
+        attackers = [threading.Thread(target=attack, args=(n,)) for n in range(2)]
+        for attacker in attackers:
+            attacker.start()
+        time.sleep(3.0)  # the instances started and are sleeping in their calls
 
-            def whoami(client: Client) -> dict[str, Any]:
-                result = client.call("mcp__hostile__whoami", {})
-                return {"ok": result.ok, "content": result.content}
+        def whoami(client: Client) -> dict[str, Any]:
+            result = client.call("mcp__hostile__whoami", {})
+            return {"ok": result.ok, "content": result.content}
 
-            seen = as_other_user(daemon.endpoint, whoami)
-            for attacker in attackers:
-                attacker.join(timeout=60)
-            # Before the bound: "2 MCP server instances are busy ([mcp] max_instances)".
-            assert seen["ok"], seen
-            refused = [r for r in results if not r.ok]
-            assert len(results) == 2 and len(refused) == 1, [r.content for r in results]
-            # Refused at the instance (its share is busy) or, for a workspace whose tools were
-            # not listed yet, at the listing, which needs an instance too: its tools are unknown.
-            assert refused[0].error is not None and refused[0].error.code in ("LIMITS_EXCEEDED", "UNKNOWN_TOOL")
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        seen = as_other_user(daemon.endpoint, whoami)
+        for attacker in attackers:
+            attacker.join(timeout=60)
+        # Before the bound: "2 MCP server instances are busy ([mcp] max_instances)".
+        assert seen["ok"], seen
+        refused = [r for r in results if not r.ok]
+        assert len(results) == 2 and len(refused) == 1, [r.content for r in results]
+        # Refused at the instance (its share is busy) or, for a workspace whose tools were
+        # not listed yet, at the listing, which needs an instance too: its tools are unknown.
+        assert refused[0].error is not None and refused[0].error.code in ("LIMITS_EXCEEDED", "UNKNOWN_TOOL")
