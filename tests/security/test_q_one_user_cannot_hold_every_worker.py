@@ -103,6 +103,7 @@ max_instances = 2
         assert seen["ok"], seen
         refused = [r for r in results if not r.ok]
         assert len(results) == 2 and len(refused) == 1, [r.content for r in results]
-        # Refused at the instance (its share is busy) or, for a workspace whose tools were
-        # not listed yet, at the listing, which needs an instance too: its tools are unknown.
-        assert refused[0].error is not None and refused[0].error.code in ("LIMITS_EXCEEDED", "UNKNOWN_TOOL")
+        # Refused at its instance, or at the listing of its workspace's tools (which needs
+        # an instance too): either way it says why, and that it is this user's share.
+        assert refused[0].error is not None and refused[0].error.code == "LIMITS_EXCEEDED", refused[0].content
+        assert "max_instances_per_uid" in refused[0].error.message

@@ -37,7 +37,7 @@ from ..sandbox.environment import DEFAULT_PATH, acceptable
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from ..tools.registry import Registry
 from .connection import Connection, ServerBroken, ServerError
-from .tools import McpTool, output_of, server_of, tools_of
+from .tools import McpTool, output_of, qualified, server_of, tools_of
 
 log = logging.getLogger(__name__)
 PROTOCOL_VERSION = "2025-06-18"
@@ -121,6 +121,7 @@ class Gateway:
         except ToolError as exc:
             if exc.code == "LIMITS_EXCEEDED":  # no room for this caller's instance now: not the server's
                 log.info("MCP server %s: tools not listed for uid %d now: %s", server.name, identity.uid, exc.message)
+                self._registry.note_unlisted(qualified(server.name, ""), identity.uid, exc.message)
                 return  # fault, so nobody else's listing waits for a retry; the next call tries again
             self._failed_at[server.name] = trio.current_time()
             self.problems[server.name] = exc.message
@@ -131,6 +132,7 @@ class Gateway:
             self._registry.unregister(old.name)
         for tool_class in found.tools:
             self._registry.register(tool_class(), replace=True)
+        self._registry.forget_unlisted(qualified(server.name, ""))
         self._discovered.add(server.name)
         self._stale.discard(server.name)
         self._failed_at.pop(server.name, None)

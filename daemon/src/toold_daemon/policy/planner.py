@@ -132,6 +132,9 @@ class Planner:
         withheld = self.registry.why_withheld(call.name) if tool is None else None
         if withheld is not None:
             raise ToolError(ToolErrorType.UNKNOWN_TOOL, "TOOL_NOT_CONFIGURED", withheld, name=call.name)
+        unlisted = self.registry.why_unlisted(call.name, self.identity.uid) if tool is None else None
+        if unlisted is not None:
+            raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "LIMITS_EXCEEDED", unlisted, name=call.name[:128])
         if tool is None:
             raise ToolError(
                 ToolErrorType.UNKNOWN_TOOL, "UNKNOWN_TOOL", f"Unknown tool: {call.name[:128]!r}", name=call.name[:128]

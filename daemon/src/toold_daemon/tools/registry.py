@@ -28,6 +28,7 @@ class Registry:
         self._aliases: dict[str, str] = {}
         self._definitions: list[ToolDefinition] | None = None
         self._withheld: dict[str, str] = {}  # tools this daemon's configuration cannot offer: why
+        self._unlisted: dict[str, dict[int, str]] = {}  # name prefix -> uid -> why not listed now
 
     def withhold(self, name: str, reason: str) -> None:
         """Do not offer ``name``; a call to it is refused with ``reason``."""
@@ -36,6 +37,21 @@ class Registry:
 
     def why_withheld(self, name: str) -> str | None:
         return self._withheld.get(name)
+
+    def note_unlisted(self, prefix: str, uid: int, reason: str) -> None:
+        """The tools named ``prefix``... could not be listed for ``uid`` just now (an MCP
+        server with no room for that user's instance): a call to one of them is refused
+        with ``reason`` rather than as unknown, until ``forget_unlisted``."""
+        self._unlisted.setdefault(prefix, {})[uid] = reason
+
+    def forget_unlisted(self, prefix: str) -> None:
+        self._unlisted.pop(prefix, None)
+
+    def why_unlisted(self, name: str, uid: int) -> str | None:
+        for prefix, reasons in self._unlisted.items():
+            if name.startswith(prefix) and uid in reasons:
+                return reasons[uid]
+        return None
 
     def register(self, tool: AnyTool, *, replace: bool = False) -> None:
         if tool.name in self._tools and not replace:
