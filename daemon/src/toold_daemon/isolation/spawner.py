@@ -20,6 +20,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,9 @@ log = logging.getLogger("toold.spawner")
 #: sends the isolation probe first and a client's first call soon after; warming between
 #: the two made that call wait for it.
 QUIET_BEFORE_WARMING_S = 0.25
+#: ... or this long after its first request, however busy: a client asking without pause
+#: must not keep every later web_fetch (anyone's) from the warmed stack.
+WARM_AT_LATEST_S = 5.0
 
 
 def start(tools: list[Tool[Any]], admission: Admission | None = None) -> tuple[int, socket.socket]:
@@ -153,11 +157,11 @@ def _loop(control: socket.socket, preparer: Preparer, admission: Admission, temp
     """Serve requests until the daemon closes its end."""
     my_pid = os.getpid()
     lent: dict[str, int] = {}  # temp dirs handed out -> their uid
-    first = True
+    first_served: float | None = None  # when the first request was answered
     while True:
-        if not first and not preparer.warmed and not _waiting(control, QUIET_BEFORE_WARMING_S):
-            preparer.warm()  # once nothing has been asked for a while (see QUIET_BEFORE_WARMING_S)
-        first = False
+        if first_served is not None and warming_due(preparer.warmed, first_served, control):
+            preparer.warm()
+        first_served = first_served or time.monotonic()
         try:
             received = receive_checked(control, peer.pid)
         except Refused as exc:
@@ -226,6 +230,16 @@ def _temp_chore(
         return Spawned(error=f"refused: {message.path!r} is not a temp dir this spawner lent")
     temps.get().give_back(message.path, uid, reusable=message.reusable)
     return Spawned()
+
+
+def warming_due(warmed: bool, first_served: float, control: socket.socket) -> bool:
+    """Warm now: not yet warmed, and nothing asked for ``QUIET_BEFORE_WARMING_S`` (waited
+    for here), or ``WARM_AT_LATEST_S`` gone since the first request whatever is asked."""
+    if warmed:
+        return False
+    if time.monotonic() - first_served >= WARM_AT_LATEST_S:
+        return True
+    return not _waiting(control, QUIET_BEFORE_WARMING_S)
 
 
 def _waiting(control: socket.socket, seconds: float = 0.0) -> bool:
