@@ -121,6 +121,16 @@ def reachable_daemon(
         shutil.rmtree(shared, ignore_errors=True)
 
 
+@contextmanager
+def daemon_rooted_in(shared: Path, tmp: Path, config: str) -> Iterator[DaemonProcess]:
+    """A reachable daemon whose root is ``shared``/daemon-root, so that workspaces beside
+    it in ``shared`` (the ``shared`` fixture) are other users' to open."""
+    root = shared / "daemon-root"
+    root.mkdir(mode=0o755)
+    with reachable_daemon(tmp, root=root, config=config) as d:
+        yield d
+
+
 def wait_ready(daemon: DaemonProcess, timeout: float = 10.0) -> None:
     from toold_client import Client, DaemonUnavailable
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import DaemonProcess, reachable_daemon
+from tests.conftest import DaemonProcess, daemon_rooted_in
 from tests.e2e.test_identity import OTHER_UID, as_other_user, as_user
 from toold_client import Client, RemoteError
 
@@ -57,9 +57,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is 
 
 @pytest.fixture
 def daemon(tmp_path: Path, shared: Path) -> Iterator[DaemonProcess]:
-    root = shared / "daemon-root"
-    root.mkdir(mode=0o755)
-    with reachable_daemon(tmp_path, root=root, config=CONFIG.format(shared=shared)) as d:
+    with daemon_rooted_in(shared, tmp_path, CONFIG.format(shared=shared)) as d:
         yield d
 
 

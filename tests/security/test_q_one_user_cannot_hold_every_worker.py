@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import reachable_daemon
+from tests.conftest import daemon_rooted_in, reachable_daemon
 from tests.e2e.test_identity import as_other_user
 from tests.e2e.test_mcp_gateway import hostile_entry
 from toold_client import Client
@@ -76,9 +76,7 @@ max_instances = 2
 
 {hostile_entry("hostile")}
 """
-    root = shared / "daemon-root"
-    root.mkdir(mode=0o755)
-    with reachable_daemon(tmp_path, config=config, root=root) as daemon:
+    with daemon_rooted_in(shared, tmp_path, config) as daemon:
         results: list[ToolResult] = []
 
         def attack(n: int) -> None:  # each workspace has an instance of its own
