@@ -11,15 +11,14 @@ escape sequences and control characters so output can be shown in a terminal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from toold_protocol import sanitize_for_terminal
 
 __all__ = ["Truncation", "Unseen", "count_lines", "sanitize_for_terminal", "truncate"]
 
 
-@dataclass(frozen=True, slots=True)
-class Unseen:
+class Unseen(msgspec.Struct, frozen=True):
     """Output a tool produced that is not in the text handed to ``truncate``."""
 
     bytes: int = 0
@@ -33,8 +32,7 @@ class Unseen:
 NOTHING_UNSEEN = Unseen()
 
 
-@dataclass(frozen=True, slots=True)
-class Truncation:
+class Truncation(msgspec.Struct, frozen=True):
     text: str
     truncated: bool
     omitted_bytes: int = 0

@@ -22,10 +22,10 @@ import signal
 import socket
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
 from toold_protocol import SOCKET_NAME
@@ -64,16 +64,15 @@ log = logging.getLogger("toold")
 GC_YOUNG_THRESHOLD = 5_000
 
 
-@dataclass(frozen=True, slots=True)
-class ServeOptions:
-    roots: list[Path] = field(default_factory=list)
+class ServeOptions(msgspec.Struct, frozen=True):
+    roots: list[Path] = msgspec.field(default_factory=list)
     endpoint: str = ""
     state_dir: Path | None = None
     #: The fork server (pid, control socket), started before trio by ``toold serve``.
     #: Without one, side-effecting tools are refused (IsolationUnavailable).
     spawner: tuple[int, socket.socket] | None = None
     config_path: Path | None = None  # reread on SIGHUP (the policy part)
-    plugins: list[Tool[Any]] = field(default_factory=list)  # loaded before the spawner forked
+    plugins: list[Tool[Any]] = msgspec.field(default_factory=list)  # loaded before the spawner forked
     activated_fd: int | None = None  # a listening socket passed by systemd (socket activation)
 
 

@@ -12,11 +12,9 @@ first, then whoever may be asked.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -48,8 +46,7 @@ MAX_RECORDS = 500
 _GONE = (OSError, trio.ClosedResourceError, trio.BrokenResourceError)
 
 
-@dataclass
-class Omitted:
+class Omitted(msgspec.Struct):
     """The connections of a call past ``MAX_RECORDS``, counted."""
 
     connections: int = 0
@@ -71,23 +68,21 @@ MAX_OPEN_QUESTIONS = 4
 Ask = Callable[[str, int], Awaitable[tuple[bool, str]]]
 
 
-@dataclass
-class _Question:
-    answered: trio.Event = field(default_factory=trio.Event)
+class _Question(msgspec.Struct):
+    answered: trio.Event = msgspec.field(default_factory=trio.Event)
     answer: tuple[bool, str] = (False, "the question ended without an answer")
 
 
-@dataclass
-class EgressCall:
+class EgressCall(msgspec.Struct):
     token: str
     link: trio.socket.SocketType
     context: Any  # the call's ToolContext (its ask_network, if a person can be asked)
-    records: list[EgressRecord] = field(default_factory=list)
-    omitted: Omitted = field(default_factory=Omitted)
-    forgotten: trio.Event = field(default_factory=trio.Event)
+    records: list[EgressRecord] = msgspec.field(default_factory=list)
+    omitted: Omitted = msgspec.field(default_factory=Omitted)
+    forgotten: trio.Event = msgspec.field(default_factory=trio.Event)
     asked: bool = False  # a connection was made (asked, or told as used): its records are worth waiting for
     over: bool = False  # the call is being forgotten: no further connection may go on
-    questions: dict[tuple[str, int], _Question] = field(default_factory=dict)  # open, by host and port
+    questions: dict[tuple[str, int], _Question] = msgspec.field(default_factory=dict)  # open, by host and port
     #: A long-lived program's (an MCP server's ``mcp:NAME``): its records go to
     #: ``EgressCalls.on_server_record`` as they come, not into a result.
     server: str = ""
@@ -337,7 +332,7 @@ def result_data(call: EgressCall) -> dict[str, Any]:
         return {}
     data: dict[str, Any] = {"network": record_data(call.records)}
     if call.omitted.connections:
-        data["network_omitted"] = dataclasses.asdict(call.omitted)
+        data["network_omitted"] = msgspec.structs.asdict(call.omitted)
     return data
 
 

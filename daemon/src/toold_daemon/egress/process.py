@@ -24,7 +24,6 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Annotated
 
 import msgspec
@@ -155,12 +154,11 @@ def listen_through_the_proxy(request: SpawnRequest, to_egress: socket.socket) ->
     return listener.request
 
 
-@dataclass
-class _Call:
+class _Call(msgspec.Struct):
     token: str
     scope: trio.CancelScope
-    done: trio.Event = field(default_factory=trio.Event)
-    records: list[EgressRecord] = field(default_factory=list)  # not sent to the runner yet
+    done: trio.Event = msgspec.field(default_factory=trio.Event)
+    records: list[EgressRecord] = msgspec.field(default_factory=list)  # not sent to the runner yet
     used: bool = False  # the runner knows the call made a connection
     proxy: Proxy | None = None  # once its listener is served
     listener: trio.SocketListener | None = None

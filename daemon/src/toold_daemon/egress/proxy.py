@@ -25,8 +25,8 @@ import select
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
+import msgspec
 import trio
 
 from ..web.addresses import IPAddress, IPNetwork, Refused, address_refusal, literal_address
@@ -50,8 +50,7 @@ class Denied(Exception):
     """The destination may not be reached; the message says why."""
 
 
-@dataclass(slots=True)
-class Connection:
+class Connection(msgspec.Struct):
     """One client connection's record, for the call's journal entry."""
 
     host: str = ""
@@ -64,12 +63,11 @@ class Connection:
     received: int = 0  # destination -> client
 
 
-@dataclass(slots=True)
-class Proxy:
+class Proxy(msgspec.Struct):
     decide: Decide
     record: Callable[[Connection], None]
     allowed_networks: Sequence[IPNetwork] = ()
-    budget: Budget = field(default_factory=lambda: Budget(1 << 62))
+    budget: Budget = msgspec.field(default_factory=lambda: Budget(1 << 62))
     #: Connections being served now. Once ``serve`` is cancelled with none, nothing more
     #: goes out and no record is to come: a connection whose task has not run yet meets
     #: the cancellation before it reads a byte.

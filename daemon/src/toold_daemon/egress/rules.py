@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 from ..config import NetworkConfig
 from ..web.addresses import IPNetwork, Refused, address_refusal, host_matches, literal_address, normal_host
@@ -19,8 +20,7 @@ from ..web.addresses import IPNetwork, Refused, address_refusal, host_matches, l
 Judgement = Literal["allow", "deny", "ask"]
 
 
-@dataclass(frozen=True, slots=True)
-class EgressRules:
+class EgressRules(msgspec.Struct, frozen=True):
     allowed_domains: tuple[str, ...] = ()
     denied_domains: tuple[str, ...] = ()
     ports: frozenset[int] = frozenset({80, 443})

@@ -7,7 +7,6 @@ has not finished. Exactly one result per call is the invariant every path keeps.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,7 @@ from ..sandbox import Sandbox
 from ..tools._base import Tool, ToolContext
 
 
-@dataclass(slots=True)
-class PreparedCall:
+class PreparedCall(msgspec.Struct):
     """A call after planning: the decoded arguments are the single source of truth."""
 
     index: int
@@ -31,17 +29,19 @@ class PreparedCall:
     args: Any
     summary: str = ""
     risk: str = "low"
-    locations: list[str] = field(default_factory=list)
+    locations: list[str] = msgspec.field(default_factory=list)
     result: ToolResult | None = None  # set when pre-resolved by the planner
-    resolved: dict[str, Path] = field(default_factory=dict)  # path argument -> canonical path
+    resolved: dict[str, Path] = msgspec.field(default_factory=dict)  # path argument -> canonical path
     needs_confirmation: bool = False  # the policy asks; a person answers before the batch runs
     awaiting_result: bool = False  # parse-only mode: waits for a person's supply_result
     supplied: ToolResult | None = None
-    supplied_event: trio.Event = field(default_factory=trio.Event)
+    supplied_event: trio.Event = msgspec.field(default_factory=trio.Event)
     policy_reason: str = ""  # why the policy decided as it did (toolctl policy explain)
     policy_rule: int | None = None
     denial: ToolResult | None = None  # the result of a call a person denied (journaled when reached)
-    changes: list[Any] = field(default_factory=list)  # what it did to each path (undo), journaled with its result
+    changes: list[Any] = msgspec.field(
+        default_factory=list
+    )  # what it did to each path (undo), journaled with its result
     undo_bytes: int = 0  # what its pre-images took in the undo store (counted in the journal's share)
     started_recorded: bool = False  # its started mark went into the journal with the batch
     decision: str = ""  # what the policy made of it when it was planned (see policy_decision)
@@ -80,8 +80,7 @@ class PreparedCall:
         )
 
 
-@dataclass(slots=True)
-class Batch:
+class Batch(msgspec.Struct):
     batch_id: str
     identity: Identity
     session_id: str
@@ -91,15 +90,15 @@ class Batch:
     state: BatchState = "planned"
     cancel_reason: str | None = None
     current_scope: trio.CancelScope | None = None
-    done: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = msgspec.field(default_factory=trio.Event)
     digest: str = ""  # journal.fingerprint of the submitted calls: same id + same digest = same batch
-    listeners: list[tuple[bytes, bool]] = field(default_factory=list)  # (peer, wants per-call events)
+    listeners: list[tuple[bytes, bool]] = msgspec.field(default_factory=list)  # (peer, wants per-call events)
     approval_timeout: float | None = None  # the submitter's override of approval.timeout_seconds
     sandbox: Sandbox | None = None  # the session's workspace; None: the daemon's roots
     dry_run: bool = False  # plan, judge and preview every call; change nothing
     undo_bytes: int = 0  # pre-image bytes kept so far ([journal] undo_max_bytes_per_batch)
     journaled_at_end: bool = False  # read-only: one journal write when it ends, none per call
-    observed: set[int] = field(default_factory=set)  # calls whose result the audit and metrics have seen
+    observed: set[int] = msgspec.field(default_factory=set)  # calls whose result the audit and metrics have seen
     kept_bytes: int = 0  # what it holds (arguments, results), once it has finished and is kept for get_batch
     argument_bytes: int = 0  # its calls' arguments as submitted (encoded)
     #: (call, host, port) -> (allowed, why): asks a person about a command's new host.

@@ -18,7 +18,8 @@ import re
 import socket
 import stat
 import struct
-from dataclasses import dataclass
+
+import msgspec
 
 from ..sandbox.workspaces import allowed_places_for, inside
 from .wire import MAX_FRAME, SpawnRequest, close_fds
@@ -33,8 +34,7 @@ class Refused(Exception):
     """The request is not one the spawner may serve (the message says why)."""
 
 
-@dataclass(frozen=True)
-class Admission:
+class Admission(msgspec.Struct, frozen=True):
     """The spawner's rules, fixed when it starts (from the administrator's config)."""
 
     daemon_roots: tuple[str, ...] = ()  # canonical

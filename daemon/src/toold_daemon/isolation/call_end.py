@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import trio
 
 from . import sweep as sweeping
 from .cgroup import Cgroups
 
 
-@dataclass(frozen=True, slots=True)
-class CallProcess:
+class CallProcess(msgspec.Struct, frozen=True):
     """A started call's child: whoever holds this must kill it (``CallKiller.kill``)."""
 
     pid: int

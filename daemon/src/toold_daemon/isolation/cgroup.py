@@ -25,14 +25,14 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+import msgspec
 
 LIMITED = ("pids", "memory")
 _KILL_PASSES = 1000
 
 
-@dataclass(frozen=True)
-class Hierarchy:
+class Hierarchy(msgspec.Struct, frozen=True):
     """Where our calls' cgroups live in one hierarchy, and which limits it enforces."""
 
     base: str  # <mount>/<own cgroup>/toold-<pid>
@@ -48,14 +48,13 @@ class Hierarchy:
         return files
 
 
-@dataclass
-class Cgroups:
+class Cgroups(msgspec.Struct):
     """The hierarchies our calls' cgroups live in (none: ``reason`` says why)."""
 
     hierarchies: tuple[Hierarchy, ...] = ()
     reason: str = ""
-    notes: list[str] = field(default_factory=list)
-    stale: list[str] = field(default_factory=list)  # dead daemons' cgroups not removed yet
+    notes: list[str] = msgspec.field(default_factory=list)
+    stale: list[str] = msgspec.field(default_factory=list)  # dead daemons' cgroups not removed yet
 
     @property
     def base(self) -> str:

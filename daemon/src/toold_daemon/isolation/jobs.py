@@ -12,17 +12,17 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 
-@dataclass
-class Job:
+
+class Job(msgspec.Struct):
     job_id: str
     uid: int
     command: str
     pid: int
-    started: float = field(default_factory=time.time)
+    started: float = msgspec.field(default_factory=time.time)
     exit_code: int | None = None
     state: str = "running"  # running, exited, killed
     head: str = ""
@@ -31,7 +31,7 @@ class Job:
     kill: Callable[[], None] | None = None
     #: Once it has ended: what a command's result says of its connections (``network``,
     #: ``network_omitted``), empty without any.
-    network: dict[str, Any] = field(default_factory=dict)
+    network: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def add_output(self, text: str, keep: int) -> None:
         self.total += len(text)

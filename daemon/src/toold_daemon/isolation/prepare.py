@@ -12,7 +12,6 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,14 +31,13 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-@dataclass(slots=True)
-class Work:
+class Work(msgspec.Struct):
     tool: Tool[Any] | None
     args: Any
     config: Config | None
     sandbox: Sandbox | str | None  # a string: why the roots could not be resolved
     landlock: int | str  # a ruleset fd (the child's copy is closed after use) or why not
-    tools: dict[str, Tool[Any]] = field(default_factory=dict)  # what a tool worker may run
+    tools: dict[str, Tool[Any]] = msgspec.field(default_factory=dict)  # what a tool worker may run
 
 
 class Preparer:

@@ -22,7 +22,6 @@ import os
 import secrets
 import signal
 import socket
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -62,8 +61,7 @@ BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed a
 STALE_CGROUP_TRIES = 60
 
 
-@dataclass(frozen=True, slots=True)
-class StdioChild:
+class StdioChild(msgspec.Struct, frozen=True):
     """A long-lived confined program: its stdio socket and the read end of its stderr."""
 
     child: CallProcess
@@ -75,8 +73,7 @@ class StdioChild:
         return self.child.pid
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeUnderWay:
+class ProbeUnderWay(msgspec.Struct, frozen=True):
     """The probe's child, started and not yet reported (see ``SpawnRunner.start_probe``)."""
 
     child: CallProcess

@@ -21,7 +21,6 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -125,8 +124,7 @@ def serve_daemon(
         temps.close()
 
 
-@dataclass(frozen=True)
-class _Peer:
+class _Peer(msgspec.Struct, frozen=True):
     """The daemon a spawner serves: its pid (every request must come from it), where its
     call cgroups may be, and the spawner's own listening socket (closed in children)."""
 

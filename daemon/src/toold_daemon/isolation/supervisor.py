@@ -20,7 +20,6 @@ import os
 import selectors
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
@@ -99,8 +98,7 @@ def looks_binary(data: bytes | bytearray) -> bool:
     return odd * 10 > 3 * max(1, len(text))
 
 
-@dataclass(eq=False)
-class _Watched:
+class _Watched(msgspec.Struct, eq=False):
     """One command being watched, and what is still owed to its channel."""
 
     request: SpawnRequest
@@ -109,14 +107,14 @@ class _Watched:
     pipes: dict[int, str]  # open read ends -> stream name
     started: float
     pidfd: int | None = None
-    captured: dict[str, Captured] = field(default_factory=dict)
-    decoders: dict[str, codecs.IncrementalDecoder] = field(default_factory=dict)
+    captured: dict[str, Captured] = msgspec.field(default_factory=dict)
+    decoders: dict[str, codecs.IncrementalDecoder] = msgspec.field(default_factory=dict)
     streamed: int = 0
-    last_output: float = field(default_factory=time.monotonic)
+    last_output: float = msgspec.field(default_factory=time.monotonic)
     status: int | None = None  # wait status, once reaped
     exited_at: float | None = None
     idle_killed: bool = False
-    pending: bytearray = field(default_factory=bytearray)  # frames not yet on the channel
+    pending: bytearray = msgspec.field(default_factory=bytearray)  # frames not yet on the channel
     paused: bool = False  # pipes unregistered while ``pending`` waits for the reader
     finished: bool = False  # the outcome is in ``pending``; close once it is written
 

@@ -27,7 +27,6 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import msgspec
 import trio
@@ -64,18 +63,17 @@ def kind_of(request: SpawnRequest, config_generation: int) -> Kind:
     return (request.uid, request.gid, tuple(request.roots), config_generation, tuple(request.require))
 
 
-@dataclass(eq=False)
-class Worker:
+class Worker(msgspec.Struct, eq=False):
     pid: int
     sock: trio.socket.SocketType
     kind: Kind
     cgroup: str  # its own cgroup ("" without cgroups)
-    layers: dict[str, str] = field(default_factory=dict)
-    roots: list[str] = field(default_factory=list)  # canonical, as its sandbox has them
-    born: float = field(default_factory=time.monotonic)
-    last_used: float = field(default_factory=time.monotonic)
+    layers: dict[str, str] = msgspec.field(default_factory=dict)
+    roots: list[str] = msgspec.field(default_factory=list)  # canonical, as its sandbox has them
+    born: float = msgspec.field(default_factory=time.monotonic)
+    last_used: float = msgspec.field(default_factory=time.monotonic)
     calls: int = 0
-    buffer: FrameBuffer = field(default_factory=FrameBuffer)
+    buffer: FrameBuffer = msgspec.field(default_factory=FrameBuffer)
     busy: bool = False  # taken for a call (counted against its uid) until given back or ended
 
     @property
@@ -131,8 +129,7 @@ def _read_soon(fd: int, seconds: float) -> bytes | None:
                 return None
 
 
-@dataclass(eq=False)
-class Begun:
+class Begun(msgspec.Struct, eq=False):
     """A call whose ``request`` went to ``worker`` before its task ran (``Workers.begin``);
     ``unsent``: what of the frame the socket did not take at once."""
 

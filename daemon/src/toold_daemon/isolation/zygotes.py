@@ -32,7 +32,6 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 import msgspec
 import trio
@@ -110,8 +109,7 @@ def kind_of(request: SpawnRequest) -> Kind:
     )
 
 
-@dataclass(eq=False)
-class Zygote:
+class Zygote(msgspec.Struct, eq=False):
     pid: int
     sock: trio.socket.SocketType
     home: str  # its own cgroup when not parked ("" without cgroups)
@@ -123,10 +121,10 @@ class Zygote:
     parked: str = ""  # the fresh cgroup it waits in: the next command's
     inside: str = ""  # a call's cgroup it has started a command in and not left yet
     nursery: trio.Nursery | None = None  # where it leaves a call's cgroup, after the call started
-    abandoned: list[str] = field(default_factory=list)  # call cgroups of failed spawns
-    born: float = field(default_factory=time.monotonic)
+    abandoned: list[str] = msgspec.field(default_factory=list)  # call cgroups of failed spawns
+    born: float = msgspec.field(default_factory=time.monotonic)
     spawned: int = 0
-    lock: trio.Lock = field(default_factory=trio.Lock)
+    lock: trio.Lock = msgspec.field(default_factory=trio.Lock)
 
     def worn_out(self) -> bool:
         return self.spawned >= MAX_SPAWNS or time.monotonic() - self.born > MAX_AGE_S

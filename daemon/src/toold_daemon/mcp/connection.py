@@ -14,9 +14,9 @@ import itertools
 import json
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import trio
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -40,9 +40,8 @@ class ServerError(Exception):
         self.message = message
 
 
-@dataclass(slots=True)
-class _Waiting:
-    done: trio.Event = field(default_factory=trio.Event)
+class _Waiting(msgspec.Struct):
+    done: trio.Event = msgspec.field(default_factory=trio.Event)
     reply: dict[str, Any] | None = None
     broken: str = ""
 

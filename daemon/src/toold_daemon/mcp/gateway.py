@@ -19,10 +19,10 @@ import math
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
 from toold_protocol import Identity, ToolErrorType
@@ -48,8 +48,7 @@ MAX_PAGES = 20
 Key = tuple[str, int, int, tuple[str, ...]]
 
 
-@dataclass(eq=False)
-class Instance:
+class Instance(msgspec.Struct, eq=False):
     """One running server for one user and workspace."""
 
     server: McpServerConfig
@@ -58,10 +57,10 @@ class Instance:
     process: StdioChild
     connection: Connection
     streams: list[Any]  # what to close when it stops (its socket and stderr streams)
-    stderr_tail: bytearray = field(default_factory=bytearray)
-    last_used: float = field(default_factory=trio.current_time)
+    stderr_tail: bytearray = msgspec.field(default_factory=bytearray)
+    last_used: float = msgspec.field(default_factory=trio.current_time)
     in_flight: int = 0
-    progress: dict[str, ToolContext] = field(default_factory=dict)
+    progress: dict[str, ToolContext] = msgspec.field(default_factory=dict)
 
     @property
     def alive(self) -> bool:

@@ -9,8 +9,9 @@ annotations count only where the administrator set ``trust_annotations``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import msgspec
 
 from toold_protocol import ToolErrorType
 
@@ -57,8 +58,7 @@ class McpTool(SchemaTool):
         return shown if len(shown) <= 200 else shown[:199] + "…"
 
 
-@dataclass(frozen=True, slots=True)
-class Discovered:
+class Discovered(msgspec.Struct, frozen=True):
     tools: list[type[McpTool]]
     skipped: list[str]  # why each refused tool was refused
 

@@ -9,8 +9,9 @@ import json
 import os
 import pwd
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from ..config import Config
 from ..egress.rules import network_summary
@@ -19,8 +20,7 @@ from ..records.journal import JOURNAL_NAME, RECOVERY_NAME
 SERVICE_GROUP = "toold"
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(msgspec.Struct, frozen=True):
     name: str
     on: bool
     detail: str

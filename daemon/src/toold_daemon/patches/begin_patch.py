@@ -9,7 +9,8 @@ narrowed by its ``@@`` header line; still ambiguous is an error — never a gues
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+import msgspec
 
 from ..tools._text import Text
 from .model import FileChange, Lines, PatchError
@@ -19,21 +20,19 @@ ADD, DELETE, UPDATE, MOVE = "*** Add File: ", "*** Delete File: ", "*** Update F
 END_OF_FILE = "*** End of File"
 
 
-@dataclass(slots=True)
-class Hunk:
+class Hunk(msgspec.Struct):
     header: str
-    old: list[str] = field(default_factory=list)
-    new: list[str] = field(default_factory=list)
+    old: list[str] = msgspec.field(default_factory=list)
+    new: list[str] = msgspec.field(default_factory=list)
     at_end: bool = False
 
 
-@dataclass(slots=True)
-class Operation:
+class Operation(msgspec.Struct):
     action: str  # add, delete, update
     path: str
     move_to: str | None = None
-    added: list[str] = field(default_factory=list)
-    hunks: list[Hunk] = field(default_factory=list)
+    added: list[str] = msgspec.field(default_factory=list)
+    hunks: list[Hunk] = msgspec.field(default_factory=list)
 
 
 def parse(patch: str) -> list[Operation]:

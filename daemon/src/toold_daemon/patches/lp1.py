@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+import msgspec
 
 from ..tools._text import Text
 from .model import FileChange, Lines, PatchError
@@ -11,18 +12,16 @@ from .model import FileChange, Lines, PatchError
 _BLOCK_OPS = {"R": 2, "I": 2, "P": 2, "E": 1, "T": 1, "B": 1}
 
 
-@dataclass(slots=True)
-class Op:
+class Op(msgspec.Struct):
     kind: str
     occurrence: int | None = None
-    blocks: list[list[str]] = field(default_factory=list)
+    blocks: list[list[str]] = msgspec.field(default_factory=list)
     flag: str = ""
 
 
-@dataclass(slots=True)
-class Section:
+class Section(msgspec.Struct):
     path: str
-    ops: list[Op] = field(default_factory=list)
+    ops: list[Op] = msgspec.field(default_factory=list)
 
 
 def parse(patch: str) -> list[Section]:

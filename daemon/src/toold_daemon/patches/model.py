@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 from ..tools._text import Text
 
@@ -17,8 +18,7 @@ class PatchError(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class FileChange:
+class FileChange(msgspec.Struct, frozen=True):
     path: str
     action: Literal["add", "update", "delete"]
     before: Text | None  # None for a new file
@@ -26,8 +26,7 @@ class FileChange:
     move_to: str | None = None
 
 
-@dataclass(slots=True)
-class Lines:
+class Lines(msgspec.Struct):
     """A text file as lines plus whether it ends with a newline (LP1's model)."""
 
     lines: list[str]

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
 
+import msgspec
 import trio
 
 from toold_protocol import Confirm, ConfirmationItem, Identity
 
 
-@dataclass(slots=True)
-class Pending:
+class Pending(msgspec.Struct):
     correlation_id: str
     batch_id: str
     owner: Identity
     submitter: bytes  # peer of the submitting session
     items: list[ConfirmationItem]
     expires_at: float
-    decided: trio.Event = field(default_factory=trio.Event)
+    decided: trio.Event = msgspec.field(default_factory=trio.Event)
     answer: Confirm | None = None
     answered_by: Identity | None = None
 
@@ -49,8 +48,7 @@ def peer_groups(identity: Identity) -> set[int]:
     return groups
 
 
-@dataclass(frozen=True, slots=True)
-class Approver:
+class Approver(msgspec.Struct, frozen=True):
     identity: Identity
     groups: frozenset[int]  # read once, when it subscribed
 

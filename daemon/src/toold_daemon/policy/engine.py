@@ -21,8 +21,9 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
+
+import msgspec
 
 from toold_protocol import Identity
 
@@ -38,8 +39,7 @@ SHELL_TOOLS = frozenset({"shell", "run_command"})
 COMMAND_TOOLS = SHELL_TOOLS | {"run_code", "shell_jobs"}
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
+class Facts(msgspec.Struct, frozen=True):
     """What the policy may know about a call, all derived from its parsed arguments."""
 
     tool: str
@@ -62,8 +62,7 @@ class Facts:
     high_risk_tool: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     decision: Decision
     reason: str
     risk: Risk

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 Effect = Literal["runs a program", "writes a file", "deletes files", "loads code", "reads its script from a file"]
 RUNS: Effect = "runs a program"
@@ -131,8 +132,7 @@ _WRITES_POSITIONAL: dict[str, int] = {"tee": 1, "uniq": 2, "split": 1}
 _VALUE_OPTIONS = {"git": {"-c", "-C", "--exec-path", "--git-dir", "--work-tree", "--namespace", "--config-env"}}
 
 
-@dataclass(frozen=True, slots=True)
-class Hazard:
+class Hazard(msgspec.Struct, frozen=True):
     option: str  # as the table spells it (``--compress-program``), or what was found (``e`` in a sed script)
     effect: Effect
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -38,8 +37,7 @@ def redact(text: str) -> str:
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
 
-@dataclass(frozen=True, slots=True)
-class Planner:
+class Planner(msgspec.Struct, frozen=True):
     """Plans calls for one client session: what every check needs, gathered once."""
 
     registry: Registry

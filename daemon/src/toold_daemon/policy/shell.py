@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass, field
 from functools import lru_cache
+
+import msgspec
 
 MAX_COMMAND_CHARS = 64 * 1024
 _MAX_DEPTH = 32  # nested substitutions
@@ -83,8 +84,7 @@ class Unreadable(ValueError):
     """The command cannot be read with certainty."""
 
 
-@dataclass(frozen=True, slots=True)
-class Part:
+class Part(msgspec.Struct, frozen=True):
     """One simple command. ``words`` are after quote removal, assignments and wrappers
     dropped: ``words[0]`` is the program as typed (``/usr/bin/rm``), ``program`` its name."""
 
@@ -153,10 +153,9 @@ def _check_characters(command: str) -> None:
                 raise Unreadable(f"character {ch!r} looks like shell syntax or is invisible")
 
 
-@dataclass
-class _Word:
-    text: list[str] = field(default_factory=list)  # after quote removal
-    raw: list[str] = field(default_factory=list)  # unquoted characters as typed ("" for quoted ones)
+class _Word(msgspec.Struct):
+    text: list[str] = msgspec.field(default_factory=list)  # after quote removal
+    raw: list[str] = msgspec.field(default_factory=list)  # unquoted characters as typed ("" for quoted ones)
     quoted: bool = False
     dynamic: bool = False  # an expansion: its value is only known when it runs
     glob: bool = False
@@ -170,9 +169,8 @@ class _Word:
         return "".join(self.raw)
 
 
-@dataclass
-class _Simple:
-    words: list[_Word] = field(default_factory=list)
+class _Simple(msgspec.Struct):
+    words: list[_Word] = msgspec.field(default_factory=list)
     redirects: bool = False
 
 

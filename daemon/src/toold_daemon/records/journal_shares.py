@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+import msgspec
 
 #: Batches chosen at once (each prune is one short write).
 PRUNE_AT_ONCE = 256
@@ -28,10 +29,9 @@ REMEMBERED_PER_UID = 10_000
 Older = Callable[[int, float, float, int], list[tuple[str, int, float]]]
 
 
-@dataclass
-class _Share:
+class _Share(msgspec.Struct):
     held: int = 0
-    ended: deque[tuple[str, int, float]] = field(default_factory=deque)  # (batch, bytes, finished)
+    ended: deque[tuple[str, int, float]] = msgspec.field(default_factory=deque)  # (batch, bytes, finished)
     chosen_up_to: float = -math.inf  # older batches asked of the database: chosen up to here
     look_again_at: int = 0  # past the share with nothing to prune: look again once held reaches this
 

@@ -23,10 +23,10 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from toold_protocol import CallCount, Latency, Stats, ToolResult
@@ -42,28 +42,26 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 RECENT = 10_000
 
 
-@dataclass(slots=True)
-class Holding:
+class Holding(msgspec.Struct):
     """What the daemon holds at the moment of a snapshot (some per uid)."""
 
-    running_batches: dict[int, int] = field(default_factory=dict)
-    sessions: dict[int, int] = field(default_factory=dict)
-    confirmations_waiting: dict[int, int] = field(default_factory=dict)
+    running_batches: dict[int, int] = msgspec.field(default_factory=dict)
+    sessions: dict[int, int] = msgspec.field(default_factory=dict)
+    confirmations_waiting: dict[int, int] = msgspec.field(default_factory=dict)
     workers: int = 0
     zygotes: int = 0
     journal_bytes: int = 0
     audit_dropped: int = 0
     #: Bytes of replies waiting for each uid's clients (not yet read).
-    waiting_for_clients: dict[int, int] = field(default_factory=dict)
+    waiting_for_clients: dict[int, int] = msgspec.field(default_factory=dict)
     #: Bytes of results queued for the journal's thread, not yet written.
     journal_backlog_bytes: int = 0
     #: Batches pruned since the start because their uid was past its share of the journal.
     journal_pruned_for_space: int = 0
 
 
-@dataclass(slots=True)
-class _Durations:
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+class _Durations(msgspec.Struct):
+    buckets: list[int] = msgspec.field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
     total: float = 0.0
     count: int = 0
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import msgspec
@@ -26,8 +25,7 @@ from toold_protocol import (
 _encoder = msgspec.msgpack.Encoder()
 
 
-@dataclass(frozen=True, slots=True)
-class StoredChange:
+class StoredChange(msgspec.Struct, frozen=True):
     index: int
     path: str
     kind: str
@@ -38,8 +36,7 @@ class StoredChange:
     after_hash: str
 
 
-@dataclass(frozen=True, slots=True)
-class StoredCall:
+class StoredCall(msgspec.Struct, frozen=True):
     index: int
     call_id: str
     tool: str
@@ -64,8 +61,7 @@ class StoredCall:
         return ToolCall(call_id=self.call_id, name=self.tool, arguments=msgspec.Raw(self.arguments))
 
 
-@dataclass(frozen=True, slots=True)
-class StoredBatch:
+class StoredBatch(msgspec.Struct, frozen=True):
     batch_id: str
     identity: Identity
     client_name: str
@@ -92,8 +88,7 @@ class StoredBatch:
         return BatchFinished(batch_id=self.batch_id, state=self.state, results=self.finished_results())
 
 
-@dataclass(frozen=True, slots=True)
-class Submission:
+class Submission(msgspec.Struct, frozen=True):
     """What the journal records of a submitted batch, whenever it records it."""
 
     batch_id: str

@@ -21,8 +21,9 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from .state_files import refuse_links
 
@@ -71,8 +72,7 @@ class UnknownTodo(Exception):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class Todo:
+class Todo(msgspec.Struct, frozen=True):
     id: str
     task: str
     status: str

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+import msgspec
 
 
 class Patterns(Protocol):
@@ -46,17 +47,16 @@ EVERYTHING_BELOW = "/\0"
 _inode_cache: dict[tuple[tuple[Path, ...], tuple[str, ...]], tuple[float, frozenset[tuple[int, int]]]] = {}
 
 
-@dataclass(slots=True)
-class Found:
-    files: list[str] = field(default_factory=list)  # to cover: denied files, and other names of them
-    directories: list[str] = field(default_factory=list)  # to cover: denied directories
-    inodes: set[tuple[int, int]] = field(default_factory=set)  # (st_dev, st_ino) of every denied file
+class Found(msgspec.Struct):
+    files: list[str] = msgspec.field(default_factory=list)  # to cover: denied files, and other names of them
+    directories: list[str] = msgspec.field(default_factory=list)  # to cover: denied directories
+    inodes: set[tuple[int, int]] = msgspec.field(default_factory=set)  # (st_dev, st_ino) of every denied file
     complete: bool = True
     #: Every other regular file by inode number (from the directory, no stat): where other
     #: names of a denied file may be; checked with a stat only for a denied file's number.
-    by_inode: dict[int, list[str]] = field(default_factory=dict)
+    by_inode: dict[int, list[str]] = msgspec.field(default_factory=dict)
     #: With ``protected``: the outermost files and directories matching a protected pattern.
-    protected: list[str] = field(default_factory=list)
+    protected: list[str] = msgspec.field(default_factory=list)
 
 
 def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False) -> Found:

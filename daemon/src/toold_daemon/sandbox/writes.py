@@ -20,8 +20,9 @@ import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from toold_protocol import ToolErrorType
 
@@ -31,8 +32,7 @@ from .paths import Sandbox, open_beneath
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-@dataclass(frozen=True, slots=True)
-class Existing:
+class Existing(msgspec.Struct, frozen=True):
     data: bytes
     mode: int
 

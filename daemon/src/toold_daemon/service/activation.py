@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import MutableMapping
-from dataclasses import dataclass
+
+import msgspec
 
 LISTEN_FDS_START = 3
 
@@ -22,8 +23,7 @@ class ActivationError(Exception):
     """The passed fds are not what toold can serve on; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class Activated:
+class Activated(msgspec.Struct, frozen=True):
     fd: int
     endpoint: str  # ipc://PATH, from the socket's own name
     name: str  # LISTEN_FDNAMES' first entry ("" if none)

@@ -12,11 +12,11 @@ connection's uid, so that one user's many connections share one bound.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 
-@dataclass(slots=True)
-class Holding:
+class Holding(msgspec.Struct):
     uid: int
     queued: int = 0  # bytes in the daemon's outbox
     in_flight: int = 0  # bytes handed to libzmq since the connection was last seen reading

@@ -30,7 +30,8 @@ import resource
 import socket
 import struct
 from collections import Counter
-from dataclasses import dataclass
+
+import msgspec
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,7 @@ def connection_budget(limit: int, configured: int) -> int:
     return max(16, min(configured, limit - reserve))
 
 
-@dataclass(frozen=True, slots=True)
-class Tracked:
+class Tracked(msgspec.Struct, frozen=True):
     uid: int
     inode: int
 

@@ -37,9 +37,9 @@ import stat
 import struct
 import termios
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import trio
 import zmq
 
@@ -90,8 +90,7 @@ def check_private_dir(directory: Path, *, exact_mode: int | None = None, heir: i
         raise UnsafeRuntimePath(f"{directory} has mode {mode:o} (wanted {wanted}); refusing to serve there")
 
 
-@dataclass(frozen=True, slots=True)
-class SocketAccess:
+class SocketAccess(msgspec.Struct, frozen=True):
     """The socket's group (None: the daemon's) and mode."""
 
     gid: int | None = None
@@ -110,8 +109,7 @@ def share_dir_with_group(directory: Path, gid: int) -> None:
         os.chmod(directory, 0o710)  # noqa: S103 - traverse only, for the socket's group
 
 
-@dataclass(frozen=True, slots=True)
-class Inbound:
+class Inbound(msgspec.Struct, frozen=True):
     peer: bytes
     identity: Identity
     frame: bytes | None  # None: the peer is gone, or stopped reading (see ``overflowed``)

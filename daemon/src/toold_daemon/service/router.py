@@ -58,7 +58,7 @@ from ..records.audit import AuditTrail
 from ..records.journal import Journal
 from ..records.metrics import Holding, Metrics
 from ..sandbox import Sandbox
-from ..sandbox.workspaces import WorkspaceRefused
+from ..sandbox.workspaces import WorkspaceRefused, Workspaces
 from ..tools.registry import Registry
 from .administration import Administration
 from .confirming import ConfirmationFlow
@@ -103,6 +103,7 @@ class Service:
             executor=executor,
             send=send,
             sessions=sessions,
+            workspaces=Workspaces(config, sandbox),
             journal=journal,
             gateway=gateway,
             config_path=config_path,

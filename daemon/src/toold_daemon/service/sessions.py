@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+
+import msgspec
 
 from toold_protocol import PROTOCOL_VERSION, Identity
 
@@ -23,8 +24,7 @@ PRIVATE_UMASK = 0o077
 NO_PEER = b""
 
 
-@dataclass(slots=True)
-class Session:
+class Session(msgspec.Struct):
     session_id: str
     peer: bytes
     identity: Identity
@@ -34,8 +34,8 @@ class Session:
     #: Of ``running``: batches that have ended and been answered, holding their slot only
     #: until the journal (behind) has their record. Submissions wait meanwhile (``deferred``).
     journal_waits: int = 0
-    deferred: list[Callable[[], None]] = field(default_factory=list)
-    grants: set[str] = field(default_factory=set)  # "allow for this session" answers
+    deferred: list[Callable[[], None]] = msgspec.field(default_factory=list)
+    grants: set[str] = msgspec.field(default_factory=set)  # "allow for this session" answers
     sandbox: Sandbox | None = None  # its workspace's; None: the daemon's roots
     workspace: str = ""  # as accepted (canonical), "" for the daemon's roots
     workspace_problem: str = ""  # why this session may run nothing ("" when it may)

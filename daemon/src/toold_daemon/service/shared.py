@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -36,28 +35,24 @@ class Send(Protocol):
     def __call__(self, peer: bytes, frame: bytes, flush: bool = False) -> None: ...
 
 
-@dataclass(eq=False)
-class Shared:
+class Shared(msgspec.Struct, eq=False):
     config: Config  # replaced as a whole when the policy is reloaded
     registry: Registry
     sandbox: Sandbox  # the daemon's roots, for sessions without a workspace
     executor: Executor
     send: Send
     sessions: Sessions
+    workspaces: Workspaces  # the sessions' workspaces, under today's configuration
     journal: Journal | None = None
     gateway: Gateway | None = None
     config_path: Path | None = None
-    batches: collections.OrderedDict[str, Batch] = field(default_factory=collections.OrderedDict)
-    confirmations: Confirmations = field(default_factory=Confirmations)
+    batches: collections.OrderedDict[str, Batch] = msgspec.field(default_factory=collections.OrderedDict)
+    confirmations: Confirmations = msgspec.field(default_factory=Confirmations)
     nursery: trio.Nursery | None = None
     accepting: bool = True
-    daemon_uid: int = field(default_factory=os.geteuid)
-    audit: AuditTrail = field(default_factory=lambda: AuditTrail(None))
-    metrics: Metrics = field(default_factory=Metrics)
-    workspaces: Workspaces = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.workspaces = Workspaces(self.config, self.sandbox)
+    daemon_uid: int = msgspec.field(default_factory=os.geteuid)
+    audit: AuditTrail = msgspec.field(default_factory=lambda: AuditTrail(None))
+    metrics: Metrics = msgspec.field(default_factory=Metrics)
 
     def sandbox_of(self, session: Session) -> Sandbox:
         return session.sandbox or self.sandbox

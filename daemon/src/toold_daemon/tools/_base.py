@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -29,25 +28,23 @@ class ToolArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Base of argument structs: unknown arguments are errors (a misspelt name should not be ignored)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ToolOutput:
+class ToolOutput(msgspec.Struct, frozen=True):
     content: str
     display: str | None = None
     data: dict[str, Any] | None = None
     allow_truncation: bool = True
     #: Read-tracking records to store for the session: canonical path -> record
     #: (``sha256:HEX`` for whole-file reads and writes, ``stat:SIZE:MTIME_NS`` for ranges).
-    records: dict[str, str] = field(default_factory=dict)
+    records: dict[str, str] = msgspec.field(default_factory=dict)
     #: Kept after the content by every cut (a command's ``[exit code N]`` line).
     tail: str = ""
     #: Output the tool produced that ``content`` does not hold (counted by the marker).
     unseen: Unseen = NOTHING_UNSEEN
     #: What the call did to each path it declared (``undo.images.Change``), for undo.
-    changes: list[Any] = field(default_factory=list)
+    changes: list[Any] = msgspec.field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
+class Command(msgspec.Struct, frozen=True):
     """What a command tool asks the isolated child to run (``shell``, ``run_code``).
 
     ``files`` are written into the call's private temp dir by the child, as the
@@ -57,30 +54,29 @@ class Command:
     cwd: str
     network: bool = True
     idle_timeout_s: float = 0.0
-    env: dict[str, str] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    files: dict[str, str] = msgspec.field(default_factory=dict)
     background: bool = False  # return at once with a job id; the runner keeps reading
     #: Read only what a program needs outside the workspace (libraries, certificates, name
     #: resolution), not the rest of /etc (``run_code``: a snippet, not a user's command).
     narrow_reads: bool = False
 
 
-@dataclass(slots=True)
-class ToolContext:
+class ToolContext(msgspec.Struct):
     """Fresh per call."""
 
     call_id: str
     sandbox: Sandbox
     config: Config
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = msgspec.field(default_factory=threading.Event)
     emit: Callable[..., None] | None = None  # (stream, text[, how many chunks were merged])
-    resolved: dict[str, Path] = field(default_factory=dict)
+    resolved: dict[str, Path] = msgspec.field(default_factory=dict)
     #: Output streamed so far (bounded by the runner), kept for timeout and cancel results.
-    partial: list[str] = field(default_factory=list)
+    partial: list[str] = msgspec.field(default_factory=list)
     #: Streamed output that did not fit in ``partial`` (bytes, lines): counted, not kept.
-    partial_dropped: list[int] = field(default_factory=lambda: [0, 0])
+    partial_dropped: list[int] = msgspec.field(default_factory=lambda: [0, 0])
     #: What this client session has read (canonical path -> record), for stale-file checks.
-    reads: dict[str, str] = field(default_factory=dict)
+    reads: dict[str, str] = msgspec.field(default_factory=dict)
     #: Who asked (for tools that act on daemon state scoped to a uid, like shell_jobs).
     identity: Any = None
     #: The daemon's background jobs (set for ``in_daemon`` tools).
@@ -91,14 +87,14 @@ class ToolContext:
     undo_budget: int = -1
     umask: int = 0o077  # the client's: files the call makes get its modes
     #: Saved file contents by hash (``restore_files`` only, from the daemon's undo store).
-    blobs: dict[str, bytes] = field(default_factory=dict)
+    blobs: dict[str, bytes] = msgspec.field(default_factory=dict)
     #: (host, port) -> (allowed, why): asks a person about a host a command wants to reach.
     ask_network: Callable[[str, int], Awaitable[tuple[bool, str]]] | None = None
     #: The runner's own: the call's request already went out (``ToolRunner.begin``).
     begun: Any = None
     #: A command's connections (``network``, ``network_omitted``) when its call ended
     #: without an outcome (timed out, cancelled): the error result carries them.
-    network: dict[str, Any] = field(default_factory=dict)
+    network: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def resolve(self, raw: str, *, follow_last: bool = True) -> Path:
         """The canonical path of a path argument: the one the planner validated,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from dataclasses import dataclass
+
+import msgspec
 
 from toold_protocol import ToolErrorType
 
@@ -18,8 +19,7 @@ from ..errors import ToolError
 BOM = "\ufeff"
 
 
-@dataclass(frozen=True, slots=True)
-class Text:
+class Text(msgspec.Struct, frozen=True):
     body: str  # LF line endings, no BOM
     crlf: bool = False
     bom: bool = False

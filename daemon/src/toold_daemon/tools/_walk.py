@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
 
 if TYPE_CHECKING:  # imported lazily: pathspec costs tens of ms at daemon start
     import pathspec
@@ -32,8 +33,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_GITIGNORE_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(msgspec.Struct, frozen=True):
     path: Path  # absolute
     rel: str  # relative to the walk's start, forward slashes
     name: str
@@ -43,8 +43,7 @@ class Entry:
     depth: int  # 1 for direct children of the start
 
 
-@dataclass(frozen=True, slots=True)
-class _IgnoreFile:
+class _IgnoreFile(msgspec.Struct, frozen=True):
     """A parsed ``.gitignore`` and how to turn a walk-relative path into one relative to it.
 
     For a file at or below the walk's start, ``base`` is its directory relative to the

@@ -19,10 +19,10 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from .. import regexguard
@@ -52,8 +52,7 @@ class GrepArgs(ToolArgs, frozen=True):
     include_hidden: Annotated[bool, Meta(description="Also search files whose names start with '.'")] = False
 
 
-@dataclass(frozen=True, slots=True)
-class Hit:
+class Hit(msgspec.Struct, frozen=True):
     path: str  # workspace-relative
     line: int
     text: str

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -25,8 +24,7 @@ GROUP = "toold.tools"
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class PluginReport:
+class PluginReport(msgspec.Struct, frozen=True):
     entry_point: str
     distribution: str
     version: str

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 import codecs
-import dataclasses
 import hashlib
 import os
 import stat
 from datetime import UTC, datetime
 from typing import Annotated, BinaryIO, Literal
 
+import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from toold_protocol import ToolErrorType
@@ -142,7 +142,7 @@ class ReadFile(Tool[ReadFileArgs]):
             if ranged:
                 raise bad_args(f"{args.path} is a binary file: a line range means nothing there; read it whole")
             binary = _binary_output(raw, shown, data, ctx.config.tools.output.max_bytes, args.path)
-            return dataclasses.replace(binary, records=records)
+            return msgspec.structs.replace(binary, records=records)
         text = raw.decode("utf-8")
         if not ranged:
             last = data["total_lines"] = count_lines(text)

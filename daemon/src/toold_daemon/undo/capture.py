@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ..tools._base import Tool, ToolContext, ToolOutput
 from .images import capture, changes_after
@@ -22,4 +23,4 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     sandbox = ctx.sandbox
     before, _used = capture(paths, ctx.undo_budget, lambda p: sandbox.denied_pattern(Path(p)) is not None)
     output = tool.run(args, ctx)
-    return dataclasses.replace(output, changes=changes_after(before))
+    return msgspec.structs.replace(output, changes=changes_after(before))

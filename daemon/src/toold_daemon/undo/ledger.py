@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -22,8 +21,7 @@ from .restore import RestoreArgs
 from .store import UndoStore
 
 
-@dataclass(frozen=True, slots=True)
-class Kept:
+class Kept(msgspec.Struct, frozen=True):
     changes: list[Change]  # without the bytes, for the journal
     stored_bytes: int
     not_undoable: list[str]  # "path (why)"

@@ -11,7 +11,8 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -48,8 +49,7 @@ class Refused(Exception):
     """A URL or address that web_fetch will not reach; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class Reach:
+class Reach(msgspec.Struct, frozen=True):
     """What the administrator lets ``web_fetch`` reach (from ``[tools.web]``)."""
 
     ports: frozenset[int]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
 from functools import cache
 
 import certifi
 import httpcore
 import httpx
+import msgspec
 
 from .addresses import DEFAULT_PORTS, Reach, Refused, check_target
 from .connect import CheckedBackend, NameNotResolved, checked_addresses
@@ -41,16 +41,14 @@ class FetchFailed(Exception):
         self.port = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(msgspec.Struct, frozen=True):
     url: str
     method: str = "GET"
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
     body: str | None = None
 
 
-@dataclass(slots=True)
-class Response:
+class Response(msgspec.Struct):
     status: int
     url: str
     content_type: str

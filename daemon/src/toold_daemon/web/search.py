@@ -14,7 +14,6 @@ import re
 import selectors
 import subprocess
 import time
-from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
@@ -37,8 +36,7 @@ class SearchFailed(Exception):
         self.timeout = timeout
 
 
-@dataclass(frozen=True, slots=True)
-class Hit:
+class Hit(msgspec.Struct, frozen=True):
     title: str
     url: str
     snippet: str
