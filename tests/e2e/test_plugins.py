@@ -25,6 +25,7 @@ from toold_client import APPROVE_ALL, Client
 PLUGIN = '''
 """A plugin of two tools, and three entry points that must be skipped."""
 
+import gc
 import os
 from typing import Annotated
 
@@ -48,7 +49,8 @@ class Shout(Tool[ShoutArgs]):
     def run(self, args: ShoutArgs, ctx: ToolContext) -> ToolOutput:
         if args.text == "fail":
             raise ToolError(ToolErrorType.EXECUTION_FAILED, "NO_VOICE", "cannot shout that")
-        return ToolOutput(args.text.upper(), data={"uid": os.getuid(), "pid": os.getpid()})
+        data = {"uid": os.getuid(), "pid": os.getpid(), "collecting": gc.isenabled()}
+        return ToolOutput(args.text.upper(), data=data)
 
 
 class StampArgs(ToolArgs, frozen=True):
@@ -150,6 +152,7 @@ def test_plugin_tools_are_offered_and_run_in_a_worker(daemon: DaemonProcess) -> 
         result = client.call("shout", {"text": "hello"})
         assert result.ok and result.content == "HELLO"
         assert result.data is not None and result.data["pid"] != daemon.proc.pid  # not in the daemon
+        assert result.data["collecting"] is True  # toold starts with the collector off; the spawner turns it on
         bad = client.call("shout", {"text": 3})
         assert bad.error is not None and bad.error.type == "BadArgs"
         failed = client.call("shout", {"text": "fail"})

@@ -14,6 +14,6 @@ import sys
 _started_in = os.getcwd()
 sys.path[:] = [entry for entry in sys.path if entry not in ("", ".", _started_in)]
 
-from .cli import main  # noqa: E402 (after the path is settled)
+from .program import main  # noqa: E402 (after the path is settled)
 
 raise SystemExit(main())

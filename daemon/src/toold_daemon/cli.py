@@ -7,6 +7,7 @@ are loaded, before trio, pyzmq and sqlite3, so it stays small and each fork stay
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import socket
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     _complete(parser)
     args = parser.parse_args(argv)
+    if args.command != "serve":
+        gc.enable()  # off while the modules loaded (see program); serve turns it on later
     if args.command == "completion":
         print(_completion_script(["toold"], shell=args.shell))
         return 0
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return run_serve(args, config, spawner, plugins, activated.fd if activated else None)
     # The fork server starts now, while this process is single-threaded and trio not running.
+    gc.freeze()  # what start-up built: shared with the spawner, walked by neither's collector
     spawner = start_spawner(tools, admission_for(args, config))
     if args.command == "doctor":
         return doctor(config, spawner, reports, args)

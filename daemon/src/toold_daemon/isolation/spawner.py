@@ -14,6 +14,7 @@ carries the call's ``TOOLD_CALL`` token for the sweep).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import select
@@ -57,6 +58,7 @@ def start(tools: list[Tool[Any]], admission: Admission | None = None) -> tuple[i
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
+        gc.enable()  # off in a daemon's start (see program), on in the spawner from now
         ours.close()
         code = 0
         try:

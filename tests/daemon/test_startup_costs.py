@@ -1,0 +1,74 @@
+"""What keeps the daemon's start short: no dataclasses in its modules, and the garbage
+collector off while they load but on for every command once it runs."""
+
+from __future__ import annotations
+
+import ast
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+from toold_daemon.server import settle_garbage_collector
+
+DAEMON = Path(__file__).resolve().parents[2] / "daemon/src/toold_daemon"
+
+
+def test_the_daemon_defines_no_dataclasses() -> None:
+    """Python 3.11 compiles every dataclass's generated methods at import (about half a
+    millisecond each, 41 ms for the 71 the daemon had); a msgspec Struct is made in C."""
+    users = [path.relative_to(DAEMON).as_posix() for path in DAEMON.rglob("*.py") if _imports_dataclasses(path)]
+    assert users == []
+
+
+def _imports_dataclasses(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "dataclasses":
+            return True
+        if isinstance(node, ast.Import) and any(alias.name == "dataclasses" for alias in node.names):
+            return True
+    return False
+
+
+def test_settling_freezes_start_up_and_turns_the_collector_on() -> None:
+    threshold = gc.get_threshold()
+    gc.disable()
+    try:
+        settle_garbage_collector()
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > 1000  # the modules and everything start-up built
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+        gc.enable()
+
+
+def _after_program(argv: list[str]) -> str:
+    """Run the ``toold`` program's entry with ``argv`` in a fresh interpreter; print
+    whether the collector is on once the command has returned."""
+    code = (
+        "import gc, sys\n"
+        f"sys.argv = ['toold', *{argv!r}]\n"
+        "from toold_daemon.program import main\n"
+        "code = main()\n"
+        "print(code, gc.isenabled())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_every_command_but_serve_runs_with_the_collector_on(tmp_path: Path) -> None:
+    config = tmp_path / "toold.toml"
+    config.write_text("[daemon]\n")
+    assert _after_program(["check-config", str(config)]) == "0 True"
+
+
+def test_the_modules_load_with_the_collector_off() -> None:
+    code = (
+        "import gc\n"
+        "gc.disable()\n"
+        "import toold_daemon.cli, toold_daemon.server\n"
+        "print(gc.isenabled(), gc.get_count()[0] > 10_000)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]  # importing turns nothing back on
