@@ -101,7 +101,7 @@ def test_default_endpoint_agrees_with_the_daemon(monkeypatch: pytest.MonkeyPatch
 # of the daemon package; a module named on its own (``config.loading``) is placed apart
 # from its folder.
 DAEMON_LAYERS: list[set[str]] = [
-    {"__main__", "cli", "server"},  # the entry points, which wire the parts together
+    {"__main__", "program", "cli", "server"},  # the entry points, which wire the parts together
     {"service", "operation", "config.loading", "config.problems"},  # serving clients; operating the service
     {"policy"},  # deciding: planning a batch, the policy, confirmations
     {"execution", "isolation", "egress", "mcp"},  # running: the executor and where tools run
