@@ -16,6 +16,8 @@ BIN = Path(sys.executable).parent
 
 #: Where each package's sources live in a checkout (for ``tree_environment``).
 SOURCES = ("protocol/src", "client/src", "daemon/src")
+#: ``toold`` as ``python -m``: the same entry in every checkout (its program's module moved).
+TOOLD = (str(BIN / "python"), "-m", "toold_daemon")
 
 
 def tree_environment(tree: Path) -> dict[str, str]:
@@ -44,7 +46,7 @@ def running_daemon(root: Path, *extra: str, env: dict[str, str] | None = None) -
         log = open(Path(tmp, "daemon.log"), "wb")  # noqa: SIM115 - closed with the process below
         proc = subprocess.Popen(
             [
-                str(BIN / "toold"),
+                *TOOLD,
                 "serve",
                 "--root",
                 str(root),
