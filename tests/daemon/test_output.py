@@ -96,3 +96,20 @@ def test_ascii_text_is_sanitized_like_any_other(text: str) -> None:
 def test_sanitized_text_has_no_control_characters(text: str) -> None:
     clean = sanitize_for_terminal(text)
     assert not re.search("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", clean)
+
+
+def test_a_cut_just_before_a_newline_shows_it_as_the_texts_own() -> None:
+    """Where the cut lands just before one of the text's newlines, the line break above
+    the marker is that newline, shown, not omitted: the count is what is really missing,
+    at every limit."""
+    text = "\n".join(f"{i}:" + "x" * 60 for i in range(12))
+    for limit in range(80, len(text)):
+        for cut in (truncate(text, max_bytes=limit), truncate(text, max_chars=limit)):
+            marker = re.search(r"\[output truncated: (\d+) bytes, (\d+) lines omitted\]$", cut.text)
+            assert marker is not None
+            shown = cut.text[: marker.start()]
+            if not text.startswith(shown):
+                shown = shown[:-1]  # the marker's own line break
+            assert text.startswith(shown), limit
+            assert int(marker.group(1)) == len(text) - len(shown), limit
+            assert int(marker.group(2)) == count_lines(text) - count_lines(shown), limit
