@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from toold_daemon.records import journal as journal_module
 from toold_daemon.records import server_connections
 from toold_daemon.records.journal import DISCARDED, INTERRUPTED, Journal, JournalError
 from toold_daemon.records.stored_batches import Submission, fingerprint
@@ -210,3 +211,43 @@ def test_a_uids_connections_are_listed_through_an_index_not_a_scan_of_everyones(
         query = next(q for q in captured if "FROM server_connections" in q)
         plans[server] = " ".join(row[-1] for row in journal._db.execute(f"EXPLAIN QUERY PLAN {query}"))
     assert all("USING INDEX" in plan and "TEMP B-TREE" not in plan for plan in plans.values()), plans
+
+
+def test_a_journal_closed_cleanly_opens_without_reading_every_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole-file check reads every page (seconds for a large journal after a reboot):
+    a journal whose last daemon closed it has no write-ahead log left and is not checked."""
+    journal = Journal.open_in(tmp_path)
+    record(journal, "b", 2)
+    journal.close()
+    assert not (tmp_path / "journal.sqlite3-wal").exists()
+
+    def never(db: sqlite3.Connection) -> bool:
+        raise AssertionError("a cleanly closed journal was checked page by page")
+
+    monkeypatch.setattr(journal_module, "intact", never)
+    reopened = Journal.open_in(tmp_path)
+    assert reopened.load("b") is not None
+    reopened.close()
+
+
+def test_a_damaged_journal_a_crash_left_behind_is_refused(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    for i in range(60):
+        record(journal, f"b{i}", 1)
+        journal.result(f"b{i}", 0, ToolResult(call_id="c0", ok=True, content="x" * 4000), final_state="finished")
+    journal.close()
+    path = tmp_path / "journal.sqlite3"
+    pages = path.stat().st_size // 4096
+    with path.open("r+b") as file:  # a page in the middle (the results' text) turns to zeros
+        file.seek(pages // 2 * 4096)
+        file.write(bytes(4096))
+    crashed = sqlite3.connect(path)  # a daemon that died mid-run: its log is still there
+    crashed.execute("UPDATE batches SET client_name = 'x' WHERE batch_id = 'b0'")
+    assert (tmp_path / "journal.sqlite3-wal").exists()
+    try:
+        with pytest.raises(JournalError, match="damaged"):
+            Journal.open_in(tmp_path)
+    finally:
+        crashed.close()

@@ -77,6 +77,15 @@ class JournalError(Exception):
     """The journal cannot be used (corrupt, newer schema, unreadable). The message says why."""
 
 
+def intact(db: sqlite3.Connection) -> bool:
+    """SQLite's own check of every page (``quick_check``). It reads the whole file: about
+    0.2 s for a journal of 500 MB in the page cache, 8.5 s from disk after a reboot. So it
+    runs only on a journal a crash left behind (its write-ahead log still there). A
+    journal closed cleanly was whole then; a page damaged since fails the read or write
+    that meets it, like damage that happens while the daemon runs."""
+    return bool(db.execute("PRAGMA quick_check").fetchone()[0] == "ok")
+
+
 class Journal:
     def __init__(
         self,
@@ -95,13 +104,14 @@ class Journal:
         self.interrupted_calls = 0  # by the last recover()
         self.undos_to_finish: list[str] = []  # undos a crash cut short, by the last recover()
         self._server_rows_since_trim: dict[tuple[str, int], int] = {}
+        crashed = Path(f"{path}-wal").exists()  # a clean close removes the log; a crash leaves it
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
-            if self._db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+            if crashed and not intact(self._db):
                 raise JournalError(f"{path}: the journal is damaged (quick_check failed); move it aside to start fresh")
             held = dict(self._db.execute("SELECT uid, SUM(bytes) FROM batches GROUP BY uid").fetchall())
             self._shares = Shares(max_bytes_per_uid, held)
