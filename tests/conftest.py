@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, settings
 settings.register_profile(
     "toold", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
-settings.load_profile("toold")
+#: A hunt for rare cases, not for CI: TOOLD_HYPOTHESIS=deep .venv/bin/pytest tests/daemon
+settings.register_profile("deep", parent=settings.get_profile("toold"), max_examples=3000)
+settings.load_profile(os.environ.get("TOOLD_HYPOTHESIS", "toold"))
 
 BIN = Path(sys.executable).parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from toold_daemon.output import count_lines, sanitize_for_terminal, truncate
@@ -29,6 +29,7 @@ def test_char_limit_is_never_exceeded(text: str, limit: int) -> None:
 
 
 @given(st.lists(st.text(alphabet="ab é", max_size=20), max_size=200), st.integers(min_value=1, max_value=50))
+@example(["", "a"], 1)  # nothing shown: the text's first newline must not become a line above the marker
 def test_line_limit_and_omitted_count(lines: list[str], max_lines: int) -> None:
     text = "\n".join(lines)
     cut = truncate(text, max_lines=max_lines)

@@ -85,7 +85,7 @@ def truncate(
         body_bytes = body.encode("utf-8", "surrogatepass")
         if len(body_bytes) > budget:
             body = body_bytes[:budget].decode("utf-8", "ignore")
-    if len(body) < len(text) and text[len(body)] == "\n" and not body.endswith("\n"):
+    if body and len(body) < len(text) and text[len(body)] == "\n" and not body.endswith("\n"):
         body += "\n"  # the line break above the marker is the text's own: shown, not omitted
     omitted_bytes = len(encoded) - len(body.encode("utf-8", "surrogatepass")) + unseen.bytes
     omitted_lines = total_lines - count_lines(body) + unseen.lines
