@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import trio
 
 from toold_daemon.records import journal as journal_module
 from toold_daemon.records import server_connections
@@ -251,3 +252,53 @@ def test_a_damaged_journal_a_crash_left_behind_is_refused(tmp_path: Path) -> Non
             Journal.open_in(tmp_path)
     finally:
         crashed.close()
+
+
+def _finished_long_ago(journal: Journal, batch_id: str, uid: int) -> None:
+    planned = [PlannedCall(index=0, call_id="c0", name="write_file", disposition="run")]
+    submission = Submission(batch_id, Identity(uid=uid, gid=uid, pid=1), "t", None, "f", calls(1), planned)
+    journal.record_ended(submission, [ok("c0")], "finished")
+    journal._db.execute("UPDATE batches SET finished = finished - 7200 WHERE batch_id = ?", (batch_id,))
+
+
+def test_prune_deletes_in_turns_and_keeps_the_shares_in_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_module, "PRUNE_CHUNK", 3)
+    journal = Journal.open_in(tmp_path)
+    for i in range(7):
+        _finished_long_ago(journal, f"mine{i}", ME.uid)
+        _finished_long_ago(journal, f"theirs{i}", 2000)
+    held = journal.held_by(2000)
+    assert held > 0
+    assert sorted(journal.prune(older_than_seconds=3600, uid=ME.uid)) == [f"mine{i}" for i in range(7)]
+    assert journal.held_by(ME.uid) == 0 and journal.held_by(2000) == held
+    assert len(journal.prune(older_than_seconds=3600)) == 7
+    assert journal.held_by(2000) == 0
+    journal.close()
+
+
+async def test_pruning_while_serving_takes_turns_with_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the writer thread, each turn is the thread's and the loop runs between them."""
+    monkeypatch.setattr(journal_module, "PRUNE_CHUNK", 2)
+    journal = Journal.open_in(tmp_path)
+    for i in range(9):
+        _finished_long_ago(journal, f"b{i}", ME.uid)
+    journal.start_writer()
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        removed = await journal.prune_in_turns(older_than_seconds=3600)
+        nursery.cancel_scope.cancel()
+    assert len(removed) == 9 and journal.held_by(ME.uid) == 0
+    assert ticks >= 5  # the loop ran between the five turns
+    journal.close()

@@ -161,20 +161,18 @@ def open_journal(config: Config, options: ServeOptions) -> Journal | None:
     waiting = journal.recover()
     if waiting:
         log.warning("%d interrupted batch(es) wait for resume or discard: %s", len(waiting), ", ".join(waiting[:10]))
-    pruned = journal.prune(older_than_seconds=config.journal.retention_days * 86400)
-    if pruned:
-        log.info("pruned %d finished batch(es) older than %g days", len(pruned), config.journal.retention_days)
-    _note_recovery(state_dir, journal.interrupted_calls, len(waiting), len(pruned))
+    # Retention is applied by the upkeep once serving has begun, a few batches per commit:
+    # batches that expired while the daemon was stopped can take seconds to delete.
+    _note_recovery(state_dir, journal.interrupted_calls, len(waiting))
     return journal
 
 
-def _note_recovery(state_dir: Path, interrupted: int, waiting: int, pruned: int) -> None:
+def _note_recovery(state_dir: Path, interrupted: int, waiting: int) -> None:
     """What this start's recovery found, for ``toold doctor`` (counts only, no ids)."""
     note = {
         "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "interrupted_calls": interrupted,
         "waiting_batches": waiting,
-        "pruned_batches": pruned,
     }
     try:
         replace_file(state_dir / RECOVERY_NAME, (json.dumps(note) + "\n").encode())

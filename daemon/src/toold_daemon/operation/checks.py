@@ -128,7 +128,7 @@ def _last_recovery(state_dir: Path) -> str:
         note = json.loads((state_dir / RECOVERY_NAME).read_text())
         return (
             f"last start {note['at']}: {note['interrupted_calls']} call(s) marked interrupted, "
-            f"{note['waiting_batches']} batch(es) waiting for resume or discard, {note['pruned_batches']} pruned"
+            f"{note['waiting_batches']} batch(es) waiting for resume or discard"
         )
     except (OSError, ValueError, KeyError, TypeError):
         return "no recovery noted yet"

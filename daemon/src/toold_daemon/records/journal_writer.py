@@ -118,9 +118,10 @@ class JournalWriter:
         self._thread = threading.Thread(target=self._work, name="toold-journal", daemon=True)
         self._thread.start()
 
-    def submit(self, write: Write | Rows, *, awaited: bool = False, size: int = 0) -> Commit:
-        """Queue ``write``; ``size``: about how many bytes of results it carries."""
-        if awaited:
+    def submit(self, write: Write | Rows, *, awaited: bool = False, size: int = 0, long: bool = False) -> Commit:
+        """Queue ``write``; ``size``: about how many bytes of results it carries; ``long``:
+        milliseconds of work (a prune's turn), always the thread's even when it is idle."""
+        if awaited and not long:
             done = self._now_if_idle(write, size)
             if done is not None:
                 return done

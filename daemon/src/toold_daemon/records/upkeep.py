@@ -35,21 +35,20 @@ async def keep_journal_forever(
     retention_seconds: float = RETENTION_SECONDS,
 ) -> None:
     pruned_for_space = journal.pruned_for_space
-    since_retention = 0.0
+    since_retention = retention_seconds  # the first look is now: what expired while stopped
     while True:
-        await trio.sleep(look_seconds)
-        since_retention += look_seconds
         pruned = 0
         if since_retention >= retention_seconds:
             since_retention = 0.0
-            pruned = len(journal.prune(older_than_seconds=retention_days * 86400))
+            pruned = len(await journal.prune_in_turns(older_than_seconds=retention_days * 86400))
             if pruned:
                 log.info("pruned %d finished batch(es) older than %g days", pruned, retention_days)
-        if ledger is None or (not pruned and journal.pruned_for_space == pruned_for_space):
-            continue
-        pruned_for_space = journal.pruned_for_space
-        referenced = journal.kept_hashes()
-        collect = functools.partial(ledger.store.collect, referenced, recent_seconds=RECENT_PRE_IMAGE_SECONDS)
-        removed = await trio.to_thread.run_sync(collect)
-        if removed:
-            log.info("removed %d undo pre-image(s) of pruned batches", removed)
+        if ledger is not None and (pruned or journal.pruned_for_space != pruned_for_space):
+            pruned_for_space = journal.pruned_for_space
+            referenced = journal.kept_hashes()
+            collect = functools.partial(ledger.store.collect, referenced, recent_seconds=RECENT_PRE_IMAGE_SECONDS)
+            removed = await trio.to_thread.run_sync(collect)
+            if removed:
+                log.info("removed %d undo pre-image(s) of pruned batches", removed)
+        await trio.sleep(look_seconds)
+        since_retention += look_seconds

@@ -36,6 +36,7 @@ from ..egress.rules import NETWORKED_TOOLS, network_summary
 from ..execution.batches import Batch
 from ..policy import planner
 from ..records.journal import Journal
+from ..records.journal_writer import JournalWriteFailed
 from ..records.stored_batches import StoredBatch
 from ..sandbox.workspaces import WorkspaceRefused
 from ..tools import Tool
@@ -257,13 +258,21 @@ class Administration:
         return tool.side_effecting and type(tool).changes is Tool.changes
 
     def prune(self, session: Session, message: PruneJournal) -> None:
+        """Answered once pruned, a few batches per commit (``Journal.prune_in_turns``): a
+        user pruning a long history must not stall everyone else's calls meanwhile."""
         journal = self._journal(session, message.id)
-        if journal is None:
-            return
+        if journal is not None:
+            self.shared.tasks.start_soon(self._prune, session, message, journal)
+
+    async def _prune(self, session: Session, message: PruneJournal, journal: Journal) -> None:
         everyone = session.identity.uid in (0, self.shared.daemon_uid)
-        removed = journal.prune(
-            older_than_seconds=message.older_than_seconds, uid=None if everyone else session.identity.uid
-        )
+        try:
+            removed = await journal.prune_in_turns(
+                older_than_seconds=message.older_than_seconds, uid=None if everyone else session.identity.uid
+            )
+        except JournalWriteFailed as exc:
+            self.shared.error(session.peer, message.id, ProtocolErrorCode.INTERNAL, f"pruning failed: {exc}")
+            return
         for batch_id in removed:
             self.runs.forget_batch(batch_id)
         self.shared.reply(session, Pruned(id=message.id, removed=len(removed)))
