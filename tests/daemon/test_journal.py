@@ -115,9 +115,9 @@ def test_schema_and_lock_guards(tmp_path: Path) -> None:
         Journal.open_in(tmp_path)
     journal.close()
     db = sqlite3.connect(tmp_path / "journal.sqlite3")
-    db.execute("PRAGMA user_version = 7")
+    db.execute("PRAGMA user_version = 8")
     db.close()
-    with pytest.raises(JournalError, match="schema version 7"):
+    with pytest.raises(JournalError, match="schema version 8"):
         Journal.open_in(tmp_path)
     with pytest.raises(JournalError, match="does not exist"):
         Journal.open_in(tmp_path / "missing")
@@ -177,7 +177,8 @@ def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path
 
 
 def _back_to_schema_5(db: sqlite3.Connection) -> None:
-    """What schema 6 added, taken away again (a journal written before it)."""
+    """What schemas 6 and 7 added, taken away again (a journal written before them)."""
+    db.execute("DROP INDEX batches_by_uid_newest")
     db.execute("DROP INDEX batches_by_uid_age")
     db.execute("ALTER TABLE batches DROP COLUMN bytes")
     db.execute("PRAGMA user_version = 5")
@@ -212,6 +213,22 @@ def test_a_uids_connections_are_listed_through_an_index_not_a_scan_of_everyones(
         query = next(q for q in captured if "FROM server_connections" in q)
         plans[server] = " ".join(row[-1] for row in journal._db.execute(f"EXPLAIN QUERY PLAN {query}"))
     assert all("USING INDEX" in plan and "TEMP B-TREE" not in plan for plan in plans.values()), plans
+
+
+def test_a_uids_batches_are_listed_newest_first_through_an_index(tmp_path: Path) -> None:
+    """Any user may list their batches as often as they like: the newest first must come
+    from an index, not from sorting every batch of theirs on the daemon's loop."""
+    journal = Journal.open_in(tmp_path)
+    for i in range(3):
+        record(journal, f"b{i}", 1)
+    captured: list[str] = []
+    journal._db.set_trace_callback(captured.append)
+    listed = journal.summaries(uid=ME.uid, limit=2)
+    journal._db.set_trace_callback(None)
+    assert [row[0] for row in listed] == ["b2", "b1"]
+    query = next(q for q in captured if "FROM batches" in q)
+    plan = " ".join(row[-1] for row in journal._db.execute(f"EXPLAIN QUERY PLAN {query}"))
+    assert "batches_by_uid_newest" in plan and "TEMP B-TREE" not in plan, plan
 
 
 def test_a_journal_closed_cleanly_opens_without_reading_every_page(

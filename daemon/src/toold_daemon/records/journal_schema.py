@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -103,6 +103,10 @@ MIGRATIONS: dict[int, str] = {
                     FROM results WHERE results.batch_id = batches.batch_id), 0);
     CREATE INDEX batches_by_uid_age ON batches(uid, finished)
     """,
+    # A user's batches newest first (``list_batches``, which any user may ask as often as
+    # they like) through an index: sorting all of the uid's rows took 62 ms of the loop
+    # at 33,000 batches.
+    7: "CREATE INDEX batches_by_uid_newest ON batches(uid, submitted)",
 }
 
 
