@@ -400,15 +400,11 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
 
 def _undo_ledger(config: Config, options: ServeOptions, journal: Journal | None) -> UndoLedger | None:
     """Pre-images for ``toolctl undo``, beside the journal (none without one); those of
-    batches the journal no longer holds are removed."""
+    batches the journal no longer holds are removed by the upkeep, once serving."""
     if journal is None:
         return None
     store = UndoStore.open_in(state_dir_of(config, options))
-    ledger = UndoLedger(store, journal, config.journal.undo_max_bytes_per_batch)
-    removed = ledger.collect()
-    if removed:
-        log.info("removed %d undo pre-image(s) of pruned batches", removed)
-    return ledger
+    return UndoLedger(store, journal, config.journal.undo_max_bytes_per_batch)
 
 
 def _gateway(config: Config, runner: ThreadRunner | SpawnRunner, registry: Registry) -> Gateway | None:

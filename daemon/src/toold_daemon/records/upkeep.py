@@ -35,7 +35,9 @@ async def keep_journal_forever(
     retention_seconds: float = RETENTION_SECONDS,
 ) -> None:
     pruned_for_space = journal.pruned_for_space
-    since_retention = retention_seconds  # the first look is now: what expired while stopped
+    # The first look is at once: what expired while the daemon was stopped, and pre-images
+    # an earlier run left (it may have stopped between a prune and their removal).
+    since_retention, collect_due = retention_seconds, True
     while True:
         pruned = 0
         if since_retention >= retention_seconds:
@@ -43,9 +45,10 @@ async def keep_journal_forever(
             pruned = len(await journal.prune_in_turns(older_than_seconds=retention_days * 86400))
             if pruned:
                 log.info("pruned %d finished batch(es) older than %g days", pruned, retention_days)
-        if ledger is not None and (pruned or journal.pruned_for_space != pruned_for_space):
+        if ledger is not None and (collect_due or pruned or journal.pruned_for_space != pruned_for_space):
+            collect_due = False
             pruned_for_space = journal.pruned_for_space
-            referenced = journal.kept_hashes()
+            referenced = await journal.kept_hashes()
             collect = functools.partial(ledger.store.collect, referenced, recent_seconds=RECENT_PRE_IMAGE_SECONDS)
             removed = await trio.to_thread.run_sync(collect)
             if removed:

@@ -94,10 +94,6 @@ class UndoLedger:
                     blobs[entry.hash] = data
         return blobs
 
-    def collect(self) -> int:
-        """Remove pre-images of batches the journal no longer holds."""
-        return self.store.collect(self.journal.kept_hashes())
-
 
 def _born_in_the_batch(first: dict[str, StoredChange]) -> set[str]:
     """Paths first seen existing below a directory the batch had already made (a file
