@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -196,3 +197,23 @@ def test_batches_chosen_from_memory_are_not_offered_again_by_the_database_before
         shares.recorded(f"b{n}", ATTACKER.uid, 300_000, ended_at=float(n))
     assert shares.over(ATTACKER.uid)
     assert shares.choose(ATTACKER.uid, older) == ["b2", "b3"]
+
+
+async def test_the_upkeep_survives_an_undo_store_it_cannot_read(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store it cannot list (removed, or no longer its user's after a privilege drop)
+    costs a warning, not the daemon: the upkeep runs in the daemon's own nursery."""
+    journal = Journal.open_in(tmp_path)
+    store = UndoStore.open_in(tmp_path)
+    ledger = UndoLedger(store, journal, 64 * MB)
+    store.directory.rmdir()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keep_journal_forever, journal, ledger, 30.0)
+        for _ in range(500):
+            if "cannot remove the undo pre-images" in caplog.text:
+                break
+            await trio.to_thread.run_sync(time.sleep, 0.01)
+        await trio.sleep(600)  # looks on, every minute
+        nursery.cancel_scope.cancel()
+    assert "cannot remove the undo pre-images" in caplog.text

@@ -124,8 +124,10 @@ class Journal:
             self._writer_db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._writer_db.execute(f"PRAGMA synchronous={synchronous.upper()}")
             self._writer_db.execute("PRAGMA foreign_keys=ON")
-            # Long reads off the loop (``kept_hashes``), one at a time, on a worker thread.
+            # Long reads off the loop (``kept_hashes``), one at a time, on a worker thread;
+            # its files opened now by a first read, like the others' before a privilege drop.
             self._reader_db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._reader_db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             self._reading = threading.Lock()
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"{path}: cannot use the journal: {exc}; move it aside to start fresh") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sqlite3
 from typing import TYPE_CHECKING
 
 import trio
@@ -48,10 +49,14 @@ async def keep_journal_forever(
         if ledger is not None and (collect_due or pruned or journal.pruned_for_space != pruned_for_space):
             collect_due = False
             pruned_for_space = journal.pruned_for_space
-            referenced = await journal.kept_hashes()
-            collect = functools.partial(ledger.store.collect, referenced, recent_seconds=RECENT_PRE_IMAGE_SECONDS)
-            removed = await trio.to_thread.run_sync(collect)
-            if removed:
-                log.info("removed %d undo pre-image(s) of pruned batches", removed)
+            try:
+                referenced = await journal.kept_hashes()
+                collect = functools.partial(ledger.store.collect, referenced, recent_seconds=RECENT_PRE_IMAGE_SECONDS)
+                removed = await trio.to_thread.run_sync(collect)
+            except (OSError, sqlite3.Error) as exc:  # the store or journal unreadable: next time
+                log.warning("cannot remove the undo pre-images of pruned batches: %s", exc)
+            else:
+                if removed:
+                    log.info("removed %d undo pre-image(s) of pruned batches", removed)
         await trio.sleep(look_seconds)
         since_retention += look_seconds
