@@ -76,6 +76,18 @@ def test_the_protocol_process_does_not_import_what_only_tools_use() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_toolctl_does_not_load_what_it_does_not_use() -> None:
+    """asyncio (the async client, pyzmq's monitor helper) and importlib.metadata (the
+    version) cost every ``toolctl`` start ~40 ms; it loads them only when they are used."""
+    code = (
+        "import sys, toold_client.cli\n"
+        "from toold_client import Client\n"
+        "print(sorted(m for m in ('asyncio', 'importlib.metadata', 'toold_client._async_client') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_only_ipc_imports_zmq_in_the_daemon() -> None:
     files = (REPO / "daemon/src/toold_daemon").rglob("*.py")
     assert [path.name for path in files if "zmq" in imported_top_levels(path)] == ["ipc.py"]

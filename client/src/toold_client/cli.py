@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolctl", description="Command-line client of the toold daemon")
-    parser.add_argument("--version", action="version", version=f"toolctl {_version()}")
+    parser.add_argument("--version", action=_PrintVersion, help="print the version and exit")
     parser.add_argument(
         "--endpoint", default=None, help="daemon endpoint (default: $TOOLD_ENDPOINT or the per-user socket)"
     )
@@ -209,10 +208,22 @@ EXIT_BROKEN_PIPE = 141  # as a shell reports SIGPIPE
 
 
 def _version() -> str:
+    import importlib.metadata  # here: the lookup costs every other command ~15 ms
+
     try:
         return importlib.metadata.version("toold-client")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``, looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        parser.exit(message=f"toolctl {_version()}\n")
 
 
 class _UsageError(Exception):
