@@ -223,7 +223,8 @@ class _PrintVersion(argparse.Action):
         super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        parser.exit(message=f"toolctl {_version()}\n")
+        print(f"toolctl {_version()}")  # on stdout, as argparse's own version action does
+        parser.exit()
 
 
 class _UsageError(Exception):
