@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from toold_daemon.records import journal as journal_module
-from toold_daemon.records import server_connections
+from toold_daemon.records import journal_pruning, server_connections
 from toold_daemon.records.journal import DISCARDED, INTERRUPTED, Journal, JournalError
 from toold_daemon.records.stored_batches import Submission, fingerprint
 from toold_daemon.undo.images import Change, Image
@@ -98,15 +98,15 @@ def test_a_batch_that_only_lacked_its_final_state_is_finished_by_recovery(tmp_pa
     assert stored is not None and stored.state == "finished"
 
 
-def test_prune_keeps_recent_and_unfinished_batches(tmp_path: Path) -> None:
+async def test_prune_keeps_recent_and_unfinished_batches(tmp_path: Path) -> None:
     journal = Journal.open_in(tmp_path)
     record(journal, "old", 1)
     journal.result("old", 0, ok("c0"), final_state="finished")
     record(journal, "running", 1)
     time.sleep(0.02)
-    assert journal.prune(older_than_seconds=3600) == []
-    assert journal.prune(older_than_seconds=0.01, uid=4242) == []
-    assert journal.prune(older_than_seconds=0.01) == ["old"]
+    assert await journal.prune(older_than_seconds=3600) == []
+    assert await journal.prune(older_than_seconds=0.01, uid=4242) == []
+    assert await journal.prune(older_than_seconds=0.01) == ["old"]
     assert journal.load("old") is None and journal.load("running") is not None
     assert [row[0] for row in journal.summaries(uid=ME.uid)] == ["running"]
 
@@ -148,17 +148,17 @@ def test_servers_connections_are_kept_newest_first_and_trimmed_per_server(
     assert len(journal.server_connections(uid=None, server=None, limit=2)) == 2
 
 
-def test_prune_removes_servers_connections_that_ended_before_the_cutoff(tmp_path: Path) -> None:
+async def test_prune_removes_servers_connections_that_ended_before_the_cutoff(tmp_path: Path) -> None:
     journal = Journal.open_in(tmp_path)
     them = Identity(uid=2000, gid=2000, pid=43)
     for who in (ME, them):
         journal.server_connection("mcp:s", who, {"host": "h", "port": 1, "protocol": "connect"})
     time.sleep(0.02)
-    journal.prune(older_than_seconds=3600)
+    await journal.prune(older_than_seconds=3600)
     assert len(journal.server_connections(uid=None, server=None, limit=10)) == 2
-    journal.prune(older_than_seconds=0.01, uid=them.uid)
+    await journal.prune(older_than_seconds=0.01, uid=them.uid)
     assert [c.uid for c in journal.server_connections(uid=None, server=None, limit=10)] == [ME.uid]
-    journal.prune(older_than_seconds=0.01)
+    await journal.prune(older_than_seconds=0.01)
     assert journal.server_connections(uid=None, server=None, limit=10) == []
 
 
@@ -280,19 +280,19 @@ def _finished_long_ago(journal: Journal, batch_id: str, uid: int) -> None:
     journal._db.execute("UPDATE batches SET finished = finished - 7200 WHERE batch_id = ?", (batch_id,))
 
 
-def test_prune_deletes_in_turns_and_keeps_the_shares_in_step(
+async def test_prune_deletes_in_turns_and_keeps_the_shares_in_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(journal_module, "PRUNE_CHUNK", 3)
+    monkeypatch.setattr(journal_pruning, "PRUNE_CHUNK", 3)
     journal = Journal.open_in(tmp_path)
     for i in range(7):
         _finished_long_ago(journal, f"mine{i}", ME.uid)
         _finished_long_ago(journal, f"theirs{i}", 2000)
     held = journal.held_by(2000)
     assert held > 0
-    assert sorted(journal.prune(older_than_seconds=3600, uid=ME.uid)) == [f"mine{i}" for i in range(7)]
+    assert sorted(await journal.prune(older_than_seconds=3600, uid=ME.uid)) == [f"mine{i}" for i in range(7)]
     assert journal.held_by(ME.uid) == 0 and journal.held_by(2000) == held
-    assert len(journal.prune(older_than_seconds=3600)) == 7
+    assert len(await journal.prune(older_than_seconds=3600)) == 7
     assert journal.held_by(2000) == 0
     journal.close()
 
@@ -301,7 +301,7 @@ async def test_pruning_while_serving_takes_turns_with_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the writer thread, each turn is the thread's and the loop runs between them."""
-    monkeypatch.setattr(journal_module, "PRUNE_CHUNK", 2)
+    monkeypatch.setattr(journal_pruning, "PRUNE_CHUNK", 2)
     journal = Journal.open_in(tmp_path)
     for i in range(9):
         _finished_long_ago(journal, f"b{i}", ME.uid)
@@ -316,7 +316,7 @@ async def test_pruning_while_serving_takes_turns_with_the_loop(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(tick)
-        removed = await journal.prune_in_turns(older_than_seconds=3600)
+        removed = await journal.prune(older_than_seconds=3600)
         nursery.cancel_scope.cancel()
     assert len(removed) == 9 and journal.held_by(ME.uid) == 0
     assert ticks >= 5  # the loop ran between the five turns
@@ -342,4 +342,18 @@ async def test_the_kept_pre_images_are_read_off_the_loop(tmp_path: Path) -> None
     journal._read_kept_hashes = spied  # type: ignore[method-assign]
     assert await journal.kept_hashes() == {"h0", "h1"}  # no pre-image for a path that did not exist
     assert readers and readers[0] != threading.get_ident()
+    journal.close()
+
+
+async def test_a_users_prune_reads_only_their_own_batches(tmp_path: Path) -> None:
+    """Anyone may ask to prune, as often as they like: each ask must cost an index probe
+    into their own batches, not a scan of everyone's."""
+    journal = Journal.open_in(tmp_path)
+    captured: list[str] = []
+    journal._db.set_trace_callback(captured.append)
+    await journal.prune(older_than_seconds=0, uid=ME.uid)
+    journal._db.set_trace_callback(None)
+    query = next(q for q in captured if q.startswith("SELECT batch_id, uid, bytes FROM batches"))
+    plan = " ".join(row[-1] for row in journal._db.execute(f"EXPLAIN QUERY PLAN {query}"))
+    assert "batches_by_uid_age (uid=? AND finished<?)" in plan, plan
     journal.close()

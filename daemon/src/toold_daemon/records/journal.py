@@ -59,9 +59,9 @@ from toold_protocol import (
 )
 
 from ..undo.images import Change
-from . import journal_rows
+from . import journal_pruning, journal_rows
 from . import server_connections as connection_rows
-from .journal_schema import SCHEMA_VERSION, NewerSchema, migrate
+from .journal_schema import SCHEMA_VERSION, NewerSchema, intact, migrate
 from .journal_shares import Shares
 from .journal_writer import Commit, JournalWriter, Rows, Write
 from .state_files import StateFileRefused, refuse_links
@@ -72,23 +72,10 @@ RECOVERY_NAME = "last-recovery.json"  # what the last start found and did (``too
 DEFAULT_MAX_BYTES_PER_UID = 1024 * 1024 * 1024
 INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
 DISCARDED = "discarded after restart"
-#: Batches deleted per commit when pruning. In one transaction, 100,000 batches (500 MB)
-#: took 2.5 s of the writer thread, and the event loop waited for it: every client's
-#: calls stalled. 500 are about 12 ms.
-PRUNE_CHUNK = 500
 
 
 class JournalError(Exception):
     """The journal cannot be used (corrupt, newer schema, unreadable). The message says why."""
-
-
-def intact(db: sqlite3.Connection) -> bool:
-    """SQLite's own check of every page (``quick_check``). It reads the whole file: about
-    0.2 s for a journal of 500 MB in the page cache, 8.5 s from disk after a reboot. So it
-    runs only on a journal a crash left behind (its write-ahead log still there). A
-    journal closed cleanly was whole then; a page damaged since fails the read or write
-    that meets it, like damage that happens while the daemon runs."""
-    return bool(db.execute("PRAGMA quick_check").fetchone()[0] == "ok")
 
 
 class Journal:
@@ -566,62 +553,21 @@ class Journal:
 
         self._write_now(write)
 
-    def prune(self, *, older_than_seconds: float, uid: int | None = None) -> list[str]:
+    async def prune(self, *, older_than_seconds: float, uid: int | None = None) -> list[str]:
         """Delete finished or cancelled batches that ended before the cutoff (of ``uid``, or
-        everyone's), and the MCP servers' connections that did. Returns the batches' ids.
-        Blocks until done: for a daemon not serving yet, and tests (``prune_in_turns``
-        while serving)."""
+        everyone's), and the MCP servers' connections that did; their ids. In turns of
+        ``journal_pruning.PRUNE_CHUNK`` batches per commit on the writer thread, the loop free between them:
+        the other writes take their turns and nobody's call waits for the whole prune."""
         cutoff, removed = time.time() - older_than_seconds, []
         while True:
-            some = self._pruned(self._write_now(self._prune_some(cutoff, uid)))
-            removed += some
-            if len(some) < PRUNE_CHUNK:
-                return removed
-
-    async def prune_in_turns(self, *, older_than_seconds: float, uid: int | None = None) -> list[str]:
-        """``prune``, ``PRUNE_CHUNK`` batches per commit, the loop free between them: the
-        other writes take their turns on the writer thread and nobody's call waits for
-        the whole prune."""
-        cutoff, removed = time.time() - older_than_seconds, []
-        while True:
-            commit = self._write(self._prune_some(cutoff, uid), awaited=True, long=True)
+            commit = self._write(journal_pruning.prune_some(cutoff, uid), awaited=True, long=True)
             await commit.durable()
             await trio.lowlevel.checkpoint()  # (without the writer thread, the turns run here)
-            some = self._pruned(commit.value)
+            some, freed = commit.value
+            self._shares.pruned(freed, set(some))
             removed += some
-            if len(some) < PRUNE_CHUNK:
+            if len(some) < journal_pruning.PRUNE_CHUNK:
                 return removed
-
-    @staticmethod
-    def _prune_some(cutoff: float, uid: int | None) -> Write:
-        """A write deleting up to ``PRUNE_CHUNK`` of the batches to prune (and once none
-        are left, the servers' connections): its value is their ids and the bytes freed
-        per uid."""
-        where = "state IN ('finished', 'cancelled') AND finished < ?"
-        params: tuple[Any, ...] = (cutoff,)
-        if uid is not None:
-            where += " AND uid = ?"
-            params = (cutoff, uid)
-
-        def write(db: sqlite3.Connection) -> tuple[list[str], list[tuple[int, int]]]:
-            rows = db.execute(
-                f"SELECT batch_id, uid, bytes FROM batches WHERE {where} LIMIT {PRUNE_CHUNK}",  # noqa: S608
-                params,
-            ).fetchall()
-            db.executemany("DELETE FROM batches WHERE batch_id = ?", [(row[0],) for row in rows])
-            if len(rows) < PRUNE_CHUNK:
-                connection_rows.prune(db, cutoff=cutoff, uid=uid)
-            freed: dict[int, int] = {}
-            for _, owner, size in rows:
-                freed[owner] = freed.get(owner, 0) + size
-            return [row[0] for row in rows], list(freed.items())
-
-        return write
-
-    def _pruned(self, value: tuple[list[str], list[tuple[int, int]]]) -> list[str]:
-        removed, freed = value
-        self._shares.pruned(freed, set(removed))
-        return removed
 
 
 def _is_undo(db: sqlite3.Connection, batch_id: str) -> bool:

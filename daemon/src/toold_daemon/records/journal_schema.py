@@ -125,3 +125,12 @@ def migrate(db: sqlite3.Connection) -> None:
         raise NewerSchema(version)
     for target in range(version + 1, SCHEMA_VERSION + 1):
         db.executescript(f"BEGIN; {MIGRATIONS[target]}; PRAGMA user_version={target}; COMMIT;")
+
+
+def intact(db: sqlite3.Connection) -> bool:
+    """SQLite's own check of every page (``quick_check``). It reads the whole file: about
+    0.2 s for a journal of 500 MB in the page cache, 8.5 s from disk after a reboot. So it
+    runs only on a journal a crash left behind (its write-ahead log still there). A
+    journal closed cleanly was whole then; a page damaged since fails the read or write
+    that meets it, like damage that happens while the daemon runs."""
+    return bool(db.execute("PRAGMA quick_check").fetchone()[0] == "ok")

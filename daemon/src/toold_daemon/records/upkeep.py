@@ -43,7 +43,7 @@ async def keep_journal_forever(
         pruned = 0
         if since_retention >= retention_seconds:
             since_retention = 0.0
-            pruned = len(await journal.prune_in_turns(older_than_seconds=retention_days * 86400))
+            pruned = len(await journal.prune(older_than_seconds=retention_days * 86400))
             if pruned:
                 log.info("pruned %d finished batch(es) older than %g days", pruned, retention_days)
         if ledger is not None and (collect_due or pruned or journal.pruned_for_space != pruned_for_space):

@@ -258,7 +258,7 @@ class Administration:
         return tool.side_effecting and type(tool).changes is Tool.changes
 
     def prune(self, session: Session, message: PruneJournal) -> None:
-        """Answered once pruned, a few batches per commit (``Journal.prune_in_turns``): a
+        """Answered once pruned, a few batches per commit (``Journal.prune``): a
         user pruning a long history must not stall everyone else's calls meanwhile."""
         journal = self._journal(session, message.id)
         if journal is not None:
@@ -267,7 +267,7 @@ class Administration:
     async def _prune(self, session: Session, message: PruneJournal, journal: Journal) -> None:
         everyone = session.identity.uid in (0, self.shared.daemon_uid)
         try:
-            removed = await journal.prune_in_turns(
+            removed = await journal.prune(
                 older_than_seconds=message.older_than_seconds, uid=None if everyone else session.identity.uid
             )
         except JournalWriteFailed as exc:
