@@ -28,6 +28,7 @@ characters, and unicode look-alikes of shell operators. The caller must then ask
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from functools import lru_cache
@@ -36,6 +37,13 @@ import msgspec
 
 MAX_COMMAND_CHARS = 64 * 1024
 _MAX_DEPTH = 32  # nested substitutions
+#: Words, subshells and substitutions one command may hold. Reading runs on the event
+#: loop, so its cost must not grow with what a client sends: past this the command is
+#: unreadable, and asked about (as the denied-file check asks past 512 words).
+MAX_WORDS = 512
+#: Characters read one at a time (escapes, expansions, quotes, operators; runs of plain
+#: text are matched whole): bounded for the same reason.
+MAX_STEPS = 8192
 
 _META = frozenset(" \t\n;&|<>()")
 _OPERATOR_CHARS = frozenset(";&|<>()$`'\"\\#\n{}*?[]~!=")
@@ -77,6 +85,20 @@ _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\+?=")
 _POSIX_EXPANSION = re.compile(
     r"^(?:#?(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-]))(?:(?::?[-=?+]|##?|%%?).*)?$", re.DOTALL
 )
+# Characters read_word takes as they are (no quoting, expansion, glob or operator; ASCII),
+# and those a double-quoted string takes as they are: matched as runs, not one by one.
+_PLAIN_RUN = re.compile(r"[^\x00-\x20\x7f-\U0010ffff;&|<>()\\'\"$`]+")
+_GLOB = re.compile(r"[*?\[]")
+_BACKTICK_RUN = re.compile(r"[^`\\]+")
+_WIDE_RUN = re.compile(r"[\x80-\U0010ffff]+")
+_QUOTED_RUN = re.compile(r'[^"\\$`]+')
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]")
+# Control characters (tab and newline aside), and what lies outside ASCII (each distinct
+# one looked at).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_WIDE = re.compile(r"[\x80-\U0010ffff]")
+_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
+_PUNCTUATION = frozenset({"Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So"})
 _SUBST = "\x00SUBST\x00"  # what a substitution leaves in a word (NUL never survives input checks)
 
 
@@ -126,31 +148,69 @@ def split_command(command: str) -> list[Part] | None:
 
 def read_command(command: str) -> list[Part]:
     """Like :func:`split_command`, raising :class:`Unreadable` with the reason."""
-    return list(_read_once(command))
+    read = _read_once(command)
+    if isinstance(read, str):
+        raise Unreadable(read)
+    return list(read)
 
 
 @lru_cache(maxsize=64)
-def _read_once(command: str) -> tuple[Part, ...]:
-    """One reading per command text: the policy, the denied-name check and the grant key
-    of one call all ask (parts are immutable, so sharing them is safe)."""
-    if len(command) > MAX_COMMAND_CHARS:
-        raise Unreadable("the command is too long to read")
-    _check_characters(command)
-    parts: list[Part] = []
-    _Reader(command, parts, 0).read_list(end=None)
+def _read_once(command: str) -> tuple[Part, ...] | str:
+    """One reading per command text, or why it is unreadable: the policy, the
+    denied-name check and the grant key of one call all ask (parts are immutable, so
+    sharing them is safe)."""
+    try:
+        if len(command) > MAX_COMMAND_CHARS:
+            raise Unreadable("the command is too long to read")
+        punctuation = _check_characters(command)
+        parts: list[Part] = []
+        _Reader(command, parts, 0, _Budget(punctuation)).read_list(end=None)
+    except Unreadable as exc:
+        return str(exc)
     return tuple(parts)
 
 
-def _check_characters(command: str) -> None:
-    for ch in command:
-        if ch in "\t\n":
-            continue
-        if ch < " " or ch == "\x7f":
-            raise Unreadable(f"control character {ch!r}")
-        if ord(ch) > 127:
-            category = unicodedata.category(ch)
-            if category[0] in "CZ" or any(c in _OPERATOR_CHARS for c in unicodedata.normalize("NFKC", ch)):
+def _check_characters(command: str) -> frozenset[str]:
+    """Refuse control characters, and characters outside ASCII that are invisible or
+    look like shell syntax; return those outside ASCII that are punctuation or symbols
+    (refused where unquoted). Each distinct character is looked at once, in C loops."""
+    control = _CONTROL.search(command)
+    if control is not None:
+        raise Unreadable(f"control character {control.group()!r}")
+    wide = "".join(set(_WIDE.findall(command)))
+    if not wide:
+        return frozenset()
+    categories = list(map(unicodedata.category, wide))
+    # One normalisation for every distinct character (NUL between them: no two compose);
+    # the one to blame is looked for only when something looks like an operator.
+    looks_like_syntax = not _OPERATOR_CHARS.isdisjoint(unicodedata.normalize("NFKC", "\x00".join(wide)))
+    if looks_like_syntax or not _INVISIBLE.isdisjoint(categories):
+        for ch, category in zip(wide, categories, strict=True):
+            if category in _INVISIBLE or not _OPERATOR_CHARS.isdisjoint(unicodedata.normalize("NFKC", ch)):
                 raise Unreadable(f"character {ch!r} looks like shell syntax or is invisible")
+    return frozenset(itertools.compress(wide, map(_PUNCTUATION.__contains__, categories)))
+
+
+class _Budget:
+    """What is left of ``MAX_WORDS`` and ``MAX_STEPS`` for one command, shared by its
+    nested readers."""
+
+    __slots__ = ("punctuation", "steps", "words")
+
+    def __init__(self, punctuation: frozenset[str]) -> None:
+        self.words = MAX_WORDS
+        self.steps = MAX_STEPS
+        self.punctuation = punctuation  # what the command holds outside ASCII that may not stand unquoted
+
+    def word(self) -> None:
+        self.words -= 1
+        if self.words < 0:
+            raise Unreadable(f"more than {MAX_WORDS} words and substitutions (too long to judge with certainty)")
+
+    def step(self) -> None:
+        self.steps -= 1
+        if self.steps < 0:
+            raise Unreadable(f"more than {MAX_STEPS} quotes, escapes and operators (too long to judge with certainty)")
 
 
 class _Word(msgspec.Struct):
@@ -175,9 +235,11 @@ class _Simple(msgspec.Struct):
 
 
 class _Reader:
-    def __init__(self, text: str, parts: list[Part], depth: int) -> None:
+    def __init__(self, text: str, parts: list[Part], depth: int, budget: _Budget) -> None:
         if depth > _MAX_DEPTH:
             raise Unreadable("substitutions nested too deeply")
+        budget.word()
+        self.budget = budget
         self.text = text
         self.i = 0
         self.parts = parts
@@ -266,7 +328,7 @@ class _Reader:
 
     def read_nested(self, end: str) -> None:
         """Read a subshell or ``$(…)`` body from the current position up to its ``)``."""
-        nested = _Reader(self.text, self.parts, self.depth + 1)
+        nested = _Reader(self.text, self.parts, self.depth + 1, self.budget)
         nested.i = self.i
         nested.read_list(end=end)
         if nested.heredocs:
@@ -321,11 +383,28 @@ class _Reader:
     # ---- words ----------------------------------------------------------------------
 
     def read_word(self) -> _Word:
+        self.budget.word()
         word = _Word()
         while True:
+            if (run := _PLAIN_RUN.match(self.text, self.i)) is not None:
+                text = run.group()
+                word.text.append(text)
+                word.raw.append(text)
+                word.glob = word.glob or _GLOB.search(text) is not None
+                self.i = run.end()
+            if (run := _WIDE_RUN.match(self.text, self.i)) is not None:
+                text = run.group()
+                if not self.budget.punctuation.isdisjoint(text):
+                    first = next(ch for ch in text if ch in self.budget.punctuation)
+                    raise Unreadable(f"unquoted {first!r} (punctuation or symbol outside ASCII)")
+                word.text.append(text)
+                word.raw.append(text)
+                self.i = run.end()
+                continue
             ch = self.peek()
             if ch == "" or ch in _META:
                 break
+            self.budget.step()
             if ch == "\\":
                 nxt = self.peek(1)
                 if nxt == "":
@@ -356,10 +435,6 @@ class _Reader:
             if ch == "`":
                 self._read_backticks(word, in_double_quotes=False)
                 continue
-            if ch in "*?[":
-                word.glob = True
-            if ord(ch) > 127 and unicodedata.category(ch)[0] in "PS":
-                raise Unreadable(f"unquoted {ch!r} (punctuation or symbol outside ASCII)")
             self.i += 1
             word.text.append(ch)
             word.raw.append(ch)
@@ -370,9 +445,14 @@ class _Reader:
 
     def _read_double_quoted(self, word: _Word) -> None:
         while True:
+            run = _QUOTED_RUN.match(self.text, self.i)
+            if run is not None:
+                word.text.append(run.group())
+                self.i = run.end()
             ch = self.peek()
             if ch == "":
                 raise Unreadable("unbalanced double quote")
+            self.budget.step()
             if ch == '"':
                 self.i += 1
                 return
@@ -430,12 +510,12 @@ class _Reader:
         if nxt == "[":
             raise Unreadable("$[…] arithmetic")
         self.i += 1
-        match = re.match(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]", self.text[self.i :])
+        match = _NAME.match(self.text, self.i)
         if match is None:  # a lone ``$`` is a literal dollar
             word.text.append("$")
             word.raw.append("$")
             return
-        self.i += match.end()
+        self.i = match.end()
         word.text.append("$" + match.group())
         word.raw.append("$")
         word.dynamic = True
@@ -447,9 +527,13 @@ class _Reader:
         body: list[str] = []
         self.i += 1
         while True:
+            if (run := _BACKTICK_RUN.match(self.text, self.i)) is not None:
+                body.append(run.group())
+                self.i = run.end()
             ch = self.peek()
             if ch == "":
                 raise Unreadable("unbalanced backtick")
+            self.budget.step()
             if ch == "`":
                 self.i += 1
                 break
@@ -459,7 +543,7 @@ class _Reader:
                 continue
             body.append(ch)
             self.i += 1
-        nested = _Reader("".join(body), self.parts, self.depth + 1)
+        nested = _Reader("".join(body), self.parts, self.depth + 1, self.budget)
         nested.read_list(end=None)
         if nested.heredocs:
             raise Unreadable("a here-document inside a substitution")

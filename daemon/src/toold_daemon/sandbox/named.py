@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import stat
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -31,13 +32,18 @@ def denied_words(sandbox: Sandbox, words: Iterable[str], cwd: str) -> str | None
     """``"WORD (pattern)"`` for the first word naming a denied path, else None."""
     if not sandbox.denied_patterns:
         return None  # nothing is denied: no word can name it, and no path is looked at
+    looked_at: set[str] = set()  # candidates already found to name nothing denied
+    real_dirs: dict[str, str] = {}  # directory -> its real path, for this check
     for count, word in enumerate(words):
         if count >= _MAX_WORDS:
             return f"{word[:60]}… (too many words to check)"
         for candidate in _path_candidates(word):
-            pattern = _denied(sandbox, candidate, cwd)
+            if candidate in looked_at:
+                continue
+            pattern = _denied(sandbox, candidate, cwd, real_dirs)
             if pattern is not None:
                 return f"{word[:120]} ({pattern})"
+            looked_at.add(candidate)
     return None
 
 
@@ -51,12 +57,12 @@ def _path_candidates(word: str) -> list[str]:
     return [c for c in candidates if c and c not in (".", "..", "/")]
 
 
-def _denied(sandbox: Sandbox, word: str, cwd: str) -> str | None:
+def _denied(sandbox: Sandbox, word: str, cwd: str, real_dirs: dict[str, str]) -> str | None:
     path = _expand_home(word)
     absolute = os.path.normpath(os.path.join(cwd, path))
     if _GLOB_CHARS.search(path):
-        return _denied_glob(sandbox, absolute)
-    return _denied_path(sandbox, absolute)
+        return _denied_glob(sandbox, absolute, real_dirs)
+    return _denied_path(sandbox, absolute, real_dirs)
 
 
 def _expand_home(word: str) -> str:
@@ -68,26 +74,45 @@ def _expand_home(word: str) -> str:
     return word
 
 
-def _denied_path(sandbox: Sandbox, absolute: str) -> str | None:
+def _denied_path(sandbox: Sandbox, absolute: str, real_dirs: dict[str, str]) -> str | None:
     pattern = _pattern_of(sandbox, absolute)
     if pattern is not None:
         return pattern
     try:  # a symlink (or a directory on the way) that leads to a denied file
-        real = os.path.realpath(absolute)
+        real = _real_path(absolute, real_dirs)
     except (OSError, ValueError):
         return None
     return _pattern_of(sandbox, real) if real != absolute else None
 
 
+def _real_path(absolute: str, real_dirs: dict[str, str]) -> str:
+    """``os.path.realpath(absolute)`` (normalised), its directory's part worked out once
+    per check: a command's words mostly share a directory, and realpath costs a system
+    call for every component of it."""
+    directory, name = os.path.split(absolute)
+    real_dir = real_dirs.get(directory)
+    if real_dir is None:
+        real_dir = os.path.realpath(directory)
+        real_dirs[directory] = real_dir if os.path.isdir(real_dir) else ""  # "": a loop, a file, nothing
+    if not real_dir or not name:
+        return os.path.realpath(absolute)
+    candidate = os.path.join(real_dir, name)
+    try:
+        is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
+    except OSError:
+        return candidate  # nothing there to follow, as realpath would find
+    return os.path.realpath(candidate) if is_link else candidate
+
+
 def _pattern_of(sandbox: Sandbox, absolute: str) -> str | None:
-    pattern = sandbox.denied_pattern(Path(absolute))
-    if pattern is None and sandbox.root_of(Path(absolute)) is None:
+    pattern = sandbox.denied_pattern(absolute)
+    if pattern is None and sandbox.root_of(absolute) is None:
         # Outside the roots, relative patterns ("**/.ssh/**") still say what a secret is.
         pattern = sandbox.denied_pattern(Path(sandbox.roots[0], absolute.lstrip("/")))
     return pattern
 
 
-def _denied_glob(sandbox: Sandbox, absolute: str) -> str | None:
+def _denied_glob(sandbox: Sandbox, absolute: str, real_dirs: dict[str, str]) -> str | None:
     directory, name = os.path.split(absolute)
     if _GLOB_CHARS.search(directory):
         return _could_match(sandbox, absolute)
@@ -100,7 +125,7 @@ def _denied_glob(sandbox: Sandbox, absolute: str) -> str | None:
                     return f"a glob over more than {_MAX_GLOB_ENTRIES} entries"
                 if not matcher.match(entry.name) or (entry.name.startswith(".") and not hidden_too):
                     continue
-                pattern = _denied_path(sandbox, entry.path)
+                pattern = _denied_path(sandbox, entry.path, real_dirs)
                 if pattern is not None:
                     return pattern
     except FileNotFoundError:

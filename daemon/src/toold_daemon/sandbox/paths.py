@@ -163,7 +163,7 @@ class Sandbox:
             )
         return path
 
-    def root_of(self, path: Path) -> Path | None:
+    def root_of(self, path: Path | str) -> Path | None:
         """The root that contains canonical ``path``, compared by components (``/r-evil`` is not in ``/r``)."""
         index = self._root_index(str(path))
         return None if index is None else self.roots[index]

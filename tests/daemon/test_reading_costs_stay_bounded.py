@@ -1,0 +1,155 @@
+"""Reading a command for the policy, and checking its words against the denied files, run
+on the event loop: their cost is bounded whatever a client sends, and the bounds never
+let a command through unread (past them it is unreadable, and asked about)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toold_daemon.config import Config
+from toold_daemon.policy.shell import MAX_COMMAND_CHARS, MAX_STEPS, MAX_WORDS, Unreadable, read_command
+from toold_daemon.sandbox import build_sandbox
+from toold_daemon.sandbox.named import _real_path, denied_words
+
+
+def test_a_command_of_more_words_than_the_reader_takes_is_unreadable() -> None:
+    assert len(read_command("echo " + "a " * (MAX_WORDS - 2))) == 1
+    with pytest.raises(Unreadable, match="more than 512 words"):
+        read_command("echo " + "a " * MAX_WORDS)
+    with pytest.raises(Unreadable, match="words and substitutions"):
+        read_command("a;" * MAX_WORDS)  # every part's word counts
+    with pytest.raises(Unreadable, match="words and substitutions"):
+        read_command("echo " + "$(b)" * MAX_WORDS)  # so does every substitution
+
+
+def test_characters_read_one_at_a_time_are_bounded_too() -> None:
+    assert read_command("echo " + "\\a" * (MAX_STEPS - 10))[0].words[1] == "a" * (MAX_STEPS - 10)
+    over = MAX_STEPS + 1
+    for command in ("echo " + "\\a" * over, "echo " + "$a" * over, 'echo "' + "$a" * over + '"'):
+        with pytest.raises(Unreadable, match="quotes, escapes and operators"):
+            read_command(command)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "a " * (MAX_COMMAND_CHARS // 2),  # words
+        "a;" * (MAX_COMMAND_CHARS // 2),  # parts
+        "echo " + "$a" * 30_000,  # each expansion sliced the rest of the text (quadratic)
+        "echo " + "".join(chr(0x4E00 + i) for i in range(20_000)),  # distinct characters outside ASCII
+        "ls " + "*" * 60_000,  # a glob character at a time
+        "echo `" + "a" * 60_000 + "`",
+        "nice " * 12_000 + "x",  # wrappers unwrapped one by one
+    ],
+    ids=["words", "parts", "expansions", "wide", "glob", "backticks", "wrappers"],
+)
+def test_reading_any_64_kb_command_takes_milliseconds(command: str) -> None:
+    command = command[: MAX_COMMAND_CHARS - 1]
+    started = time.perf_counter()
+    try:
+        read_command(command + " ")  # never read before: no cached reading
+    except Unreadable:
+        pass
+    # Each of these took 40-210 ms before the bounds (and ~65 s for the wrappers).
+    assert time.perf_counter() - started < 0.03
+
+
+@pytest.mark.parametrize(
+    ("command", "readable"),
+    [
+        ("echo a\u00a7b", False),  # unquoted punctuation outside ASCII
+        ('echo "a\u00a7b"', True),
+        ("echo 中文", True),
+        ("echo a\uff1bb", False),  # a fullwidth semicolon
+        ("echo a\u00a0b", False),  # a no-break space
+        ("echo a\u2028b", False),  # a line separator
+        ("echo a\u200bb", False),  # an invisible one
+        ("echo é", True),
+    ],
+)
+def test_characters_outside_ascii_are_judged_as_before(command: str, readable: bool) -> None:
+    try:
+        read_command(command)
+    except Unreadable:
+        assert not readable
+    else:
+        assert readable
+
+
+def test_the_denied_check_of_many_words_takes_milliseconds(tmp_path: Path) -> None:
+    root = tmp_path / "deep" / "er" / "ws"
+    root.mkdir(parents=True)
+    sandbox = build_sandbox(Config(), [root])
+    started = time.perf_counter()
+    assert denied_words(sandbox, [f"w{i}" for i in range(511)], str(root)) is None
+    assert denied_words(sandbox, ["ls", "-la", "x"] * 170, str(root)) is None
+    assert time.perf_counter() - started < 0.03  # 35 µs a word before: 36 ms for these
+
+
+def test_a_word_naming_a_denied_file_through_a_link_is_still_found(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    (root / "sub").mkdir(parents=True)
+    (root / ".env").write_text("SECRET=1\n")
+    (root / "notes").symlink_to(".env")
+    (root / "sub" / "up").symlink_to("..")
+    sandbox = build_sandbox(Config(), [root])
+    words = [f"w{i}" for i in range(100)]
+    assert denied_words(sandbox, [*words, "notes"], str(root)) is not None
+    assert denied_words(sandbox, [*words, "sub/up/.env"], str(root)) is not None
+    assert denied_words(sandbox, [*words, "up/notes"], str(root / "sub")) is not None
+
+
+_NAMES = ["a", "b", "c"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    links=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(_NAMES), min_size=1, max_size=3),
+            st.sampled_from(["dir", "file", "link"]),
+            st.lists(st.sampled_from([*_NAMES, ".."]), min_size=1, max_size=3),
+        ),
+        max_size=8,
+    ),
+    asked=st.lists(st.lists(st.sampled_from([*_NAMES, "..", "."]), min_size=1, max_size=4), max_size=10),
+)
+def test_real_paths_worked_out_per_directory_equal_realpath(
+    tmp_path_factory: pytest.TempPathFactory, links: list[tuple[list[str], str, list[str]]], asked: list[list[str]]
+) -> None:
+    base = str(tmp_path_factory.mktemp("tree"))
+    for where, kind, target in links:
+        path = os.path.join(base, *where)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if kind == "dir":
+                os.makedirs(path, exist_ok=True)
+            elif kind == "file":
+                Path(path).touch()
+            else:
+                os.symlink(os.path.join(*target), path)
+        except OSError:
+            pass  # the place is taken: the tree is what it is
+    real_dirs: dict[str, str] = {}
+    for parts in asked:
+        absolute = os.path.normpath(os.path.join(base, *parts))
+        if _loops(absolute):
+            continue  # the kernel refuses such a path (ELOOP); realpath's answer is arbitrary
+        assert _real_path(absolute, real_dirs) == os.path.realpath(absolute)
+
+
+def _loops(path: str) -> bool:
+    while path != "/":
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == 40:
+                return True
+        path = os.path.dirname(path)
+    return False
