@@ -13,6 +13,7 @@ from ._endpoint import default_endpoint as default_endpoint
 from ._endpoint import default_runtime_dir as default_runtime_dir
 from ._errors import ProtocolErrorCode as ProtocolErrorCode
 from ._errors import ToolErrorType as ToolErrorType
+from ._messages import MAX_CALLS_PER_BATCH as MAX_CALLS_PER_BATCH
 from ._messages import Ack as Ack
 from ._messages import BatchAccepted as BatchAccepted
 from ._messages import BatchFinished as BatchFinished
@@ -75,6 +76,7 @@ from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
 
 __all__ = [
     "ENDPOINT_ENV",
+    "MAX_CALLS_PER_BATCH",
     "MIN_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "SOCKET_NAME",

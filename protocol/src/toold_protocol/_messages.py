@@ -26,6 +26,11 @@ CallId = Annotated[str, Meta(min_length=1, max_length=256)]
 ChosenBatchId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 BatchId = Annotated[str, Meta(min_length=1, max_length=160, pattern=r"^[A-Za-z0-9._:-]+$")]
 ToolName = Annotated[str, Meta(min_length=1, max_length=128)]
+#: Calls one ``submit_batch`` may carry (a longer list is an invalid message). Planning
+#: runs on the daemon's event loop, so what one frame costs it must not grow without
+#: bound. Of these, the daemon runs its ``max_tool_calls_per_batch`` (at most this many)
+#: and answers the calls past them with errors.
+MAX_CALLS_PER_BATCH = 256
 
 RiskLevel = Literal["low", "medium", "high"]
 ToolFormat = Literal["toold", "openai", "anthropic", "gemini"]
@@ -169,7 +174,7 @@ class SubmitBatch(_Message, tag="submit_batch", frozen=True):
     ``batch_finished`` (plus confirmations), which is cheaper for simple callers."""
 
     id: RequestId
-    calls: list[ToolCall]
+    calls: Annotated[list[ToolCall], Meta(max_length=MAX_CALLS_PER_BATCH)]
     batch_id: ChosenBatchId | None = None
     turn_id: Annotated[str, Meta(max_length=128)] | None = None
     events: EventMode = "all"

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from toold_protocol import MAX_CALLS_PER_BATCH
+
 PositiveInt = Annotated[int, Meta(ge=1)]
 Seconds = Annotated[float, Meta(gt=0, le=86400)]
 
@@ -375,7 +377,7 @@ class WebSearchConfig(_Section, frozen=True):
 class ToolsConfig(_Section, frozen=True):
     mode: Literal["disabled", "parse_only", "enabled"] = "enabled"
     allow_parallel: bool = False
-    max_tool_calls_per_batch: PositiveInt = 8
+    max_tool_calls_per_batch: Annotated[int, Meta(ge=1, le=MAX_CALLS_PER_BATCH)] = 8
     max_tool_iterations_per_user_turn: PositiveInt = 4
     max_tool_args_bytes: PositiveInt = 262_144
     sandbox: SandboxConfig = SandboxConfig()
