@@ -297,9 +297,7 @@ async def test_prune_deletes_in_turns_and_keeps_the_shares_in_step(
     journal.close()
 
 
-async def test_pruning_while_serving_takes_turns_with_the_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_pruning_while_serving_takes_turns_with_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the writer thread, each turn is the thread's and the loop runs between them."""
     monkeypatch.setattr(journal_pruning, "PRUNE_CHUNK", 2)
     journal = Journal.open_in(tmp_path)

@@ -36,6 +36,7 @@ import socket
 import stat
 import struct
 import termios
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from toold_protocol import Identity
 
 from .backlog import Backlogs
 from .connections import HANDSHAKE_SECONDS, ConnectionGuard
+from .intake import Intake
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,14 @@ _INT = struct.Struct("i")
 _MONITOR_ENDPOINT = "inproc://toold.connections"
 _MONITOR_EVENT = struct.Struct("=HI")  # libzmq's first monitor frame: event, value (the fd)
 _AUDIT_SECONDS = 1.0
+#: Frames, and their bytes, read ahead of serving them. Reading everything libzmq holds
+#: is what lets a user's one frame be served before another user's many connections'
+#: queued ones; past these bounds the rest wait inside libzmq (bounded per connection).
+_INTAKE_FRAMES = 16_384
+_INTAKE_BYTES = 64 << 20
+#: Serving frames in rotation stops after this long, to let the batch tasks run and read
+#: the frames that arrived meanwhile (another uid's among them).
+_SERVE_SECONDS = 0.0005
 
 
 class EndpointInUse(Exception):
@@ -174,6 +184,7 @@ class IpcServer:
         self._identities: dict[bytes, Identity] = {}
         self._user_ids: dict[bytes, str] = {}  # the ZAP user id each peer's frames carry
         self._connections: dict[bytes, tuple[int, int]] = {}  # peer -> (fd, inode) of its socket
+        self._intake: Intake[Inbound] = Intake(lambda inbound: inbound.peer)
         self.closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -276,8 +287,13 @@ class IpcServer:
 
     def forget(self, peer: bytes) -> None:
         """Drop what is queued for a peer the handler no longer serves. What libzmq still
-        holds for it stays counted, and its connection watched, until it is gone."""
+        holds for it stays counted, and its connection watched, until it is gone. Frames it
+        sent that still wait their turn are served when it comes (a new session, as for
+        any frame it sends later)."""
         self._drop_queue(peer)
+        identity = self._identities.get(peer)
+        if identity is not None and self._intake.holds(identity.uid, peer):
+            return
         self._identities.pop(peer, None)
         self._user_ids.pop(peer, None)
         if not self._backlogs.in_flight(peer):
@@ -347,7 +363,7 @@ class IpcServer:
     def _overflow(self, peer: bytes, why: str) -> None:
         log.warning("peer %r stopped reading (%s): dropped %d queued bytes", peer, why, self._backlogs.queued(peer))
         self._drop_queue(peer)
-        identity = self._identities.pop(peer, None)
+        identity = self._drop_intake(peer)
         self._user_ids.pop(peer, None)
         if identity is not None:
             self._telling = peer
@@ -356,6 +372,15 @@ class IpcServer:
             finally:
                 self._telling = None
         self._overflowed.add(peer)
+
+    def _drop_intake(self, peer: bytes) -> Identity | None:
+        """Stop taking ``peer`` for the connection it was (it is gone, was cut off, or its
+        id now names another connection): its identity goes, and the frames it sent that
+        still wait their turn are dropped. Returns the identity it had."""
+        identity = self._identities.pop(peer, None)
+        if identity is not None:
+            self._intake.drop(identity.uid, peer)
+        return identity
 
     def _drop_queue(self, peer: bytes) -> None:
         self._outbox.pop(peer, None)
@@ -426,7 +451,7 @@ class IpcServer:
         self._connections.pop(peer, None)
         self._backlogs.gone(peer)
         self._overflowed.discard(peer)  # (a cut-off peer's connection stays watched until it goes)
-        identity = self._identities.pop(peer, None)
+        identity = self._drop_intake(peer)
         self._user_ids.pop(peer, None)
         if identity is not None:
             self._dispatch(Inbound(peer, identity, None))
@@ -454,10 +479,11 @@ class IpcServer:
             # One scheduler step first, so that a flood of frames never starves the batch
             # tasks; what they queued meanwhile leaves in this flush.
             await trio.lowlevel.checkpoint()
-            self._drain_inbound(router)
-            self._flush_outbox()  # replies to what was just drained, at once
-            if int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                continue  # the sends consumed the descriptor's edge: frames wait unannounced
+            self._read_inbound(router)
+            self._serve_intake()
+            self._flush_outbox()  # replies to what was just served, at once
+            if self._intake or int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                continue  # frames wait their turn, or unannounced: a send may consume the edge
             with trio.CancelScope() as wake:
                 self._wake = wake
                 if self._blocked:
@@ -465,8 +491,20 @@ class IpcServer:
                 await trio.lowlevel.wait_readable(fd)
             self._wake = None
 
-    def _drain_inbound(self, router: zmq.Socket[bytes]) -> None:
-        while True:
+    def _serve_intake(self) -> None:
+        """Hand the frames read to the handler, one uid's at a time in rotation, for up to
+        ``_SERVE_SECONDS``; the pump then reads again, and what came meanwhile joins."""
+        intake = self._intake
+        deadline = time.perf_counter() + _SERVE_SECONDS
+        while intake:
+            self._dispatch(intake.take())
+            if time.perf_counter() > deadline:
+                return
+
+    def _read_inbound(self, router: zmq.Socket[bytes]) -> None:
+        """Read what libzmq holds into the intake, up to its bounds."""
+        intake = self._intake
+        while intake.waiting < _INTAKE_FRAMES and intake.bytes < _INTAKE_BYTES:
             try:
                 frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -489,7 +527,7 @@ class IpcServer:
                 self._remember_connection(peer, frames[0])
                 self._backlogs.connected(peer, identity.uid)
             frame = frames[1].bytes if len(frames) > 1 else b""
-            self._dispatch(Inbound(peer, identity, frame, parts=len(frames) - 1))
+            intake.add(identity.uid, Inbound(peer, identity, frame, parts=len(frames) - 1), len(frame))
 
     def _remember_connection(self, peer: bytes, frame: zmq.Frame) -> None:
         fd = frame.get(zmq.SRCFD)

@@ -1,0 +1,181 @@
+"""Q. One user cannot stall everyone else's calls by keeping many connections busy, or by
+sending requests that are costly to plan.
+
+What was found (a second uid against a real daemon, this machine):
+
+- libzmq hands a ROUTER's frames over fairly per connection, and the daemon served them
+  in that order: a user with 200 connections, each with 8 pings queued, got 200 turns for
+  each of another user's, whose reads took 32 ms (median) instead of 0.7.
+- Reading a shell command for the policy cost the event loop up to 200 ms for 64 KB (per
+  character Python, one expansion quadratic), and the denied-file check 35 µs per word;
+  16 connections asking ``explain_policy`` of long commands left another user 3 reads in
+  4 seconds (1.7 s each).
+- A batch may carry any number of calls: 50,000 calls past the daemon's limit were each
+  answered with an error, 0.8 s of the loop per frame.
+
+Now frames wait in one queue per uid, served in rotation; a command's reading stops past
+512 words or 8,192 characters read one at a time (the command is then asked about); a
+batch carries at most 256 calls (more is an invalid message).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+import toold_protocol as p
+from tests.conftest import DaemonProcess, reachable_daemon
+from tests.security.test_q_one_user_cannot_take_the_daemon_down import OtherUser
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+
+SECONDS = 3.0
+
+
+@pytest.fixture
+def shared_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    with reachable_daemon(tmp_path) as d:
+        (d.root / "note.txt").write_text("still here\n")
+        yield d
+
+
+def greeted(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
+    """A raw connection that has said hello."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(p.encode(p.Hello(id=0, client_name="busy")))
+    assert sock.poll(10_000)
+    assert isinstance(p.decode_daemon_message(sock.recv()), p.Welcome)
+    return sock
+
+
+def keep_busy(endpoint: str, connections: int, depth: int, request: Callable[[int], p.ClientMessage]) -> None:
+    """(In the attacker's process.) Keep ``depth`` requests waiting on each of
+    ``connections`` connections for ``SECONDS`` + 1; print how many were answered."""
+    ctx = zmq.Context()
+    sockets = [greeted(ctx, endpoint) for _ in range(connections)]
+    poller = zmq.Poller()
+    for sock in sockets:
+        poller.register(sock, zmq.POLLIN)
+    print("ready", flush=True)
+    waiting = dict.fromkeys(sockets, 0)
+    sent = answered = 0
+    deadline = time.monotonic() + SECONDS + 1
+    while time.monotonic() < deadline:
+        for sock in sockets:
+            while waiting[sock] < depth:
+                sent += 1
+                sock.send(p.encode(request(sent)))
+                waiting[sock] += 1
+        for sock, _ in poller.poll(100):
+            try:
+                while True:
+                    sock.recv(zmq.NOBLOCK)
+                    waiting[sock] -= 1  # pings, explanations: one frame answers one request
+                    answered += 1
+            except zmq.Again:
+                pass
+    print(f"answered {answered}", flush=True)
+
+
+def reads_during(daemon: DaemonProcess, attacker: OtherUser) -> list[float]:
+    """Read a file back to back while the attack runs; each read's seconds."""
+    assert attacker.line().strip() == "ready"
+    waits: list[float] = []
+    with daemon.client(timeout=30) as client:
+        time.sleep(0.3)  # the attack is under way
+        deadline = time.monotonic() + SECONDS - 0.5
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            assert client.call("read_file", {"path": "note.txt"}).ok
+            waits.append(time.monotonic() - started)
+    return waits
+
+
+def attack(
+    daemon: DaemonProcess, connections: int, depth: int, request: Callable[[int], p.ClientMessage]
+) -> list[float]:
+    """Run the attack; the victim's reads meanwhile (seconds each)."""
+    attacker = OtherUser(lambda: keep_busy(daemon.endpoint, connections, depth, request))
+    try:
+        waits = reads_during(daemon, attacker)
+        answered = attacker.line().split()
+    finally:
+        attacker.kill()
+    print(f"victim: {len(waits)} reads, median {statistics.median(waits) * 1000:.1f} ms; attacker: {answered}")
+    assert daemon.proc.poll() is None
+    return waits
+
+
+def test_many_busy_connections_buy_one_user_no_more_turns(shared_daemon: DaemonProcess) -> None:
+    """200 connections of one uid, each with 8 pings always waiting: another user's reads
+    wait for one frame of theirs, not 200 (32 ms median before, about 5 here after)."""
+    waits = attack(shared_daemon, 200, 8, lambda n: p.Ping(id=n))
+    assert statistics.median(waits) < 0.015, (statistics.median(waits), len(waits))
+
+
+def long_command(n: int) -> p.ExplainPolicy:
+    """A different 64 KB command each time (a reading is cached per command text)."""
+    command = (f"a{n};" + "b;" * 40_000)[: 64 * 1024 - 1]
+    return p.ExplainPolicy(id=n, name="shell", arguments=msgspec.Raw(msgspec.msgpack.encode({"command": command})))
+
+
+def test_commands_costly_to_read_cost_their_sender_only(shared_daemon: DaemonProcess) -> None:
+    """16 connections keep asking the policy about distinct 64 KB commands: before, the
+    other user got 3 reads in 4 seconds."""
+    waits = attack(shared_daemon, 16, 8, long_command)
+    assert len(waits) > 50, len(waits)
+    assert statistics.median(waits) < 0.05, statistics.median(waits)
+
+
+def test_a_batch_of_more_calls_than_the_protocol_carries_is_refused_whole(shared_daemon: DaemonProcess) -> None:
+    def calls(count: int) -> list[p.ToolCall]:
+        read = msgspec.Raw(msgspec.msgpack.encode({"path": "note.txt"}))
+        return [p.ToolCall(call_id=f"c{i}", name="read_file", arguments=read) for i in range(count)]
+
+    ctx = zmq.Context()
+    sock = greeted(ctx, shared_daemon.endpoint)
+    try:
+        sock.send(p.encode(p.SubmitBatch(id=7, calls=calls(p.MAX_CALLS_PER_BATCH + 1), events="results")))
+        assert sock.poll(10_000)
+        refused = p.decode_daemon_message(sock.recv())
+        assert isinstance(refused, p.Error) and refused.id == 7, refused
+        assert refused.code == p.ProtocolErrorCode.INVALID_MESSAGE
+        assert f"<= {p.MAX_CALLS_PER_BATCH}" in refused.message
+        # As many as the protocol carries: the daemon's own limit (8) runs, the rest are told.
+        sock.send(p.encode(p.SubmitBatch(id=8, calls=calls(p.MAX_CALLS_PER_BATCH), events="results")))
+        finished = None
+        while not isinstance(finished, p.BatchFinished):
+            assert sock.poll(10_000)
+            finished = p.decode_daemon_message(sock.recv())
+        assert sum(r.ok for r in finished.results) == 8
+        assert {r.error.code for r in finished.results if r.error is not None} == {"LIMITS_EXCEEDED"}
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def test_a_user_pipelining_alone_is_served_in_order(shared_daemon: DaemonProcess) -> None:
+    """The rotation keeps each connection's order: 500 pings sent at once come back in order."""
+    ctx = zmq.Context()
+    sock = greeted(ctx, shared_daemon.endpoint)
+    try:
+        for n in range(500):
+            sock.send(p.encode(p.Ping(id=n)))
+        answered = []
+        while len(answered) < 500:
+            assert sock.poll(10_000)
+            pong = p.decode_daemon_message(sock.recv())
+            assert isinstance(pong, p.Pong)
+            answered.append(pong.id)
+        assert answered == list(range(500))
+    finally:
+        sock.close(linger=0)
+        ctx.term()
