@@ -7,6 +7,7 @@ contents (given by a loader), so the tool can stage every file before writing an
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from ..tools._text import Text
 from . import begin_patch, lp1
@@ -27,7 +28,21 @@ def detect(patch: str) -> str:
 
 def paths(patch: str) -> list[str]:
     """Every path the patch touches (for sandbox checks while planning)."""
-    return begin_patch.paths(patch) if detect(patch) == "begin_patch" else lp1.paths(patch)
+    found = _paths_once(patch)
+    if isinstance(found, PatchError):
+        raise PatchError(found.path, found.reason)
+    return list(found)
+
+
+@lru_cache(maxsize=16)
+def _paths_once(patch: str) -> tuple[str, ...] | PatchError:
+    """One parse per patch text, or why it failed: planning one call asks for its paths
+    four times (validation, the sandbox check, the summary, the locations), and a
+    256 KB patch takes tens of milliseconds to parse."""
+    try:
+        return tuple(begin_patch.paths(patch) if detect(patch) == "begin_patch" else lp1.paths(patch))
+    except PatchError as exc:
+        return exc.with_traceback(None)  # kept: its frames need not be
 
 
 def apply(patch: str, load: Loader) -> list[FileChange]:
