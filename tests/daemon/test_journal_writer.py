@@ -16,7 +16,7 @@ from tests.held_journal import hold_back_journal_writer
 from toold_daemon.records import journal_writer
 from toold_daemon.records.journal import Journal, Submission
 from toold_daemon.records.journal_writer import Commit, JournalWriteFailed, Rows
-from toold_daemon.service.running import new_batch_id
+from toold_daemon.service.batch_ids import new_batch_id
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolResult
 
 ME = Identity(uid=1000, gid=1000, pid=1)

@@ -39,9 +39,16 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become 
 SECONDS = 3.0
 
 
+DENY_PATCHES = """
+[[tools.approval.rules]]
+tool = "apply_patch"
+decision = "deny"
+"""
+
+
 @pytest.fixture
 def shared_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    with reachable_daemon(tmp_path) as d:
+    with reachable_daemon(tmp_path, config=DENY_PATCHES) as d:
         (d.root / "note.txt").write_text("still here\n")
         yield d
 
@@ -176,6 +183,88 @@ def test_a_user_pipelining_alone_is_served_in_order(shared_daemon: DaemonProcess
             assert isinstance(pong, p.Pong)
             answered.append(pong.id)
         assert answered == list(range(500))
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def many_files_patch(n: int, name: str) -> str:
+    """A patch adding ``n`` files, the first named ``name`` (a parse is cached per patch
+    text): planning checks every path against the sandbox before the policy (which denies
+    apply_patch here, so the batch ends at once, its cost all in planning)."""
+    added = "".join(f"*** Add File: d{i}/f{i}.txt\n+x\n" for i in range(n))
+    return f"*** Begin Patch\n*** Add File: {name}\n+x\n{added}*** End Patch\n"
+
+
+def costly_batch(n: int) -> p.SubmitBatch:
+    """Eight calls (the daemon's limit) each costly to plan; each batch's patches differ."""
+    calls = [
+        p.ToolCall(
+            call_id=f"c{i}",
+            name="apply_patch",
+            arguments=msgspec.Raw(msgspec.msgpack.encode({"patch": many_files_patch(3000, f"b{n}c{i}.txt")})),
+        )
+        for i in range(8)
+    ]
+    return p.SubmitBatch(id=n, calls=calls, events="results")
+
+
+def test_batches_costly_to_plan_are_planned_off_the_event_loop(shared_daemon: DaemonProcess) -> None:
+    """Four connections keep submitting batches of eight patches adding 3,000 files each
+    (half a second of planning a frame, all of it on the loop before): another user's
+    reads go on at their usual pace, and the costly batches are still planned and answered."""
+    attacker = OtherUser(lambda: keep_submitting(shared_daemon.endpoint))
+    try:
+        waits = reads_during(shared_daemon, attacker)
+        answered = attacker.line().split()
+    finally:
+        attacker.kill()
+    print(f"victim: {len(waits)} reads, median {statistics.median(waits) * 1000:.1f} ms; attacker: {answered}")
+    assert answered[0] == "answered" and int(answered[1]) >= 1, answered  # planned, and answered
+    assert statistics.median(waits) < 0.05, statistics.median(waits)
+    assert max(waits) < 1.0, max(waits)
+
+
+def keep_submitting(endpoint: str) -> None:
+    """(In the attacker's process.) Four connections, each with one costly batch always
+    waiting, for ``SECONDS`` + 1; print how many finished."""
+    ctx = zmq.Context()
+    sockets = [greeted(ctx, endpoint) for _ in range(4)]
+    frames = [p.encode(costly_batch(n)) for n in range(4)]  # made once: the attacker's CPU is not the point
+    for sock, frame in zip(sockets, frames, strict=True):
+        sock.send(frame)
+    print("ready", flush=True)
+    finished = 0
+    deadline = time.monotonic() + SECONDS + 1
+    poller = zmq.Poller()
+    for sock in sockets:
+        poller.register(sock, zmq.POLLIN)
+    while time.monotonic() < deadline:
+        for sock, _ in poller.poll(100):
+            message = p.decode_daemon_message(sock.recv())
+            if isinstance(message, (p.BatchFinished, p.Error)):
+                finished += isinstance(message, p.BatchFinished)
+                sock.send(frames[sockets.index(sock)])
+    print(f"answered {finished}", flush=True)
+
+
+def test_a_sessions_batches_are_accepted_in_the_order_sent_when_one_is_planned_aside(
+    shared_daemon: DaemonProcess,
+) -> None:
+    ctx = zmq.Context()
+    sock = greeted(ctx, shared_daemon.endpoint)
+    try:
+        sock.send(p.encode(costly_batch(1)))  # planned on a thread
+        read = msgspec.Raw(msgspec.msgpack.encode({"path": "note.txt"}))
+        sock.send(p.encode(p.SubmitBatch(id=2, calls=[p.ToolCall(call_id="r", name="read_file", arguments=read)])))
+        accepted = []
+        while len(accepted) < 2:
+            assert sock.poll(30_000)
+            message = p.decode_daemon_message(sock.recv())
+            if isinstance(message, p.BatchAccepted):
+                accepted.append(message.id)
+            assert not isinstance(message, p.Error), message
+        assert accepted == [1, 2]
     finally:
         sock.close(linger=0)
         ctx.term()

@@ -4,6 +4,7 @@ crash, undo, pruning, and the policy (explain, reload).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -40,6 +41,7 @@ from ..records.journal_writer import JournalWriteFailed
 from ..records.stored_batches import StoredBatch
 from ..sandbox.workspaces import WorkspaceRefused
 from ..tools import Tool
+from .planning_aside import COSTLY_ARGUMENT_BYTES
 from .running import BatchRuns
 from .sessions import NO_PEER, Session
 from .shared import Shared
@@ -279,7 +281,29 @@ class Administration:
 
     def explain(self, session: Session, message: ExplainPolicy) -> None:
         call = ToolCall(call_id="explain", name=message.name, arguments=message.arguments)
-        decision, reason, risk, rule = self.shared.planner_for(session).explain(call)
+        explain = functools.partial(self.shared.planner_for(session).explain, call)
+        if len(message.arguments) <= COSTLY_ARGUMENT_BYTES:
+            self._explained(session, message, explain())
+            return
+        uid = session.identity.uid
+        if not self.shared.aside.admits(uid):
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.TOO_MANY_BATCHES,
+                f"uid {uid} already has {self.shared.aside.waiting(uid)} large requests being planned",
+            )
+            return
+
+        async def explain_aside() -> None:
+            self._explained(session, message, await self.shared.aside.plan(uid, explain))
+
+        self.shared.tasks.start_soon(explain_aside)
+
+    def _explained(
+        self, session: Session, message: ExplainPolicy, explained: tuple[str, str, str, int | None]
+    ) -> None:
+        decision, reason, risk, rule = explained
         tool = self.shared.registry.get(message.name)
         if tool is not None and tool.name in NETWORKED_TOOLS | self._command_tools():
             reason += f"; network: {network_summary(self.shared.config.tools.network, tool.name)}"

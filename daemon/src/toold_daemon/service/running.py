@@ -13,8 +13,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import secrets
-import time
 from collections.abc import Callable
 
 import msgspec
@@ -37,8 +35,10 @@ from toold_protocol import (
 from ..execution.batches import Batch, PreparedCall
 from ..records.journal_writer import Commit, JournalWriteFailed
 from ..records.stored_batches import Submission, fingerprint
+from .batch_ids import new_batch_id
 from .confirming import ConfirmationFlow
 from .held_accepts import HeldAccepts, SendAcceptance
+from .planning_aside import COSTLY_ARGUMENT_BYTES
 from .sessions import NO_PEER, Session
 from .shared import Shared, own_batch_id
 
@@ -63,9 +63,16 @@ class BatchRuns:
         self._journal_waits: dict[int, int] = {}
 
     def submit(
-        self, session: Session, message: SubmitBatch, *, discovered: bool = False, trusted: bool = False
+        self,
+        session: Session,
+        message: SubmitBatch,
+        *,
+        discovered: bool = False,
+        trusted: bool = False,
+        prepared: list[PreparedCall] | None = None,
     ) -> None:
-        """``trusted``: built by the daemon itself (an undo), so internal tools may appear."""
+        """``trusted``: built by the daemon itself (an undo), so internal tools may appear;
+        ``prepared``: its calls, planned aside (``_plan_aside``)."""
         if not discovered and self.shared.discovery_due(session, [call.name for call in message.calls]):
             self.shared.discover_then(session, lambda: self.submit(session, message, discovered=True))
             return
@@ -75,7 +82,7 @@ class BatchRuns:
         if session.workspace_problem:
             self.shared.error(session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, session.workspace_problem)
             return
-        if session.journal_waits:
+        if (session.journal_waits or session.planning) and prepared is None:
             self._defer(session, lambda: self.submit(session, message, discovered=True, trusted=trusted), message.id)
             return
         chosen = own_batch_id(session.identity.uid, message.batch_id) if message.batch_id is not None else None
@@ -119,10 +126,18 @@ class BatchRuns:
                 f"{internal[0]} is run by the daemon itself (toolctl undo), not submitted",
             )
             return
+        if prepared is None:
+            plan = functools.partial(
+                self.shared.planner_for(session).plan,
+                message.calls,
+                turn_iteration=self._count_turn(session, message.turn_id),
+            )
+            if sum(len(call.arguments) for call in message.calls) > COSTLY_ARGUMENT_BYTES:
+                self._plan_aside(session, message, plan, trusted)
+                return
+            prepared = plan()
+        calls = prepared
         batch_id = chosen or new_batch_id()
-        calls = self.shared.planner_for(session).plan(
-            message.calls, turn_iteration=self._count_turn(session, message.turn_id)
-        )
         if message.dry_run:
             calls = [_marked_dry(call) for call in calls]
         batch = Batch(
@@ -186,6 +201,41 @@ class BatchRuns:
             self.shared.executor.abandon(batch)
             batch.done.set()
             raise
+
+    def _plan_aside(
+        self, session: Session, message: SubmitBatch, plan: Callable[[], list[PreparedCall]], trusted: bool
+    ) -> None:
+        """Plan on a thread (``planning_aside``), then submit with the plan. The session's
+        later submissions wait meanwhile, so its batches are accepted in the order sent."""
+        uid = session.identity.uid
+        if not self.shared.aside.admits(uid):
+            self.shared.error(
+                session.peer,
+                message.id,
+                ProtocolErrorCode.TOO_MANY_BATCHES,
+                f"uid {uid} already has {self.shared.aside.waiting(uid)} large batches being planned",
+            )
+            return
+        session.planning += 1
+
+        async def plan_then_submit() -> None:
+            try:
+                calls = await self.shared.aside.plan(uid, plan)
+            except Exception:
+                log.exception("planning batch %s of %s failed", message.id, session.session_id)
+                failed = "the batch could not be planned"
+                self.shared.error(session.peer, message.id, ProtocolErrorCode.INTERNAL, failed)
+                calls = None
+            finally:
+                session.planning -= 1
+            try:
+                if calls is not None and self.shared.sessions.holds(session):  # else its client is gone
+                    self.submit(session, message, discovered=True, trusted=trusted, prepared=calls)
+            finally:
+                if not session.planning and not session.journal_waits:
+                    self._resume(session)
+
+        self.shared.tasks.start_soon(plan_then_submit)
 
     def _acceptance_sender(self, session: Session, accepted: BatchAccepted, may_carry: bool) -> SendAcceptance:
         """How a held acceptance goes out: with the outcome inside when the batch has
@@ -359,18 +409,20 @@ class BatchRuns:
             if waited_for_journal:
                 self._count_journal_wait(batch.identity.uid, -1)
                 session.journal_waits -= 1
-                if not session.journal_waits:
+                if not session.journal_waits and not session.planning:
                     self._resume(session)  # with this batch's slot free
 
     def _defer(self, session: Session, submit: Callable[[], None], request_id: int) -> None:
-        """Hold a submission until the session's ended batches are journaled; past as many
-        as a session may run, it is refused."""
+        """Hold a submission until the session's ended batches are journaled, and its
+        batch being planned aside is submitted; past as many as a session may run, it is
+        refused."""
         if len(session.deferred) >= self.shared.config.daemon.max_batches_per_session:
             self.shared.error(
                 session.peer,
                 request_id,
                 ProtocolErrorCode.TOO_MANY_BATCHES,
-                f"this session already has {len(session.deferred)} batches waiting for the journal",
+                f"this session already has {len(session.deferred)} batches waiting for earlier ones "
+                "(their journal records, or their planning)",
             )
             return
         session.deferred.append(submit)
@@ -537,43 +589,3 @@ def _marked_dry(call: PreparedCall) -> PreparedCall:
         data = {**(call.result.data or {}), "dry_run": True, "policy": policy}
         call.result = msgspec.structs.replace(call.result, data=data)
     return call
-
-
-class _Microseconds:
-    """The current time in microseconds, never the same value twice in this process."""
-
-    def __init__(self) -> None:
-        self._last = 0
-
-    def next(self) -> int:
-        self._last = max(time.time_ns() // 1000, self._last + 1)
-        return self._last
-
-
-class _RandomTails:
-    """Six random bytes at a time from the kernel's generator, fetched 4 KiB at once: one
-    ``getrandom`` per 680 ids instead of one per id, with the same randomness."""
-
-    def __init__(self) -> None:
-        self._pool = b""
-        self._used = 0
-
-    def next(self) -> str:
-        if self._used + 6 > len(self._pool):
-            self._pool, self._used = secrets.token_bytes(4096), 0
-        self._used += 6
-        return self._pool[self._used - 6 : self._used].hex()
-
-
-_batch_clock = _Microseconds()
-_random_tails = _RandomTails()
-
-
-def new_batch_id() -> str:
-    """24 hex digits: the time in microseconds (it wraps every 8.9 years) first, then 48
-    random bits (an id is not a secret: other users' batches look unknown). Ids made one
-    after another sort one after another, so the journal's indexes grow at their end
-    (a few pages written per commit instead of one random page per batch and index).
-    Two ids made in the same microsecond (or after the clock stepped back) take the next
-    free microsecond, so the order holds for every id this process makes."""
-    return f"{_batch_clock.next() % 16**12:012x}{_random_tails.next()}"

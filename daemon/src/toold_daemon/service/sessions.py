@@ -34,6 +34,8 @@ class Session(msgspec.Struct):
     #: Of ``running``: batches that have ended and been answered, holding their slot only
     #: until the journal (behind) has their record. Submissions wait meanwhile (``deferred``).
     journal_waits: int = 0
+    #: Batches of this session being planned aside (on a thread); submissions wait meanwhile.
+    planning: int = 0
     deferred: list[Callable[[], None]] = msgspec.field(default_factory=list)
     grants: set[str] = msgspec.field(default_factory=set)  # "allow for this session" answers
     sandbox: Sandbox | None = None  # its workspace's; None: the daemon's roots
@@ -82,6 +84,10 @@ class Sessions:
         self._by_peer[peer] = session
         return session
 
+    def holds(self, session: Session) -> bool:
+        """Whether ``session`` is still its peer's (not ended, nor evicted)."""
+        return self._by_peer.get(session.peer) is session
+
     def end(self, peer: bytes) -> Session | None:
         """Forget the peer's session (it went away); the session, if it had one."""
         session = self._by_peer.pop(peer, None)
@@ -92,7 +98,7 @@ class Sessions:
     def _evict_idle(self, uid: int | None = None) -> bool:
         """Drop the idle session seen longest ago (of ``uid`` only, when given)."""
         for peer, session in self._by_peer.items():
-            if session.running == 0 and (uid is None or session.identity.uid == uid):
+            if session.running == 0 and not session.planning and (uid is None or session.identity.uid == uid):
                 del self._by_peer[peer]
                 self._forget_uid_entry(session)
                 self._on_evict(session)

@@ -26,6 +26,7 @@ from ..records.metrics import Metrics
 from ..sandbox import Sandbox
 from ..sandbox.workspaces import Workspaces
 from ..tools.registry import Registry
+from .planning_aside import PlanningAside
 from .sessions import Session, Sessions
 
 
@@ -53,6 +54,7 @@ class Shared(msgspec.Struct, eq=False):
     daemon_uid: int = msgspec.field(default_factory=os.geteuid)
     audit: AuditTrail = msgspec.field(default_factory=lambda: AuditTrail(None))
     metrics: Metrics = msgspec.field(default_factory=Metrics)
+    aside: PlanningAside = msgspec.field(default_factory=PlanningAside)  # costly plans, on threads
 
     def sandbox_of(self, session: Session) -> Sandbox:
         return session.sandbox or self.sandbox

@@ -1,0 +1,56 @@
+"""Planning a batch that is costly to plan on a thread, so the event loop serves meanwhile.
+
+Planning runs every call's checks: decoding, the tool's validation, the sandbox check of
+each path, reading a shell command, parsing a patch. Their cost grows with the
+arguments, and a batch may carry megabytes of them: a patch of 256 KB takes about 20 ms
+to check, one that adds 6,000 files 150 ms, eight such calls a frame more than a second,
+all of it time in which the loop served nobody. A batch whose arguments pass
+``COSTLY_ARGUMENT_BYTES`` is therefore planned on a thread. The loop still shares the
+interpreter with it, but takes its turn at least every switch interval (5 ms) instead of
+waiting for the whole plan. Each uid plans one such batch at a time, on at most
+``THREADS`` threads together, with at most ``WAITING_PER_UID`` waiting: a user's
+costly batches queue behind their own, not behind everyone's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import trio
+
+#: Arguments (MessagePack bytes, all calls together) past which a batch is planned aside.
+COSTLY_ARGUMENT_BYTES = 16 * 1024
+THREADS = 2
+#: Costly batches of one uid planned or waiting to be; past it one more is refused.
+WAITING_PER_UID = 8
+
+T = TypeVar("T")
+
+
+class PlanningAside:
+    def __init__(self) -> None:
+        self._threads = trio.CapacityLimiter(THREADS)
+        self._turns: dict[int, trio.Lock] = {}  # one costly plan at a time per uid
+        self._waiting: dict[int, int] = {}
+
+    def admits(self, uid: int) -> bool:
+        return self._waiting.get(uid, 0) < WAITING_PER_UID
+
+    def waiting(self, uid: int) -> int:
+        return self._waiting.get(uid, 0)
+
+    async def plan(self, uid: int, plan: Callable[[], T]) -> T:
+        """Run ``plan`` on a thread once it is ``uid``'s turn and a thread is free."""
+        self._waiting[uid] = self._waiting.get(uid, 0) + 1
+        turn = self._turns.setdefault(uid, trio.Lock())
+        try:
+            async with turn:
+                return await trio.to_thread.run_sync(plan, limiter=self._threads)
+        finally:
+            left = self._waiting[uid] - 1
+            if left:
+                self._waiting[uid] = left
+            else:  # nobody else holds or waits for this uid's turn
+                del self._waiting[uid]
+                del self._turns[uid]
