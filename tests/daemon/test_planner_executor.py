@@ -273,3 +273,36 @@ async def test_only_a_lone_read_that_runs_at_once_is_begun(root: Path) -> None:
     ]
     for batch, _executor, runner in cases:
         assert runner.begun == [] and all(c.context is None for c in batch.calls)
+
+
+async def test_a_cancel_that_comes_once_every_call_has_its_result_changes_nothing(root: Path) -> None:
+    """A read's result was in when the cancel came (its client sent the cancel right after
+    the batch): the batch said ``cancelled`` with a whole result, and its journal record
+    (written with the last result, before the cancel) said ``finished``."""
+    (root / "f.txt").write_text("x\n")
+    batch, executor = make_batch([call("1", "read_file", path="f.txt"), call("2", "read_file", path="f.txt")], root)
+    events: list[object] = []
+
+    def emit(event: object) -> None:
+        events.append(event)
+        if isinstance(event, CallFinished) and event.index == 1:
+            batch.cancel("the client cancelled")  # after the last result, before the end
+
+    await executor.run(batch, emit)
+    outcome = events[-1]
+    assert isinstance(outcome, BatchFinished)
+    assert outcome.state == "finished" and all(r.ok for r in outcome.results)
+
+    batch, executor = make_batch([call("1", "read_file", path="f.txt"), call("2", "read_file", path="f.txt")], root)
+    events = []
+
+    def cancel_after_the_first(event: object) -> None:
+        events.append(event)
+        if isinstance(event, CallFinished) and event.index == 0:
+            batch.cancel("the client cancelled")
+
+    await executor.run(batch, cancel_after_the_first)
+    outcome = events[-1]
+    assert isinstance(outcome, BatchFinished) and outcome.state == "cancelled"
+    assert outcome.results[0].ok and outcome.results[1].error is not None
+    assert outcome.results[1].error.type == "Cancelled"

@@ -123,7 +123,7 @@ class Executor:
                 # The last result and the batch's final state share one journal transaction.
                 final: BatchState | None = None
                 if call.index == len(batch.calls) - 1:
-                    final = "cancelled" if batch.cancel_reason else "finished"
+                    final = _ended_state(batch, result)
                 commit = None
                 if call.result is None:  # pre-resolved results were journaled with the batch
                     commit = recorder.result(
@@ -150,7 +150,7 @@ class Executor:
                     result = _cancelled(call.call_id, batch.cancel_reason or "daemon stopped")
                     recorder.result(batch.batch_id, call.index, result)
                     batch.results[call.index] = result
-            batch.state = "cancelled" if batch.cancel_reason else "finished"
+            batch.state = _ended_state(batch)
             if not state_recorded:
                 recorder.batch_done(batch.batch_id, batch.state)
             emit(batch.outcome())
@@ -374,6 +374,16 @@ class Executor:
 
 def _ms(started: float) -> float:
     return (time.monotonic() - started) * 1000
+
+
+def _ended_state(batch: Batch, last: ToolResult | None = None) -> BatchState:
+    """``cancelled`` when a cancel stopped one of its calls; a cancel that came once every
+    call had its result (the last one ``last``, not yet stored) changed nothing: ``finished``."""
+    if batch.cancel_reason is None:
+        return "finished"
+    ended = [*batch.results, last]
+    stopped = any(r is not None and r.error is not None and r.error.type == ToolErrorType.CANCELLED for r in ended)
+    return "cancelled" if stopped else "finished"
 
 
 def _cancelled(call_id: str, reason: str) -> ToolResult:
