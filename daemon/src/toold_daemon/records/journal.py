@@ -63,9 +63,9 @@ from . import journal_pruning, journal_rows
 from . import server_connections as connection_rows
 from .journal_schema import SCHEMA_VERSION, NewerSchema, intact, migrate
 from .journal_shares import Shares
-from .journal_writer import Commit, JournalWriter, Rows, Write
+from .journal_writer import Commit, JournalWriteFailed, JournalWriter, Rows, Write
 from .state_files import StateFileRefused, refuse_links
-from .stored_batches import StoredBatch, StoredCall, StoredChange, Submission
+from .stored_batches import StoredBatch, StoredChange, Submission
 
 JOURNAL_NAME = "journal.sqlite3"
 RECOVERY_NAME = "last-recovery.json"  # what the last start found and did (``toold doctor``)
@@ -199,12 +199,15 @@ class Journal:
         if self._writer is None:
             self._writer = JournalWriter(self._writer_db, trio.lowlevel.current_trio_token())
 
-    def _write(self, write: Write | Rows, *, awaited: bool = False, size: int = 0, long: bool = False) -> Commit:
+    def _write(
+        self, write: Write | Rows, *, awaited: bool = False, size: int = 0, long: bool = False, owner: int | None = None
+    ) -> Commit:
         """Run ``write`` in a transaction: queued on the writer thread when there is one,
         else now (a failure then raises, as it happens). ``size``: the bytes of results it
-        carries, for ``backlog_bytes``; ``long``: never on the loop's thread (``submit``)."""
+        carries, for ``backlog_bytes``; ``long``: never on the loop's thread (``submit``);
+        ``owner``: the uid it is counted against while queued (``backlog_of``)."""
         if self._writer is not None:
-            return self._writer.submit(write, awaited=awaited, size=size, long=long)
+            return self._writer.submit(write, awaited=awaited, size=size, long=long, owner=owner)
         value = None
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -238,10 +241,26 @@ class Journal:
         """Bytes of results in the writes queued for the writer thread and not yet taken."""
         return self._writer.backlog_bytes() if self._writer is not None else 0
 
+    def backlog_of(self, uid: int) -> tuple[int, int]:
+        """Of those, the writes recording ``uid``'s batches, and their bytes."""
+        return self._writer.backlog_of(uid) if self._writer is not None else (0, 0)
+
     def flush(self) -> None:
         """Wait until every queued write is committed: reads see them all after this."""
         if self._writer is not None:
             self._writer.flush()
+
+    async def settled(self) -> None:
+        """Return once every write queued so far is committed, serving meanwhile: ``flush``
+        holds the event loop until the whole queue is written, which under one user's
+        flood of large results took every client's calls 200 ms at a time, as often as
+        that user asked for a listing. Reads made right after see those writes (pass
+        ``flush=False``: a flush would wait for what was queued since)."""
+        if self._writer is None:
+            return
+        commit = self._writer.submit(_nothing, awaited=True, long=True)
+        with contextlib.suppress(JournalWriteFailed):  # logged by the writer; the read shows what is there
+            await commit.durable()
 
     # ------------------------------------------------------------------ each uid's share
 
@@ -319,6 +338,7 @@ class Journal:
             ),
             awaited=awaited,
             size=held,
+            owner=identity.uid,
         )
         self._shares.recorded(s.batch_id, identity.uid, held, ended_at=now if ended else None)
         self._keep_within_share(identity.uid)
@@ -433,48 +453,22 @@ class Journal:
         with self._reading:
             return {row[0] for row in self._reader_db.execute("SELECT hash FROM changes WHERE hash != ''")}
 
-    def exists(self, batch_id: str) -> bool:
-        self.flush()
+    def exists(self, batch_id: str, *, flush: bool = True) -> bool:
+        if flush:
+            self.flush()
         return self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?", (batch_id,)).fetchone() is not None
 
-    def load(self, batch_id: str) -> StoredBatch | None:
-        self.flush()
-        row = self._db.execute(
-            "SELECT batch_id, uid, gid, pid, client_name, turn_id, submitted, finished, state, fingerprint, "
-            "workspace FROM batches WHERE batch_id = ?",
-            (batch_id,),
-        ).fetchone()
-        if row is None:
-            return None
-        calls = [
-            StoredCall(*r)
-            for r in self._db.execute(
-                "SELECT idx, call_id, tool, arguments, disposition, summary, risk, started FROM calls "
-                "WHERE batch_id = ? ORDER BY idx",
-                (batch_id,),
-            )
-        ]
-        results: list[ToolResult | None] = [None] * len(calls)
-        query = f"SELECT idx, {journal_rows.RESULT_COLUMNS} FROM results WHERE batch_id = ? ORDER BY idx"  # noqa: S608
-        for r in self._db.execute(query, (batch_id,)):
-            results[r[0]] = journal_rows.stored_result(r)
-        return StoredBatch(
-            row[0],
-            Identity(uid=row[1], gid=row[2], pid=row[3]),
-            row[4],
-            row[5],
-            row[6],
-            row[7],
-            row[8],
-            row[9],
-            calls,
-            results,
-            row[10],
-        )
+    def load(self, batch_id: str, *, flush: bool = True) -> StoredBatch | None:
+        if flush:
+            self.flush()
+        return journal_rows.stored_batch(self._db, batch_id)
 
-    def summaries(self, *, uid: int | None, limit: int = 1000) -> list[tuple[str, str, float, int, int]]:
+    def summaries(
+        self, *, uid: int | None, limit: int = 1000, flush: bool = True
+    ) -> list[tuple[str, str, float, int, int]]:
         """(batch_id, state, submitted, calls, uid), newest first; ``uid=None`` for everyone's."""
-        self.flush()
+        if flush:
+            self.flush()
         query = (
             "SELECT b.batch_id, b.state, b.submitted, (SELECT COUNT(*) FROM calls c WHERE c.batch_id = "
             "b.batch_id), b.uid FROM batches b"
@@ -500,9 +494,12 @@ class Journal:
             added = 0
         self._server_rows_since_trim[key] = added
 
-    def server_connections(self, *, uid: int | None, server: str | None, limit: int) -> list[ServerConnection]:
+    def server_connections(
+        self, *, uid: int | None, server: str | None, limit: int, flush: bool = True
+    ) -> list[ServerConnection]:
         """MCP servers' connections, newest first (``uid``/``server`` None: all of them)."""
-        self.flush()
+        if flush:
+            self.flush()
         return connection_rows.newest(self._db, uid=uid, server=server, limit=limit)
 
     # ------------------------------------------------------------------ recovery and retention
@@ -595,3 +592,7 @@ def _error_result(call_id: str, code: str, message: str) -> ToolResult:
         display=f"Error ({error.type}): {message}",
         error=error,
     )
+
+
+def _nothing(db: sqlite3.Connection) -> None:
+    """A write that writes nothing: committed after every write queued before it."""

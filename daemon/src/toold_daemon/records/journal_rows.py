@@ -8,7 +8,9 @@ from typing import Any
 
 import msgspec
 
-from toold_protocol import PlannedCall, ToolCall, ToolErrorInfo, ToolResult
+from toold_protocol import Identity, PlannedCall, ToolCall, ToolErrorInfo, ToolResult
+
+from .stored_batches import StoredBatch, StoredCall
 
 INSERT_BATCH = "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 INSERT_CALL = "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -75,4 +77,40 @@ def stored_result(row: tuple[Any, ...]) -> ToolResult:
         error=None if row[6] is None else _error_decoder.decode(row[6]),
         truncated=bool(row[7]),
         duration_ms=row[8],
+    )
+
+
+def stored_batch(db: sqlite3.Connection, batch_id: str) -> StoredBatch | None:
+    """The batch as the journal holds it: its row, its calls and their results."""
+    row = db.execute(
+        "SELECT batch_id, uid, gid, pid, client_name, turn_id, submitted, finished, state, fingerprint, "
+        "workspace FROM batches WHERE batch_id = ?",
+        (batch_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    calls = [
+        StoredCall(*r)
+        for r in db.execute(
+            "SELECT idx, call_id, tool, arguments, disposition, summary, risk, started FROM calls "
+            "WHERE batch_id = ? ORDER BY idx",
+            (batch_id,),
+        )
+    ]
+    results: list[ToolResult | None] = [None] * len(calls)
+    query = f"SELECT idx, {RESULT_COLUMNS} FROM results WHERE batch_id = ? ORDER BY idx"  # noqa: S608
+    for r in db.execute(query, (batch_id,)):
+        results[r[0]] = stored_result(r)
+    return StoredBatch(
+        row[0],
+        Identity(uid=row[1], gid=row[2], pid=row[3]),
+        row[4],
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+        calls,
+        results,
+        row[10],
     )

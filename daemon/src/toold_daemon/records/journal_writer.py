@@ -66,10 +66,12 @@ CHECKPOINT_BYTES = 64 * 1024 * 1024
 class Commit:
     """One queued write. ``settled`` and the event are touched only on the loop thread."""
 
-    __slots__ = ("_event", "awaited", "error", "settled", "value")
+    __slots__ = ("_event", "awaited", "error", "owner", "settled", "size", "value")
 
-    def __init__(self, *, awaited: bool = False) -> None:
+    def __init__(self, *, awaited: bool = False, owner: int | None = None, size: int = 0) -> None:
         self.awaited = awaited  # the loop will wait for it: wake the loop when it is committed
+        self.owner = owner  # the uid whose batch it records (``backlog_of``), if any
+        self.size = size
         self.value: Any = None
         self.error: BaseException | None = None
         self.settled = False
@@ -111,6 +113,7 @@ class JournalWriter:
         self._token = token
         self._queue: list[tuple[Write | Rows, Commit]] = []
         self._queued_bytes = 0  # what the queued writes carry, as their submitters said
+        self._queued_by_owner: dict[int, list[int]] = {}  # uid -> [writes, bytes] queued
         self._busy = False
         self._urgent = False  # something queued is waited for: commit now
         self._closing = False
@@ -118,20 +121,25 @@ class JournalWriter:
         self._thread = threading.Thread(target=self._work, name="toold-journal", daemon=True)
         self._thread.start()
 
-    def submit(self, write: Write | Rows, *, awaited: bool = False, size: int = 0, long: bool = False) -> Commit:
+    def submit(
+        self, write: Write | Rows, *, awaited: bool = False, size: int = 0, long: bool = False, owner: int | None = None
+    ) -> Commit:
         """Queue ``write``; ``size``: about how many bytes of results it carries; ``long``:
-        milliseconds of work (a prune's turn), always the thread's even when it is idle."""
+        milliseconds of work (a prune's turn), always the thread's even when it is idle;
+        ``owner``: the uid it is counted against while queued (``backlog_of``)."""
         if awaited and not long:
             done = self._now_if_idle(write, size)
             if done is not None:
                 return done
-        commit = Commit(awaited=awaited)
+        commit = Commit(awaited=awaited, owner=owner, size=size)
         with self._changed:
             if self._closing:
                 raise JournalWriteFailed("the journal is closed")
             first = not self._queue
             self._queue.append((write, commit))
             self._queued_bytes += size
+            if owner is not None:
+                self._count_owner(owner, 1, size)
             if awaited:
                 self._urgent = True
             if awaited or first:  # the first of a group starts the thread's linger
@@ -153,6 +161,7 @@ class JournalWriter:
             group, self._queue = self._queue, []
             self._uncheckpointed += self._queued_bytes + size
             self._queued_bytes = 0
+            self._taken(group)
         commit = Commit()
         try:
             if group:
@@ -203,6 +212,24 @@ class JournalWriter:
     def backlog_bytes(self) -> int:
         return self._queued_bytes  # a hint too
 
+    def backlog_of(self, owner: int) -> tuple[int, int]:
+        """Writes, and their bytes, queued for ``owner`` and not yet taken (a hint)."""
+        counts = self._queued_by_owner.get(owner)
+        return (counts[0], counts[1]) if counts is not None else (0, 0)
+
+    def _count_owner(self, owner: int, writes: int, size: int) -> None:
+        counts = self._queued_by_owner.setdefault(owner, [0, 0])
+        counts[0] += writes
+        counts[1] += size
+        if counts[0] <= 0:
+            del self._queued_by_owner[owner]
+
+    def _taken(self, group: list[tuple[Write | Rows, Commit]]) -> None:
+        """``group`` leaves the queue for a commit: its owners' counts go down (lock held)."""
+        for _, commit in group:
+            if commit.owner is not None:
+                self._count_owner(commit.owner, -1, -commit.size)
+
     def flush(self) -> None:
         """Block until every write queued so far is committed (or failed)."""
         with self._changed:
@@ -235,6 +262,7 @@ class JournalWriter:
                 group, self._queue = self._queue, []
                 self._uncheckpointed += self._queued_bytes
                 self._queued_bytes = 0
+                self._taken(group)
                 self._busy, self._urgent = True, False
                 checkpoint = self._checkpoint_due() or self._closing
             try:

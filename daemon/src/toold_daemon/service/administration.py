@@ -44,7 +44,7 @@ from ..tools import Tool
 from .planning_aside import COSTLY_ARGUMENT_BYTES
 from .running import BatchRuns
 from .sessions import NO_PEER, Session
-from .shared import Shared
+from .shared import Shared, own_batch_id
 
 log = logging.getLogger(__name__)
 
@@ -74,25 +74,47 @@ class Administration:
         return stored
 
     def get_batch(self, session: Session, message: GetBatch) -> None:
-        """From memory while the daemon knows the batch, else from the journal (after a restart)."""
-        batch = self.shared.batches.get(self.shared.batch_key(session, message.batch_id))
+        """From memory while the daemon knows the batch, else from the journal (after a
+        restart, or once it is no longer kept), read once the journal has settled."""
+        own = own_batch_id(session.identity.uid, message.batch_id)
+        # what batch_key would choose, when it can without asking the journal
+        known = own if own in self.shared.batches or own == message.batch_id else None
+        batch = self.shared.batches.get(known) if known is not None else None
         if batch is None and self.shared.journal is not None:
-            stored = self._stored(session, message.id, message.batch_id)
-            if stored is not None:
-                self.shared.reply(session, stored.status(message.id))
+            self.shared.tasks.start_soon(self._get_stored_batch, session, message)
         elif batch is not None and self.shared.may_see(session, batch.identity.uid):
             self.shared.reply(session, batch.status(message.id))
         else:
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {message.batch_id!r}"
-            )
+            self._unknown(session, message.id, message.batch_id)
+
+    async def _get_stored_batch(self, session: Session, message: GetBatch) -> None:
+        journal = self.shared.journal
+        assert journal is not None
+        await journal.settled()
+        key = self.shared.batch_key(session, message.batch_id, flush=False)
+        live = self.shared.batches.get(key)  # it may have been remembered meanwhile
+        if live is not None and self.shared.may_see(session, live.identity.uid):
+            self.shared.reply(session, live.status(message.id))
+            return
+        stored = journal.load(key, flush=False)
+        if stored is None or not self.shared.may_see(session, stored.identity.uid):
+            self._unknown(session, message.id, message.batch_id)
+        else:
+            self.shared.reply(session, stored.status(message.id))
+
+    def _unknown(self, session: Session, request_id: int, reference: str) -> None:
+        self.shared.error(session.peer, request_id, ProtocolErrorCode.UNKNOWN_BATCH, f"no batch {reference!r}")
 
     def list_batches(self, session: Session, message: ListBatches) -> None:
-        journal = self._journal(session, message.id)
-        if journal is None:
-            return
+        if self._journal(session, message.id) is not None:
+            self.shared.tasks.start_soon(self._list_batches, session, message)
+
+    async def _list_batches(self, session: Session, message: ListBatches) -> None:
+        journal = self.shared.journal
+        assert journal is not None
+        await journal.settled()
         uid = None if session.identity.uid == 0 else session.identity.uid
-        rows = journal.summaries(uid=uid, limit=message.limit)
+        rows = journal.summaries(uid=uid, limit=message.limit, flush=False)
         self.shared.reply(
             session,
             BatchList(
@@ -112,11 +134,15 @@ class Administration:
 
     def list_connections(self, session: Session, message: ListConnections) -> None:
         """The MCP servers' connections this session's uid may see (root: everyone's)."""
-        journal = self._journal(session, message.id)
-        if journal is None:
-            return
+        if self._journal(session, message.id) is not None:
+            self.shared.tasks.start_soon(self._list_connections, session, message)
+
+    async def _list_connections(self, session: Session, message: ListConnections) -> None:
+        journal = self.shared.journal
+        assert journal is not None
+        await journal.settled()
         uid = None if session.identity.uid == 0 else session.identity.uid
-        connections = journal.server_connections(uid=uid, server=message.server, limit=message.limit)
+        connections = journal.server_connections(uid=uid, server=message.server, limit=message.limit, flush=False)
         self.shared.reply(session, ConnectionList(id=message.id, connections=connections))
 
     def recover(self, session: Session, message: Recover) -> None:

@@ -33,6 +33,7 @@ from toold_protocol import (
 )
 
 from ..execution.batches import Batch, PreparedCall
+from ..records.journal import Journal
 from ..records.journal_writer import Commit, JournalWriteFailed
 from ..records.stored_batches import Submission, fingerprint
 from .batch_ids import new_batch_id
@@ -46,10 +47,16 @@ log = logging.getLogger(__name__)
 
 _PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
 _TURNS_KEPT = 10_000
-#: Writes waiting for the journal's thread past which a read-only batch waits for its own...
+#: Writes of one uid waiting for the journal's thread past which that uid's read-only
+#: batches wait for their own records...
 JOURNAL_BACKLOG = 5_000
 #: ... or bytes of results in them (5,000 reads of 800 KB would be 4 GB held in memory).
 JOURNAL_BACKLOG_BYTES = 16 << 20
+#: Everyone's writes past which every read-only batch waits (what bounds the memory when
+#: many uids write at once): a user whose writes do not fill the queue is not held back
+#: by another's that do.
+JOURNAL_BACKLOG_ALL = 8 * JOURNAL_BACKLOG
+JOURNAL_BACKLOG_BYTES_ALL = 8 * JOURNAL_BACKLOG_BYTES
 
 
 class BatchRuns:
@@ -464,7 +471,7 @@ class BatchRuns:
     def _journal_ended(self, batch: Batch, submission: Submission) -> Commit:
         journal = self.shared.journal
         assert journal is not None
-        awaited = journal.backlog() > JOURNAL_BACKLOG or journal.backlog_bytes() > JOURNAL_BACKLOG_BYTES
+        awaited = journal_holds_back(journal, batch.identity.uid)
         return journal.record_ended(submission, batch.results, batch.state, awaited=awaited)
 
     async def _recorded(self, session: Session, batch: Batch, accepted: BatchAccepted | None, commit: Commit) -> bool:
@@ -553,6 +560,18 @@ class BatchRuns:
         start and end, to keep commits off each call's path)."""
         live = self.shared.batches.get(batch_id)
         return live.state if live is not None and not live.done.is_set() else recorded
+
+
+def journal_holds_back(journal: Journal, uid: int) -> bool:
+    """Whether ``uid``'s ended read-only batch must wait for its record: its own writes
+    fill the journal's queue, or everyone's together do."""
+    own_writes, own_bytes = journal.backlog_of(uid)
+    return (
+        own_writes > JOURNAL_BACKLOG
+        or own_bytes > JOURNAL_BACKLOG_BYTES
+        or journal.backlog() > JOURNAL_BACKLOG_ALL
+        or journal.backlog_bytes() > JOURNAL_BACKLOG_BYTES_ALL
+    )
 
 
 def _digest(message: SubmitBatch) -> str:

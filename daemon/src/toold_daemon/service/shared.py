@@ -88,11 +88,13 @@ class Shared(msgspec.Struct, eq=False):
         """A batch is seen by its own uid and by root; another uid's batch looks unknown."""
         return session.identity.uid in (owner_uid, 0)
 
-    def batch_key(self, session: Session, reference: str) -> str:
+    def batch_key(self, session: Session, reference: str, *, flush: bool = True) -> str:
         """The batch a reference names: the id this uid chose (``abc`` is ``1000:abc`` for
-        uid 1000), else the reference as it is (an id the daemon made, or a full one)."""
+        uid 1000), else the reference as it is (an id the daemon made, or a full one).
+        ``flush=False``: the journal has settled already (``Journal.settled``)."""
         own = own_batch_id(session.identity.uid, reference)
-        if own in self.batches or (self.journal is not None and own != reference and self.journal.exists(own)):
+        journal = self.journal
+        if own in self.batches or (journal is not None and own != reference and journal.exists(own, flush=flush)):
             return own
         return reference
 
