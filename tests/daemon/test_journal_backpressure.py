@@ -137,7 +137,8 @@ async def test_a_listing_waits_for_the_journal_without_holding_the_event_loop(
 
     def scenario(endpoint: str, gate: threading.Event) -> tuple[float, list[str], bool]:
         with Client(endpoint, timeout=30) as lister, Client(endpoint, timeout=30) as pinger:
-            batch_id = lister.submit([CallSpec("read_file", {"path": "a.txt"})]).batch_id  # its record waits at the gate
+            read = CallSpec("read_file", {"path": "a.txt"})
+            batch_id = lister.submit([read]).batch_id  # its record waits at the gate
             listed: list[str] = []
             thread = threading.Thread(target=lambda: listed.extend(b.batch_id for b in lister.list_batches()))
             thread.start()

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toold_daemon.config import Config
-from toold_daemon.policy.shell import MAX_COMMAND_CHARS, MAX_STEPS, MAX_WORDS, Unreadable, read_command
+from toold_daemon.policy.shell import MAX_COMMAND_CHARS, MAX_STEPS, MAX_WORDS, read_command
+from toold_daemon.policy.shell_parts import Unreadable
 from toold_daemon.sandbox import build_sandbox
 from toold_daemon.sandbox.named import _real_path, denied_words
 

@@ -31,7 +31,8 @@ from ..config import ApprovalConfig, Condition, Rule
 from ..redaction import show_blanks
 from ..sandbox.environment import DEFAULT_PATH
 from .options import hazards, rule_names_option
-from .shell import Part, Unreadable, matches_prefix, read_command
+from .shell import read_command
+from .shell_parts import Part, Unreadable, matches_prefix
 
 Decision = Literal["allow", "deny", "ask"]
 Risk = Literal["low", "medium", "high"]

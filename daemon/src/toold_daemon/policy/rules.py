@@ -12,7 +12,8 @@ from __future__ import annotations
 from .. import regexguard
 from ..config import ApprovalConfig, Rule
 from .engine import allows_by_claim_only, conditions_hold, path_is_the_programs
-from .shell import Part, split_command
+from .shell import split_command
+from .shell_parts import Part
 
 
 def problems(approval: ApprovalConfig) -> list[tuple[int, str]]:

@@ -33,7 +33,7 @@ import re
 import unicodedata
 from functools import lru_cache
 
-import msgspec
+from .shell_parts import SUBST, Part, Simple, Unreadable, Word, part_of
 
 MAX_COMMAND_CHARS = 64 * 1024
 _MAX_DEPTH = 32  # nested substitutions
@@ -47,39 +47,6 @@ MAX_STEPS = 8192
 
 _META = frozenset(" \t\n;&|<>()")
 _OPERATOR_CHARS = frozenset(";&|<>()$`'\"\\#\n{}*?[]~!=")
-_RESERVED = frozenset(
-    {"if", "then", "else", "elif", "fi", "do", "done", "case", "esac", "while", "until", "for", "in",
-     "function", "select", "time", "coproc", "{", "}", "!", "[[", "]]"}
-)  # fmt: skip
-# Programs whose only job is to run another program given in their arguments.
-_WRAPPERS = frozenset(
-    {"env", "command", "builtin", "exec", "nice", "timeout", "nohup", "stdbuf", "setsid", "ionice", "time",
-     "sudo", "doas", "chrt", "taskset", "unbuffer", "flock", "chroot", "su", "runuser", "setpriv", "unshare",
-     "nsenter", "xargs", "watch", "strace", "ltrace", "firejail", "systemd-run", "busybox", "catchsegv"}
-)  # fmt: skip
-# Options of wrappers that take a separate value word.
-_WRAPPER_VALUE_OPTIONS = {
-    "env": {"-u", "--unset", "-C", "--chdir"},
-    "exec": {"-a"},
-    "nice": {"-n", "--adjustment"},
-    "timeout": {"-s", "--signal", "-k", "--kill-after"},
-    "ionice": {"-c", "-n", "-p", "-t"},
-    "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U"},
-    "doas": {"-u", "-C"},
-    "stdbuf": {"-i", "-o", "-e"},
-    "taskset": set(),
-    "xargs": {"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s"},
-}
-_WRAPPER_POSITIONALS = {"timeout": 1, "taskset": 1, "flock": 1, "chroot": 1, "chrt": 1}
-# Programs that run code given as text, or change how later words of the script are read.
-_CODE_RUNNERS = frozenset(
-    {"eval", "source", ".", "trap", "fc", "alias", "unalias", "hash", "enable", "set", "shopt", "export",
-     "declare", "typeset", "local", "readonly", "unset", "let", "read", "mapfile", "readarray", "getopts",
-     "caller", "compgen", "complete", "bind"}
-)  # fmt: skip
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "ash", "csh", "tcsh", "busybox"})
-_FIND_RUNNERS = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
-_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\+?=")
 # ${name}, ${#name} and the POSIX operators (:- - := = :? ? :+ + # ## % %%) on a name,
 # a positional or a special parameter; nothing else.
 _POSIX_EXPANSION = re.compile(
@@ -99,43 +66,6 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _WIDE = re.compile(r"[\x80-\U0010ffff]")
 _INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
 _PUNCTUATION = frozenset({"Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So"})
-_SUBST = "\x00SUBST\x00"  # what a substitution leaves in a word (NUL never survives input checks)
-
-
-class Unreadable(ValueError):
-    """The command cannot be read with certainty."""
-
-
-class Part(msgspec.Struct, frozen=True):
-    """One simple command. ``words`` are after quote removal, assignments and wrappers
-    dropped: ``words[0]`` is the program as typed (``/usr/bin/rm``), ``program`` its name."""
-
-    words: tuple[str, ...]
-    redirects: bool = False
-    opaque: bool = False
-    assignments: tuple[str, ...] = ()  # names assigned before the program
-    wrappers: tuple[str, ...] = ()  # programs in front of the one this part names
-    why_opaque: str = ""
-
-    @property
-    def program(self) -> str:
-        """The program's name: directory, quotes and backslashes gone."""
-        return self.words[0].rsplit("/", 1)[-1] if self.words else ""
-
-    @property
-    def explicit_path(self) -> str | None:
-        """The command word when it names a file (has a ``/``), else None."""
-        return self.words[0] if self.words and "/" in self.words[0] else None
-
-    @property
-    def text(self) -> str:
-        """The command as rules see it: program name normalised, then its arguments."""
-        return " ".join([self.program, *self.words[1:]]).replace(_SUBST, "$(…)")
-
-    @property
-    def plain(self) -> bool:
-        """Nothing about this part that a rule for its program could not vouch for."""
-        return not (self.redirects or self.opaque or self.assignments or self.wrappers) and bool(self.words)
 
 
 def split_command(command: str) -> list[Part] | None:
@@ -213,27 +143,6 @@ class _Budget:
             raise Unreadable(f"more than {MAX_STEPS} quotes, escapes and operators (too long to judge with certainty)")
 
 
-class _Word(msgspec.Struct):
-    text: list[str] = msgspec.field(default_factory=list)  # after quote removal
-    raw: list[str] = msgspec.field(default_factory=list)  # unquoted characters as typed ("" for quoted ones)
-    quoted: bool = False
-    dynamic: bool = False  # an expansion: its value is only known when it runs
-    glob: bool = False
-
-    @property
-    def value(self) -> str:
-        return "".join(self.text)
-
-    @property
-    def unquoted(self) -> str:
-        return "".join(self.raw)
-
-
-class _Simple(msgspec.Struct):
-    words: list[_Word] = msgspec.field(default_factory=list)
-    redirects: bool = False
-
-
 class _Reader:
     def __init__(self, text: str, parts: list[Part], depth: int, budget: _Budget) -> None:
         if depth > _MAX_DEPTH:
@@ -255,7 +164,7 @@ class _Reader:
     # ---- lists of commands --------------------------------------------------------
 
     def read_list(self, end: str | None) -> None:
-        simple = _Simple()
+        simple = Simple()
         while True:
             ch = self.peek()
             if ch == "":
@@ -277,7 +186,7 @@ class _Reader:
             if ch == "\n":
                 self.i += 1
                 self._finish(simple)
-                simple = _Simple()
+                simple = Simple()
                 self.had_command = False
                 self._read_heredoc_bodies()
                 continue
@@ -300,7 +209,7 @@ class _Reader:
                 if not (self.had_command or simple.words or simple.redirects):
                     raise Unreadable(f"{operator!r} with no command before it (not valid shell)")
                 self._finish(simple)
-                simple = _Simple()
+                simple = Simple()
                 self.had_command = False
                 self.awaiting = operator if operator in ("&&", "||", "|", "|&") else ""
                 continue
@@ -343,7 +252,7 @@ class _Reader:
         self.i += len(operator)
         return operator
 
-    def _read_redirection(self, simple: _Simple) -> None:
+    def _read_redirection(self, simple: Simple) -> None:
         simple.redirects = True
         for op in ("<<<", "<<-", "&>>", "<<", ">>", ">|", "<>", "<&", ">&", "&>", "<", ">"):
             if self.text.startswith(op, self.i):
@@ -376,15 +285,15 @@ class _Reader:
                     raise Unreadable("a here-document whose body is expanded")
         self.heredocs = []
 
-    def _finish(self, simple: _Simple) -> None:
+    def _finish(self, simple: Simple) -> None:
         if simple.words or simple.redirects:
-            self.parts.append(_part_of(simple))
+            self.parts.append(part_of(simple))
 
     # ---- words ----------------------------------------------------------------------
 
-    def read_word(self) -> _Word:
+    def read_word(self) -> Word:
         self.budget.word()
-        word = _Word()
+        word = Word()
         while True:
             if (run := _PLAIN_RUN.match(self.text, self.i)) is not None:
                 text = run.group()
@@ -443,7 +352,7 @@ class _Reader:
             raise Unreadable("brace expansion")
         return word
 
-    def _read_double_quoted(self, word: _Word) -> None:
+    def _read_double_quoted(self, word: Word) -> None:
         while True:
             run = _QUOTED_RUN.match(self.text, self.i)
             if run is not None:
@@ -476,7 +385,7 @@ class _Reader:
             word.text.append(ch)
             self.i += 1
 
-    def _read_dollar(self, word: _Word, *, quoted: bool) -> None:
+    def _read_dollar(self, word: Word, *, quoted: bool) -> None:
         if self.text.startswith("\\\n", self.i + 1):
             # The shell removes a line continuation before it reads ``$``: ``$\<newline>(x)``
             # is ``$(x)``, a substitution that reads here like a literal dollar.
@@ -489,7 +398,7 @@ class _Reader:
                 raise Unreadable("arithmetic expansion")
             self.i += 2
             self.read_nested(end=")")
-            word.text.append(_SUBST)
+            word.text.append(SUBST)
             word.raw.append("$")
             word.dynamic = True
             return
@@ -520,7 +429,7 @@ class _Reader:
         word.raw.append("$")
         word.dynamic = True
 
-    def _read_backticks(self, word: _Word, *, in_double_quotes: bool) -> None:
+    def _read_backticks(self, word: Word, *, in_double_quotes: bool) -> None:
         """The old form of substitution: inside it a backslash escapes only $ ` \\ (and "
         when the backticks are themselves in double quotes)."""
         escapable = ("$", "`", "\\", '"') if in_double_quotes else ("$", "`", "\\")
@@ -547,107 +456,6 @@ class _Reader:
         nested.read_list(end=None)
         if nested.heredocs:
             raise Unreadable("a here-document inside a substitution")
-        word.text.append(_SUBST)
+        word.text.append(SUBST)
         word.raw.append("$")
         word.dynamic = True
-
-
-# ---- from words to a judged part ---------------------------------------------------------
-
-
-def _part_of(simple: _Simple) -> Part:
-    words = list(simple.words)
-    assignments: list[str] = []
-    while words and (match := _ASSIGNMENT.match(words[0].unquoted)) is not None:
-        if "[" in words[0].unquoted.split("=", 1)[0]:
-            raise Unreadable("an array assignment")
-        assignments.append(match.group(1))
-        words.pop(0)
-    if not words:
-        return Part((), simple.redirects, opaque=True, assignments=tuple(assignments), why_opaque="no program")
-    first = words[0]
-    if not first.quoted and first.value in _RESERVED:
-        raise Unreadable(f"the compound command {first.value!r}")
-    values = [w.value for w in words]
-    for word in simple.words:
-        if "[" in word.value and (word.dynamic or "$" in word.value or "`" in word.value):
-            raise Unreadable("a word the shell may evaluate as arithmetic")
-    wrappers: list[str] = []
-    why = _why_opaque(words[0], values)
-    while not why and _program_name(values[0]) in _WRAPPERS:
-        wrapper = _program_name(values[0])
-        wrappers.append(wrapper)
-        inner = _unwrap(wrapper, values)
-        if inner is None:
-            why = f"{wrapper} runs a program this reader cannot find in its arguments"
-            break
-        words, values = words[inner:], values[inner:]
-        why = _why_opaque(words[0], values)
-    return Part(
-        tuple(values),
-        simple.redirects,
-        opaque=bool(why),
-        assignments=tuple(assignments),
-        wrappers=tuple(wrappers),
-        why_opaque=why,
-    )
-
-
-def _program_name(value: str) -> str:
-    return value.rsplit("/", 1)[-1]
-
-
-def _why_opaque(first: _Word, values: list[str]) -> str:
-    """Why the program of these words is not known before it runs ("" when it is)."""
-    if first.dynamic or first.glob or _SUBST in first.value:
-        return "its program comes from an expansion"
-    if first.unquoted.startswith("~"):
-        return "its program path starts with ~"
-    name = _program_name(values[0])
-    if not name:
-        return "an empty program name"
-    if name in _CODE_RUNNERS:
-        return f"{name} runs code given as text or changes how later commands are read"
-    if name in _SHELLS and len(values) > 1:
-        return f"{name} runs a script"
-    if name == "find" and any(v in _FIND_RUNNERS for v in values[1:]):
-        return "find -exec runs other programs"
-    if name == "printf" and "-v" in values[1:]:
-        return "printf -v assigns a variable"
-    if name in ("test", "[") and any(v in ("-v", "-R") for v in values[1:]):
-        return "test -v evaluates a variable name"
-    return ""
-
-
-def _unwrap(wrapper: str, values: list[str]) -> int | None:
-    """Index of the wrapped program's word in ``values`` (``values[0]`` is the wrapper)."""
-    value_options = _WRAPPER_VALUE_OPTIONS.get(wrapper, set())
-    positionals = _WRAPPER_POSITIONALS.get(wrapper, 0)
-    i = 1
-    while i < len(values):
-        value = values[i]
-        if value == "--":
-            i += 1
-            continue
-        if value.startswith("-") and len(value) > 1:
-            if wrapper == "env" and (value in ("-S", "--split-string") or value.startswith("-S")):
-                return None  # env -S splits a string into a command: unreadable
-            i += 2 if value in value_options else 1
-            continue
-        if wrapper == "env" and _ASSIGNMENT.match(value):
-            i += 1
-            continue
-        if positionals:
-            positionals -= 1
-            i += 1
-            continue
-        return i
-    return None
-
-
-def matches_prefix(part: Part, prefix: str) -> bool:
-    """Does ``part`` start with the words of ``prefix``? (``git`` matches ``git log``, not ``gitx``.)
-    The program is compared by name: ``/usr/bin/git log`` starts with ``git``."""
-    wanted = prefix.split()
-    words = [part.program, *part.words[1:]]
-    return bool(wanted) and words[: len(wanted)] == wanted

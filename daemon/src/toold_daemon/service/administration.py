@@ -326,9 +326,7 @@ class Administration:
 
         self.shared.tasks.start_soon(explain_aside)
 
-    def _explained(
-        self, session: Session, message: ExplainPolicy, explained: tuple[str, str, str, int | None]
-    ) -> None:
+    def _explained(self, session: Session, message: ExplainPolicy, explained: tuple[str, str, str, int | None]) -> None:
         decision, reason, risk, rule = explained
         tool = self.shared.registry.get(message.name)
         if tool is not None and tool.name in NETWORKED_TOOLS | self._command_tools():
