@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,8 +32,9 @@ import pytest
 import zmq
 
 import toold_protocol as p
-from tests.conftest import DaemonProcess, reachable_daemon
+from tests.conftest import DaemonProcess, reachable_daemon, start_daemon
 from tests.security.test_q_one_user_cannot_take_the_daemon_down import OtherUser
+from toold_client import CallSpec, Decision
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 
@@ -268,3 +270,46 @@ def test_a_sessions_batches_are_accepted_in_the_order_sent_when_one_is_planned_a
     finally:
         sock.close(linger=0)
         ctx.term()
+
+
+def test_arguments_an_approver_changes_are_replanned_off_the_event_loop(tmp_path: Path) -> None:
+    """Approving a batch of eight patches, each replaced by one naming 6,000 files that are
+    not there: the re-planning checked every path on the loop (about a second), and every
+    client's calls waited; now it is planned aside as a costly batch is. (The patches then
+    fail when they run: the files they update are missing.)"""
+    root = tmp_path / "root"
+    root.mkdir()
+    daemon = start_daemon(tmp_path, root)
+    updates = "".join(f"*** Update File: d{i}/f{i}.txt\n@@\n-a\n+b\n" for i in range(6000))
+    header = "*** Begin Patch\n*** Update File: m{}.txt\n@@\n-a\n+b\n"
+    replaced = {f"call_{n}": {"patch": header.format(n) + updates + "*** End Patch\n"} for n in range(8)}
+    adds = "*** Begin Patch\n*** Add File: s{}.txt\n+x\n*** End Patch\n"
+    small = [CallSpec("apply_patch", {"patch": adds.format(n)}) for n in range(8)]
+    pings: list[float] = []
+    answered = threading.Event()
+    done = threading.Event()
+
+    def ping_meanwhile() -> None:
+        with daemon.client(timeout=30) as client:
+            while not done.is_set():
+                started = time.monotonic()
+                client.ping(timeout=30)
+                if answered.is_set():
+                    pings.append(time.monotonic() - started)
+
+    def replace_them(request: p.ConfirmationRequested) -> Decision:
+        answered.set()
+        return Decision("approve_all", modified_arguments=replaced)
+
+    pinger = threading.Thread(target=ping_meanwhile)
+    pinger.start()
+    try:
+        with daemon.client(timeout=60) as client:
+            outcome = client.submit(small, on_confirm=replace_them)
+    finally:
+        done.set()
+        pinger.join(30)
+        daemon.stop()
+    assert all(result.error is not None for result in outcome.results), outcome.results  # the replacements ran
+    assert not (root / "s0.txt").exists()
+    assert pings and max(pings) < 0.3, max(pings, default=None)

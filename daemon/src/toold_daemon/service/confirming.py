@@ -9,6 +9,7 @@ the timeout, or a cancel, denies. Parse-only mode's supplied results arrive here
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import msgspec
@@ -36,6 +37,7 @@ from ..policy.confirmations import Pending
 from ..policy.engine import describe_command
 from ..redaction import hide_secrets, hide_secrets_in
 from ..tools import ToolContext
+from .planning_aside import COSTLY_ARGUMENT_BYTES
 from .sessions import Session
 from .shared import Shared
 
@@ -72,7 +74,7 @@ class ConfirmationFlow:
         finally:
             batch.current_scope = None
             self.shared.confirmations.close(pending)
-        self._apply_answer(session, batch, asked, pending)
+        await self._apply_answer(session, batch, asked, pending)
         batch.state = "running"
 
     def _open(
@@ -180,7 +182,7 @@ class ConfirmationFlow:
             return diff[:50_000] if diff else None
         return None
 
-    def _apply_answer(self, session: Session, batch: Batch, asked: list[PreparedCall], pending: Pending) -> None:
+    async def _apply_answer(self, session: Session, batch: Batch, asked: list[PreparedCall], pending: Pending) -> None:
         answer, by = pending.answer, pending.answered_by
         for call in asked:
             if batch.cancel_reason is not None:
@@ -207,7 +209,11 @@ class ConfirmationFlow:
             call.needs_confirmation = False
             modified = answer.modified_arguments.get(call.call_id)
             if modified is not None:
-                self.shared.planner_for(session).replan(call, modified)
+                replan = functools.partial(self.shared.planner_for(session).replan, call, modified)
+                if len(modified) > COSTLY_ARGUMENT_BYTES:  # as a costly batch is planned: aside
+                    await self.shared.aside.plan(batch.identity.uid, replan)
+                else:
+                    replan()
             if answer.remember_for_session and call.denial is None:
                 key = planner.grant_key(call)
                 if key:
