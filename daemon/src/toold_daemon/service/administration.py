@@ -81,16 +81,21 @@ class Administration:
         known = own if own in self.shared.batches or own == message.batch_id else None
         batch = self.shared.batches.get(known) if known is not None else None
         if batch is None and self.shared.journal is not None:
-            self.shared.tasks.start_soon(self._get_stored_batch, session, message)
+            self.shared.answer_later(session, message.id, functools.partial(self._get_stored_batch, session, message))
         elif batch is not None and self.shared.may_see(session, batch.identity.uid):
             self.shared.reply(session, batch.status(message.id))
         else:
             self._unknown(session, message.id, message.batch_id)
 
-    async def _get_stored_batch(self, session: Session, message: GetBatch) -> None:
+    async def _settled_journal(self) -> Journal:
+        """The journal, once every write queued before this request is committed."""
         journal = self.shared.journal
         assert journal is not None
         await journal.settled()
+        return journal
+
+    async def _get_stored_batch(self, session: Session, message: GetBatch) -> None:
+        journal = await self._settled_journal()
         key = self.shared.batch_key(session, message.batch_id, flush=False)
         live = self.shared.batches.get(key)  # it may have been remembered meanwhile
         if live is not None and self.shared.may_see(session, live.identity.uid):
@@ -107,12 +112,10 @@ class Administration:
 
     def list_batches(self, session: Session, message: ListBatches) -> None:
         if self._journal(session, message.id) is not None:
-            self.shared.tasks.start_soon(self._list_batches, session, message)
+            self.shared.answer_later(session, message.id, functools.partial(self._list_batches, session, message))
 
     async def _list_batches(self, session: Session, message: ListBatches) -> None:
-        journal = self.shared.journal
-        assert journal is not None
-        await journal.settled()
+        journal = await self._settled_journal()
         uid = None if session.identity.uid == 0 else session.identity.uid
         rows = journal.summaries(uid=uid, limit=message.limit, flush=False)
         self.shared.reply(
@@ -135,12 +138,10 @@ class Administration:
     def list_connections(self, session: Session, message: ListConnections) -> None:
         """The MCP servers' connections this session's uid may see (root: everyone's)."""
         if self._journal(session, message.id) is not None:
-            self.shared.tasks.start_soon(self._list_connections, session, message)
+            self.shared.answer_later(session, message.id, functools.partial(self._list_connections, session, message))
 
     async def _list_connections(self, session: Session, message: ListConnections) -> None:
-        journal = self.shared.journal
-        assert journal is not None
-        await journal.settled()
+        journal = await self._settled_journal()
         uid = None if session.identity.uid == 0 else session.identity.uid
         connections = journal.server_connections(uid=uid, server=message.server, limit=message.limit, flush=False)
         self.shared.reply(session, ConnectionList(id=message.id, connections=connections))
@@ -311,20 +312,13 @@ class Administration:
         if len(message.arguments) <= COSTLY_ARGUMENT_BYTES:
             self._explained(session, message, explain())
             return
-        uid = session.identity.uid
-        if not self.shared.aside.admits(uid):
-            self.shared.error(
-                session.peer,
-                message.id,
-                ProtocolErrorCode.TOO_MANY_BATCHES,
-                f"uid {uid} already has {self.shared.aside.waiting(uid)} large requests being planned",
-            )
+        if self.shared.refuses_more_planning(session, message.id):
             return
 
         async def explain_aside() -> None:
-            self._explained(session, message, await self.shared.aside.plan(uid, explain))
+            self._explained(session, message, await self.shared.aside.plan(session.identity.uid, explain))
 
-        self.shared.tasks.start_soon(explain_aside)
+        self.shared.answer_later(session, message.id, explain_aside)
 
     def _explained(self, session: Session, message: ExplainPolicy, explained: tuple[str, str, str, int | None]) -> None:
         decision, reason, risk, rule = explained

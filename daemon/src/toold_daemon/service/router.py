@@ -65,7 +65,7 @@ from .confirming import ConfirmationFlow
 from .ipc import Inbound
 from .running import BatchRuns
 from .sessions import Session, Sessions, SessionsFull
-from .shared import Send, Shared
+from .shared import INTERNAL_FAILURE, Send, Shared
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class Service:
                 session.peer,
                 getattr(message, "id", None),
                 ProtocolErrorCode.INTERNAL,
-                "internal error while handling the request; the daemon keeps running",
+                INTERNAL_FAILURE,
             )
 
     def _disconnected(self, peer: bytes, *, overflowed: str = "") -> None:

@@ -214,35 +214,23 @@ class BatchRuns:
     ) -> None:
         """Plan on a thread (``planning_aside``), then submit with the plan. The session's
         later submissions wait meanwhile, so its batches are accepted in the order sent."""
-        uid = session.identity.uid
-        if not self.shared.aside.admits(uid):
-            self.shared.error(
-                session.peer,
-                message.id,
-                ProtocolErrorCode.TOO_MANY_BATCHES,
-                f"uid {uid} already has {self.shared.aside.waiting(uid)} large batches being planned",
-            )
+        if self.shared.refuses_more_planning(session, message.id):
             return
         session.planning += 1
 
         async def plan_then_submit() -> None:
             try:
-                calls = await self.shared.aside.plan(uid, plan)
-            except Exception:
-                log.exception("planning batch %s of %s failed", message.id, session.session_id)
-                failed = "the batch could not be planned"
-                self.shared.error(session.peer, message.id, ProtocolErrorCode.INTERNAL, failed)
-                calls = None
-            finally:
-                session.planning -= 1
-            try:
-                if calls is not None and self.shared.sessions.holds(session):  # else its client is gone
+                try:
+                    calls = await self.shared.aside.plan(session.identity.uid, plan)
+                finally:
+                    session.planning -= 1
+                if self.shared.sessions.holds(session):  # else its client is gone
                     self.submit(session, message, discovered=True, trusted=trusted, prepared=calls)
             finally:
                 if not session.planning and not session.journal_waits:
-                    self._resume(session)
+                    self._resume(session)  # what it held back, whatever became of this one
 
-        self.shared.tasks.start_soon(plan_then_submit)
+        self.shared.answer_later(session, message.id, plan_then_submit)
 
     def _acceptance_sender(self, session: Session, accepted: BatchAccepted, may_carry: bool) -> SendAcceptance:
         """How a held acceptance goes out: with the outcome inside when the batch has

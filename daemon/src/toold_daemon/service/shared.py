@@ -4,8 +4,9 @@ and the two ways to answer a peer."""
 from __future__ import annotations
 
 import collections
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +29,11 @@ from ..sandbox.workspaces import Workspaces
 from ..tools.registry import Registry
 from .planning_aside import PlanningAside
 from .sessions import Session, Sessions
+
+log = logging.getLogger(__name__)
+
+#: What a client is told when handling its request failed on the daemon's side.
+INTERNAL_FAILURE = "internal error while handling the request; the daemon keeps running"
 
 
 class Send(Protocol):
@@ -75,6 +81,35 @@ class Shared(msgspec.Struct, eq=False):
         """Where requests start their tasks (bound when the daemon starts serving)."""
         assert self.nursery is not None, "the service's nursery is not bound yet"
         return self.nursery
+
+    def answer_later(self, session: Session, request_id: int | None, work: Callable[[], Awaitable[None]]) -> None:
+        """Answer a request from a task of its own (it waits for the journal, or for a
+        thread): a failure there is that request's ``INTERNAL`` error, as for a request
+        answered at once, never the end of the service's nursery and with it the daemon."""
+
+        async def guarded() -> None:
+            try:
+                await work()
+            except Exception:
+                log.exception("request %s of %s failed", request_id, session.session_id)
+                self.error(session.peer, request_id, ProtocolErrorCode.INTERNAL, INTERNAL_FAILURE)
+
+        self.tasks.start_soon(guarded)
+
+    def refuses_more_planning(self, session: Session, request_id: int) -> bool:
+        """Whether the uid already has as many large requests being planned aside as it may
+        (told with ``TOO_MANY_BATCHES``)."""
+        uid = session.identity.uid
+        if self.aside.admits(uid):
+            return False
+        waiting = self.aside.waiting(uid)
+        self.error(
+            session.peer,
+            request_id,
+            ProtocolErrorCode.TOO_MANY_BATCHES,
+            f"uid {uid} already has {waiting} large requests being planned, the most it may",
+        )
+        return True
 
     def reply(self, session: Session, message: msgspec.Struct) -> None:
         self.send(session.peer, encode(message))
