@@ -51,7 +51,8 @@ from .records.user_state import UserState
 from .sandbox import build_sandbox
 from .service import Service
 from .service.connections import ConnectionGuard, connection_budget, raise_descriptor_limit
-from .service.ipc import Admission, IpcServer, SocketAccess, check_private_dir, ipc_path
+from .service.ipc import Admission, IpcServer, ipc_path
+from .service.socket_dir import SocketAccess, check_private_dir
 from .tools import Tool, builtin_tools
 from .tools.custom import configured_tools
 from .tools.registry import Registry
