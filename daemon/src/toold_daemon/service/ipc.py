@@ -72,6 +72,10 @@ _AUDIT_SECONDS = 1.0
 #: queued ones; past these bounds the rest wait inside libzmq (bounded per connection).
 _INTAKE_FRAMES = 16_384
 _INTAKE_BYTES = 64 << 20
+# pyzmq's constants as plain ints: as enum members, each ``&`` builds a new member (µs
+# per frame on the pump's path).
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
 #: Serving frames in rotation stops after this long, to let the batch tasks run and read
 #: the frames that arrived meanwhile (another uid's among them).
 _SERVE_SECONDS = 0.0005
@@ -320,7 +324,7 @@ class IpcServer:
         descriptor that announced them, so the sleeping pump must be woken to read them;
         when none wait, any that arrive later raise the edge again."""
         router = self._router
-        return router is not None and bool(int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        return router is not None and _frames_wait(router)
 
     def _overflow(self, peer: bytes, why: str) -> None:
         log.warning("peer %r stopped reading (%s): dropped %d queued bytes", peer, why, self._backlogs.queued(peer))
@@ -392,7 +396,7 @@ class IpcServer:
                 self._blocked.add(peer)  # until it is seen reading what it was handed
                 return
             try:
-                router.send_multipart([peer, queue[0]], flags=zmq.NOBLOCK, copy=False)
+                router.send_multipart([peer, queue[0]], flags=_NOBLOCK, copy=False)
             except zmq.Again:
                 self._blocked.add(peer)  # its pipe is full: try again shortly
                 return
@@ -444,7 +448,7 @@ class IpcServer:
             self._read_inbound(router)
             self._serve_intake()
             self._flush_outbox()  # replies to what was just served, at once
-            if self._intake or int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if self._intake or _frames_wait(router):
                 continue  # frames wait their turn, or unannounced: a send may consume the edge
             with trio.CancelScope() as wake:
                 self._wake = wake
@@ -466,9 +470,10 @@ class IpcServer:
     def _read_inbound(self, router: zmq.Socket[bytes]) -> None:
         """Read what libzmq holds into the intake, up to its bounds."""
         intake = self._intake
-        while intake.waiting < _INTAKE_FRAMES and intake.bytes < _INTAKE_BYTES:
+        # Asked first rather than read until zmq.Again: raising it costs more than asking.
+        while intake.waiting < _INTAKE_FRAMES and intake.bytes < _INTAKE_BYTES and _frames_wait(router):
             try:
-                frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = router.recv_multipart(flags=_NOBLOCK, copy=False)
             except zmq.Again:
                 return
             peer = frames[0].bytes
@@ -525,7 +530,7 @@ class IpcServer:
         fd = int(monitor.getsockopt(zmq.FD))
         next_audit = trio.current_time() + _AUDIT_SECONDS
         while True:
-            while int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            while _frames_wait(monitor):
                 frames = monitor.recv_multipart(flags=zmq.NOBLOCK)
                 if len(frames[0]) < _MONITOR_EVENT.size:
                     continue
@@ -555,7 +560,7 @@ class IpcServer:
         assert zap is not None
         fd = int(zap.getsockopt(zmq.FD))
         while True:
-            while int(zap.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            while _frames_wait(zap):
                 request = zap.recv_multipart()
                 zap.send_multipart(_zap_reply(request, self._refuse))
             await trio.lowlevel.wait_readable(fd)
@@ -574,3 +579,8 @@ def _zap_reply(request: list[bytes], refuse: Admission | None = None) -> list[by
         return [version, request_id, b"400", reason.encode()[:200], b"", b""]
     user_id = f"{identity.uid}:{identity.gid}:{identity.pid}".encode()
     return [version, request_id, b"200", b"OK", user_id, b""]
+
+
+def _frames_wait(sock: zmq.Socket[bytes]) -> bool:
+    """Whether ``sock`` holds a message to read now (never blocks)."""
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & _POLLIN)
