@@ -5,10 +5,19 @@ each process spends per call (read from ``/proc``) moves much less, so it is the
 to compare when a change touches the hot path. For the read: the protocol process
 (including its short spin while it waits for the worker), the tool workers and the
 client; for the echo, its server and its client. Several rounds; median reported.
+
+With ``--against DIR`` (a checkout of another commit, ``git worktree add /tmp/base
+COMMIT``) a daemon of that tree runs beside this tree's and the two are read from call
+by call, alternating, so that the machine's drift (±10 % between runs here) lands on
+both alike; each round gives the ratio of their protocol processes' CPU per read.
+
+    .venv/bin/python bench/bench_cpu.py [n] [rounds] [--against DIR]
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -19,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from _common import running_daemon
+from _common import running_daemon, tree_environment
 from bench_roundtrip import echo_pair, four_kb_root
 from toold_client import Client
 from toold_protocol import Ping, decode_daemon_message, encode
@@ -61,6 +70,51 @@ def daemon_processes(parent_pid: int) -> dict[str, list[psutil.Process]]:
     return {"protocol": protocol, "workers": workers}
 
 
+def serving_processes(endpoint: str) -> dict[str, list[psutil.Process]]:
+    """The daemon serving ``endpoint``: its protocol process, and its tool workers."""
+    serving = [p for p in psutil.process_iter(["cmdline"]) if endpoint in (p.info["cmdline"] or [])]
+    protocol = [p for p in serving if p.num_threads() > 1]
+    spawners = {p.pid for p in serving if p not in protocol}
+    return {"protocol": protocol, "workers": [p for p in psutil.process_iter() if p.ppid() in spawners]}
+
+
+def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int) -> None:
+    """Each tree's daemon read from in turn, call by call; CPU per read of each, by round."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        root = four_kb_root(Path(tmp))
+        clients = {
+            name: stack.enter_context(Client(stack.enter_context(running_daemon(root, env=env))))
+            for name, env in trees.items()
+        }
+        endpoints = {name: client.endpoint for name, client in clients.items()}
+        for _ in range(300):
+            for client in clients.values():
+                assert client.call("read_file", {"path": "four_kb.txt"}).ok
+        groups = {name: serving_processes(endpoint) for name, endpoint in endpoints.items()}
+        figures: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        for _ in range(rounds):
+            before = {
+                name: {g: sum(cpu_seconds(p) for p in ps) for g, ps in group.items()} for name, group in groups.items()
+            }
+            for _ in range(n):
+                for client in clients.values():
+                    client.call("read_file", {"path": "four_kb.txt"})
+            for name, group in groups.items():
+                figures[name].append(
+                    {g: (sum(cpu_seconds(p) for p in ps) - before[name][g]) / n * 1e6 for g, ps in group.items()}
+                )
+    print(f"# CPU µs per read, n={n} per tree and round, {rounds} rounds, calls alternating between the trees")
+    for name, rows in figures.items():
+        protocol = statistics.median(r["protocol"] for r in rows)
+        workers = statistics.median(r["workers"] for r in rows)
+        print(f"{name:<24} protocol {protocol:7.1f}  workers {workers:7.1f}")
+    ours, *others = figures
+    for other in others:
+        ratios = [a["protocol"] / b["protocol"] for a, b in zip(figures[ours], figures[other], strict=True)]
+        spread = f"range {min(ratios):.3f}-{max(ratios):.3f}"
+        print(f"protocol CPU, {ours} / {other}: {statistics.median(ratios):.3f}x ({spread})")
+
+
 def main(n: int = 3000, rounds: int = 3) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = four_kb_root(Path(tmp))
@@ -95,4 +149,14 @@ def main(n: int = 3000, rounds: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("n", type=int, nargs="?", default=3000)
+    parser.add_argument("rounds", type=int, nargs="?", default=3)
+    parser.add_argument("--against", type=Path, help="another checkout, read from call by call beside this tree")
+    args = parser.parse_args()
+    if args.against:
+        interleaved(
+            {"this tree": None, str(args.against): tree_environment(args.against.resolve())}, args.n, args.rounds
+        )
+    else:
+        main(args.n, args.rounds)
