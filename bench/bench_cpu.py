@@ -7,11 +7,12 @@ to compare when a change touches the hot path. For the read: the protocol proces
 client; for the echo, its server and its client. Several rounds; median reported.
 
 With ``--against DIR`` (a checkout of another commit, ``git worktree add /tmp/base
-COMMIT``) a daemon of that tree runs beside this tree's and the two are read from call
-by call, alternating, so that the machine's drift (±10 % between runs here) lands on
-both alike; each round gives the ratio of their protocol processes' CPU per read.
+COMMIT``) a daemon of that tree runs beside this tree's and the two are called in turn,
+call by call, so that the machine's drift (±10 % between runs here) lands on both
+alike; each round gives the ratio of their protocol processes' CPU per call. ``--call
+shell`` measures ``shell true`` instead of the read.
 
-    .venv/bin/python bench/bench_cpu.py [n] [rounds] [--against DIR]
+    .venv/bin/python bench/bench_cpu.py [n] [rounds] [--against DIR [--call read|shell]]
 """
 
 from __future__ import annotations
@@ -78,18 +79,30 @@ def serving_processes(endpoint: str) -> dict[str, list[psutil.Process]]:
     return {"protocol": protocol, "workers": [p for p in psutil.process_iter() if p.ppid() in spawners]}
 
 
-def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int) -> None:
-    """Each tree's daemon read from in turn, call by call; CPU per read of each, by round."""
+#: What ``--against`` measures: a 4 KB read, or ``shell true`` (a command through a zygote).
+CALLS: dict[str, tuple[str, dict[str, str]]] = {
+    "read": ("read_file", {"path": "four_kb.txt"}),
+    "shell": ("shell", {"command": "true"}),
+}
+
+
+def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int, call: str = "read") -> None:
+    """Each tree's daemon called in turn, call by call; CPU per call of each, by round."""
+    tool, arguments = CALLS[call]
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = four_kb_root(Path(tmp))
+        config = Path(tmp, "toold.toml")
+        config.write_text('[tools.approval]\nallowlist = ["shell"]\n')  # commands run unasked
         clients = {
-            name: stack.enter_context(Client(stack.enter_context(running_daemon(root, env=env))))
+            name: stack.enter_context(
+                Client(stack.enter_context(running_daemon(root, "--config", str(config), env=env)))
+            )
             for name, env in trees.items()
         }
         endpoints = {name: client.endpoint for name, client in clients.items()}
         for _ in range(300):
             for client in clients.values():
-                assert client.call("read_file", {"path": "four_kb.txt"}).ok
+                assert client.call(tool, arguments).ok
         groups = {name: serving_processes(endpoint) for name, endpoint in endpoints.items()}
         figures: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         for _ in range(rounds):
@@ -98,12 +111,12 @@ def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int) ->
             }
             for _ in range(n):
                 for client in clients.values():
-                    client.call("read_file", {"path": "four_kb.txt"})
+                    client.call(tool, arguments)
             for name, group in groups.items():
                 figures[name].append(
                     {g: (sum(cpu_seconds(p) for p in ps) - before[name][g]) / n * 1e6 for g, ps in group.items()}
                 )
-    print(f"# CPU µs per read, n={n} per tree and round, {rounds} rounds, calls alternating between the trees")
+    print(f"# CPU µs per {tool} call, n={n} per tree and round, {rounds} rounds, calls alternating between the trees")
     for name, rows in figures.items():
         protocol = statistics.median(r["protocol"] for r in rows)
         workers = statistics.median(r["workers"] for r in rows)
@@ -152,11 +165,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("n", type=int, nargs="?", default=3000)
     parser.add_argument("rounds", type=int, nargs="?", default=3)
-    parser.add_argument("--against", type=Path, help="another checkout, read from call by call beside this tree")
+    parser.add_argument("--against", type=Path, help="another checkout, called call by call beside this tree")
+    parser.add_argument("--call", choices=sorted(CALLS), default="read", help="what --against measures")
     args = parser.parse_args()
     if args.against:
-        interleaved(
-            {"this tree": None, str(args.against): tree_environment(args.against.resolve())}, args.n, args.rounds
-        )
+        trees = {"this tree": None, str(args.against): tree_environment(args.against.resolve())}
+        interleaved(trees, args.n, args.rounds, args.call)
     else:
         main(args.n, args.rounds)

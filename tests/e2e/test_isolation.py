@@ -204,6 +204,28 @@ def test_processes_left_behind_by_a_finished_command_are_killed(client: Client) 
     assert alive_with(marker) == []
 
 
+def test_without_cgroups_the_token_sweep_still_kills_what_a_command_left_behind(tmp_path: Path, root: Path) -> None:
+    """With a cgroup that held the whole call, emptying it ends the call and the token sweep
+    is skipped; without one, the sweep is what finds the processes that left the group."""
+    marker = f"36{uuid.uuid4().int % 10**6:06d}"
+    d = start_daemon(tmp_path, root, config=CONFIG + "cgroups = false\n")
+    try:
+        with d.client(timeout=30) as c:
+            command = (
+                f"setsid sleep {marker}1 >/dev/null 2>&1 </dev/null & "
+                f"nohup sleep {marker}2 >/dev/null 2>&1 </dev/null & "
+                f"python3 -c 'import os, time; os.fork() or os.setsid(); time.sleep({marker}3)' & echo done"
+            )
+            result = c.call("shell", {"command": command})
+            assert result.ok and "done" in result.content, result.content
+            deadline = time.monotonic() + 5
+            while alive_with(marker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert alive_with(marker) == []
+    finally:
+        d.stop()
+
+
 def test_grandchild_holding_the_pipe_does_not_hang_the_call(client: Client) -> None:
     marker = f"33{uuid.uuid4().int % 10**6:06d}"
     started = time.monotonic()

@@ -6,6 +6,7 @@ of the call can still write there)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from typing import Protocol
@@ -27,6 +28,10 @@ class CallProcess(msgspec.Struct, frozen=True):
     uid: int
     cgroup: str  # its call cgroup's name ("" without one)
     zygote_left: trio.Event | None = None  # set once the zygote that started it left its cgroup
+    #: Its first process started inside ``cgroup`` (from a zygote the daemon itself moved
+    #: there), so everything the call started is in it unless it could write another
+    #: cgroup's ``cgroup.procs``: once that cgroup is killed and emptied, the call is over.
+    contained: bool = False
 
 
 class GiveBackTemp(Protocol):
@@ -62,28 +67,43 @@ class CallKiller:
         killed: set[int] = set()
         if killed_by_cgroup and self.nursery is not None:
             signal_group(child.pid, signal.SIGKILL)
-            self.nursery.start_soon(self._finish, child, killed)
+            self.nursery.start_soon(functools.partial(self._finish, child, killed, by_cgroup=True))
             return
         await self._sweep_until_quiet(child.pid, child.token, killed)
         await self._finish(child, killed)
 
-    async def _finish(self, child: CallProcess, killed: set[int]) -> None:
-        # A process being reparented while its parent exits can be missing from both
-        # parents' /proc children lists for an instant: once the whole group is gone (no
-        # more reparenting), look once more.
+    async def _finish(self, child: CallProcess, killed: set[int], *, by_cgroup: bool = False) -> None:
+        """Wait for the call's group to exit; sweep for escapees carrying its token, unless
+        its cgroup, killed, empties and the call was contained in it; remove the cgroup.
+
+        Skipping the sweep there loses nothing: leaving a cgroup takes write access to
+        another one's ``cgroup.procs`` (root's, outside every root Landlock lets a command
+        write), and a process that could do that could as well drop the token from its
+        environment, which is all the sweep looks for. The sweep reads every process the
+        spawner has (each zygote, worker and command: their /proc children and environ
+        files), so it cost each command more as more users ran at once."""
         with trio.CancelScope(shield=True):
+            # A process being reparented while its parent exits can be missing from both
+            # parents' /proc children lists for an instant: once the whole group is gone (no
+            # more reparenting), look once more.
             with trio.move_on_after(2.0):
                 await wait_exit(child.pid)
                 while signal_group(child.pid, 0):
                     await trio.sleep(0.0005)
-            await self._sweep_until_quiet(child.pid, child.token, killed)
-            emptied = False  # only an emptied cgroup proves nothing of the call can still write
-            if child.cgroup:
-                with trio.move_on_after(2.0):
-                    while not self.cgroups.remove(child.cgroup):
-                        await trio.sleep(0.001)
-                    emptied = True
+            # only an emptied cgroup proves nothing of the call can still write
+            emptied = by_cgroup and child.contained and await self._emptied(child.cgroup)
+            if not emptied:
+                await self._sweep_until_quiet(child.pid, child.token, killed)
+                emptied = bool(child.cgroup) and await self._emptied(child.cgroup)
             await self._give_back_temp(child.temp, child.uid, reusable=emptied)
+
+    async def _emptied(self, cgroup: str) -> bool:
+        """Remove ``cgroup`` once the processes leaving it are gone (within 2 s)."""
+        with trio.move_on_after(2.0):
+            while not self.cgroups.remove(cgroup):
+                await trio.sleep(0.001)
+            return True
+        return False
 
     async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
         for _ in range(1000):

@@ -420,7 +420,8 @@ class SpawnRunner:
             raise
         finally:
             os.close(write_end)
-        return CallProcess(pid, read_end, token, temp, identity.uid, group, left)
+        # a zygote is moved into its cgroup by the daemon before it starts the command there
+        return CallProcess(pid, read_end, token, temp, identity.uid, group, left, contained=via_zygote and bool(group))
 
     async def _decide_egress(self, call: EgressCall, host: str, port: int) -> tuple[bool, str]:
         """The rules first; a host they neither allow nor deny is the person's to answer."""
