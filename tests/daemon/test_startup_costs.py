@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 import gc
 import importlib
+import importlib.util
 import pkgutil
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +82,31 @@ def _class_width(items: Any) -> int:  # re's parse tree is untyped
         elif op is _parser.ATOMIC_GROUP:
             total += _class_width(av)
     return total
+
+
+def test_the_daemon_starts_from_current_bytecode() -> None:
+    """``scripts/bootstrap`` compiles our sources, which pip installed editable and so
+    compiled none of: where PYTHONDONTWRITEBYTECODE is set, every daemon start compiled
+    them all again (its imports took twice as long). Fails after a source changes until
+    bootstrap (``./scripts/test`` runs it first) compiles it again."""
+    stale = [
+        str(source.relative_to(DAEMON.parents[2]))
+        for tree in (DAEMON, *(DAEMON.parents[2] / f"{name}/src" for name in ("protocol", "client")))
+        for source in tree.rglob("*.py")
+        if not _bytecode_is_current(source)
+    ]
+    assert stale == [], "run ./scripts/bootstrap"
+
+
+def _bytecode_is_current(source: Path) -> bool:
+    try:
+        header = Path(importlib.util.cache_from_source(str(source))).read_bytes()[:16]
+    except OSError:
+        return False
+    flags, mtime, size = struct.unpack("<III", header[4:16])
+    stat = source.stat()
+    unchanged = flags != 0 or (mtime, size) == (int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF)
+    return header[:4] == importlib.util.MAGIC_NUMBER and unchanged
 
 
 def test_settling_freezes_start_up_and_turns_the_collector_on() -> None:
