@@ -9,14 +9,15 @@ import gc
 import importlib
 import importlib.util
 import pkgutil
+import py_compile
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from toold_daemon.operation import bytecode
 from toold_daemon.server import settle_garbage_collector
 
 #: The parser re compiles with (typeshed does not describe it).
@@ -89,24 +90,23 @@ def test_the_daemon_starts_from_current_bytecode() -> None:
     compiled none of: where PYTHONDONTWRITEBYTECODE is set, every daemon start compiled
     them all again (its imports took twice as long). Fails after a source changes until
     bootstrap (``./scripts/test`` runs it first) compiles it again."""
-    stale = [
-        str(source.relative_to(DAEMON.parents[2]))
-        for tree in (DAEMON, *(DAEMON.parents[2] / f"{name}/src" for name in ("protocol", "client")))
-        for source in tree.rglob("*.py")
-        if not _bytecode_is_current(source)
-    ]
-    assert stale == [], "run ./scripts/bootstrap"
+    trees = [DAEMON, *(DAEMON.parents[2] / f"{name}/src" for name in ("protocol", "client"))]
+    missing = bytecode.stale(source for tree in trees for source in tree.rglob("*.py"))
+    assert missing == [], "run ./scripts/bootstrap"
 
 
-def _bytecode_is_current(source: Path) -> bool:
-    try:
-        header = Path(importlib.util.cache_from_source(str(source))).read_bytes()[:16]
-    except OSError:
-        return False
-    flags, mtime, size = struct.unpack("<III", header[4:16])
-    stat = source.stat()
-    unchanged = flags != 0 or (mtime, size) == (int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF)
-    return header[:4] == importlib.util.MAGIC_NUMBER and unchanged
+def test_bytecode_is_current_only_for_the_source_it_was_compiled_from(tmp_path: Path) -> None:
+    source = tmp_path / "module.py"
+    source.write_text("VALUE = 1\n")
+    assert not bytecode.is_current(source)  # never compiled
+    py_compile.compile(str(source), doraise=True)
+    assert bytecode.is_current(source)
+    source.write_text("VALUE = 22\n")  # another size, so another source even within the same second
+    assert not bytecode.is_current(source)
+    py_compile.compile(str(source), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    assert bytecode.is_current(source)  # hash-based: the import system checks the hash itself
+    Path(importlib.util.cache_from_source(str(source))).write_bytes(b"\0" * 16)
+    assert not bytecode.is_current(source)  # another interpreter's magic number
 
 
 def test_settling_freezes_start_up_and_turns_the_collector_on() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -79,3 +80,20 @@ def test_with_the_packaged_config_doctor_looks_where_the_units_put_things() -> N
     units = Path(__file__).resolve().parents[2] / "systemd"
     assert "ListenStream=/run/toold/toold.sock" in (units / "toold.socket").read_text()
     assert "StateDirectory=toold" in (units / "toold.service").read_text()
+
+
+def test_bytecode_is_reported_off_when_the_daemon_would_compile_itself(tmp_path: Path) -> None:
+    """A copy of the daemon's sources without their bytecode, where Python may not write
+    it (as under the service's ProtectSystem=strict): every start would compile it again,
+    and the doctor says so; the bootstrapped tree (compiled) is on."""
+    daemon_src = Path(__file__).resolve().parents[2] / "daemon/src"
+    sources_only = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(daemon_src / "toold_daemon", tmp_path / "toold_daemon", ignore=sources_only)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(tmp_path))
+    command = [str(BIN / "python"), "-m", "toold_daemon", "doctor", "--json", "--state-dir", str(tmp_path / "state")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    copied = json.loads(done.stdout)["service"]["bytecode"]
+    assert not copied["on"] and str(tmp_path / "toold_daemon") in copied["detail"], copied
+    _, report = doctor("--state-dir", str(tmp_path / "state"))
+    compiled = report["service"]["bytecode"]  # type: ignore[index]
+    assert compiled["on"] and "modules loaded have current bytecode" in compiled["detail"], compiled

@@ -16,6 +16,7 @@ import msgspec
 from ..config import Config
 from ..egress.rules import network_summary
 from ..records.journal import JOURNAL_NAME, RECOVERY_NAME
+from . import bytecode
 
 SERVICE_GROUP = "toold"
 
@@ -36,8 +37,25 @@ def service_checks(config: Config, endpoint: str, state_dir: Path, spawner_socke
         _service_group(),
         _socket(endpoint),
         _journal(state_dir),
+        _bytecode(),
         *_network_modes(config),
     ]
+
+
+def _bytecode() -> Check:
+    """Whether the modules loaded so far (the daemon's, imported for the doctor) came from
+    current bytecode. Run where Python may write it, importing them has just written it:
+    ``PYTHONDONTWRITEBYTECODE=1 toold doctor`` sees what a read-only service sees."""
+    loaded = bytecode.loaded_sources()
+    missing = bytecode.stale(loaded)
+    if not missing:
+        return Check("bytecode", True, f"all {len(loaded)} modules loaded have current bytecode")
+    return Check(
+        "bytecode",
+        False,
+        f"{len(missing)} of {len(loaded)} modules loaded have no current bytecode (first: {missing[0]}): where "
+        "Python cannot write it, every start compiles them again (python -m compileall, or scripts/bootstrap)",
+    )
 
 
 def _network_modes(config: Config) -> list[Check]:
