@@ -60,17 +60,6 @@ def per_call(work: Callable[[], object], n: int, processes: dict[str, list[psuti
     return figures
 
 
-def daemon_processes(parent_pid: int) -> dict[str, list[psutil.Process]]:
-    """The protocol process (the one with threads: the journal's, libzmq's) and the tool
-    workers (its spawner's children), found among this process's descendants."""
-    mine = psutil.Process(parent_pid)
-    serving = [p for p in mine.children(recursive=True) if "serve" in " ".join(p.cmdline())]
-    protocol = [p for p in serving if p.num_threads() > 1]
-    spawners = {p.pid for p in serving if p not in protocol and p.ppid() in {q.pid for q in protocol}}
-    workers = [p for p in psutil.process_iter() if p.ppid() in spawners]
-    return {"protocol": protocol, "workers": workers}
-
-
 def serving_processes(endpoint: str) -> dict[str, list[psutil.Process]]:
     """The daemon serving ``endpoint``: its protocol process, and its tool workers."""
     serving = [p for p in psutil.process_iter(["cmdline"]) if endpoint in (p.info["cmdline"] or [])]
@@ -146,7 +135,7 @@ def main(n: int = 3000, rounds: int = 3) -> None:
             for _ in range(300):
                 read()
                 echo()
-            daemon = daemon_processes(os.getpid())
+            daemon = serving_processes(client.endpoint)
             for _ in range(rounds):
                 rows["echo"].append(per_call(echo, n, {"server": [psutil.Process(server.pid)]}))
                 rows["read"].append(per_call(read, n, daemon))

@@ -198,18 +198,19 @@ class Zygote(msgspec.Struct, eq=False):
         fresh = self.new_group()
         if not fresh:
             return ""
-        opened = self.cgroups.open_procs(fresh)
-        if opened is not None and write_procs(opened, self.pid):
+        if self._enter(fresh):
             return fresh
         self.cgroups.remove(fresh)
         return ""
 
     async def _move(self, group: str) -> bool:
-        """Move the zygote into ``group``: the writes in a thread, with nothing else there."""
+        """Move the zygote into ``group``, in a thread, with nothing else there."""
+        return await trio.to_thread.run_sync(self._enter, group, limiter=_MOVERS)
+
+    def _enter(self, group: str) -> bool:
+        """(In a thread.) Write the zygote's pid to ``group``'s ``cgroup.procs`` everywhere."""
         opened = self.cgroups.open_procs(group)
-        if opened is None:
-            return False
-        return await trio.to_thread.run_sync(write_procs, opened, self.pid, limiter=_MOVERS)
+        return opened is not None and write_procs(opened, self.pid)
 
     async def _leave(self, group: str) -> None:
         """Leave call cgroup ``group`` for a fresh one (unless an earlier park already
