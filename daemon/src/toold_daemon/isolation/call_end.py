@@ -29,8 +29,8 @@ class CallProcess(msgspec.Struct, frozen=True):
     cgroup: str  # its call cgroup's name ("" without one)
     zygote_left: trio.Event | None = None  # set once the zygote that started it left its cgroup
     #: Its first process started inside ``cgroup`` (from a zygote the daemon itself moved
-    #: there), so everything the call started is in it unless it could write another
-    #: cgroup's ``cgroup.procs``: once that cgroup is killed and emptied, the call is over.
+    #: there), under Landlock, which keeps every ``cgroup.procs`` out of its reach: all the
+    #: call started is in that cgroup, and once it is killed and emptied, the call is over.
     contained: bool = False
 
 
@@ -77,11 +77,12 @@ class CallKiller:
         its cgroup, killed, empties and the call was contained in it; remove the cgroup.
 
         Skipping the sweep there loses nothing: leaving a cgroup takes write access to
-        another one's ``cgroup.procs`` (root's, outside every root Landlock lets a command
-        write), and a process that could do that could as well drop the token from its
-        environment, which is all the sweep looks for. The sweep reads every process the
-        spawner has (each zygote, worker and command: their /proc children and environ
-        files), so it cost each command more as more users ran at once."""
+        another one's ``cgroup.procs``, which Landlock keeps out of reach (/sys is outside
+        what a command may even read). Without Landlock a root command could leave, so the
+        sweep runs (though one able to leave could as well drop the token it looks for).
+        The sweep reads every process the spawner has (each zygote, worker and command:
+        their /proc children and environ files), so it cost each command more as more
+        users ran at once."""
         with trio.CancelScope(shield=True):
             # A process being reparented while its parent exits can be missing from both
             # parents' /proc children lists for an instant: once the whole group is gone (no

@@ -420,8 +420,10 @@ class SpawnRunner:
             raise
         finally:
             os.close(write_end)
-        # a zygote is moved into its cgroup by the daemon before it starts the command there
-        return CallProcess(pid, read_end, token, temp, identity.uid, group, left, contained=via_zygote and bool(group))
+        # A zygote is moved into its cgroup by the daemon before it starts the command there,
+        # and under Landlock nothing the command starts can write a cgroup.procs to leave it.
+        contained = via_zygote and bool(group) and self.layers.get("landlock", "").startswith("on")
+        return CallProcess(pid, read_end, token, temp, identity.uid, group, left, contained=contained)
 
     async def _decide_egress(self, call: EgressCall, host: str, port: int) -> tuple[bool, str]:
         """The rules first; a host they neither allow nor deny is the person's to answer."""
