@@ -67,7 +67,7 @@ def test_the_protocol_process_does_not_import_what_only_tools_use() -> None:
     in the spawner) or at first use, not at every start of the protocol process."""
     code = (
         "import sys, toold_daemon.cli, toold_daemon.server\n"
-        "from toold_daemon.tools import builtin_tools\n"
+        "from toold_daemon.tools.builtin import builtin_tools\n"
         "from toold_daemon.config import Config\n"
         "[(t.unavailable(Config()), t.summary) for t in builtin_tools()]\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('httpx', 'httpcore', 'jsonschema', 'selectolax')))"
@@ -180,3 +180,35 @@ def test_daemon_imports_run_down_its_layers() -> None:
             if layer_of.get(target, len(DAEMON_LAYERS)) < layer_of[unit]:
                 wrong.append(f"{module} ({unit}) imports {imported} ({target}), a layer above it")
     assert wrong == []
+
+
+#: Imports each module of a package first, in one interpreter: the package's modules
+#: are forgotten before each, the libraries they use are not. Prints the failures.
+_EACH_MODULE_FIRST = """
+import importlib, pathlib, sys
+package = sys.argv[1]
+root = pathlib.Path(importlib.import_module(package).__file__).parent
+failed = []
+for path in sorted(root.rglob("*.py")):
+    parts = [package, *path.relative_to(root).with_suffix("").parts]
+    if parts[-1] == "__main__":
+        continue
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    for loaded in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed.append(f"{name}: {type(exc).__name__}: {exc}")
+print("\\n".join(failed))
+"""
+
+
+@pytest.mark.parametrize("package", ["toold_protocol", "toold_client", "toold_daemon"])
+def test_every_module_imports_first(package: str) -> None:
+    """A module that fails when it is the first of its package to be imported has an
+    import circle through a package's ``__init__`` (``undo.restore`` had one with
+    ``tools``), which the layer test above cannot see: layers allow imports within one."""
+    out = subprocess.run([sys.executable, "-c", _EACH_MODULE_FIRST, package], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

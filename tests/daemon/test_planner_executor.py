@@ -19,7 +19,8 @@ from toold_daemon.execution.executor import Executor
 from toold_daemon.execution.runner import ThreadRunner
 from toold_daemon.policy import planner
 from toold_daemon.sandbox import Sandbox
-from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput, builtin_tools
+from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput
+from toold_daemon.tools.builtin import builtin_tools
 from toold_daemon.tools.registry import Registry
 from toold_protocol import BatchFinished, CallFinished, CallStarted, Identity, ToolCall, encode_value
 

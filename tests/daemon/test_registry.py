@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toold_daemon.errors import ToolError
-from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput, builtin_tools
+from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput
+from toold_daemon.tools.builtin import builtin_tools
 from toold_daemon.tools.registry import Registry
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from toold_daemon import policy
 from toold_daemon.config import ApprovalConfig
-from toold_daemon.tools import builtin_tools
+from toold_daemon.tools.builtin import builtin_tools
 from toold_protocol import Identity
 
 paths = st.text(alphabet="abcxyz/._-", min_size=1, max_size=40)

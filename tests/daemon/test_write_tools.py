@@ -23,7 +23,8 @@ from toold_daemon.config.loading import parse
 from toold_daemon.errors import ToolError
 from toold_daemon.execution.reads import ReadTracker
 from toold_daemon.sandbox import Sandbox
-from toold_daemon.tools import ToolContext, ToolOutput, builtin_tools
+from toold_daemon.tools import ToolContext, ToolOutput
+from toold_daemon.tools.builtin import builtin_tools
 
 TOOLS = {tool.name: tool for tool in builtin_tools()}
 

@@ -33,7 +33,7 @@ from toold_daemon.isolation.wire import (
     frame,
     read_frame,
 )
-from toold_daemon.tools import builtin_tools
+from toold_daemon.tools.builtin import builtin_tools
 
 _spawned = msgspec.msgpack.Decoder(Spawned)
 _config = msgspec.msgpack.encode(Config())

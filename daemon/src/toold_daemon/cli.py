@@ -28,7 +28,8 @@ from .operation.checks import Check
 from .operation.hardening import harden_process
 from .records import logs
 from .service.activation import ActivationError, take_activated_socket
-from .tools import Tool, builtin_tools, web_search
+from .tools import Tool, web_search
+from .tools.builtin import builtin_tools
 from .tools.custom import taken_names
 from .tools.plugin_loader import PluginReport, load_plugins
 

@@ -53,7 +53,8 @@ from .service import Service
 from .service.connections import ConnectionGuard, connection_budget, raise_descriptor_limit
 from .service.ipc import Admission, IpcServer, ipc_path
 from .service.socket_dir import SocketAccess, check_private_dir
-from .tools import Tool, builtin_tools
+from .tools import Tool
+from .tools.builtin import builtin_tools
 from .tools.custom import configured_tools
 from .tools.registry import Registry
 from .undo.ledger import UndoLedger

@@ -151,7 +151,7 @@ def _validator(schema: dict[str, Any]) -> Draft202012Validator:
 def taken_names(tools: ToolsConfig) -> set[str]:
     """Names and aliases of the built-in tools and of the configured ones: a plugin may
     take none of them, and a configured tool none of the built-ins'."""
-    from . import builtin_tools
+    from .builtin import builtin_tools
 
     names = {name for tool in builtin_tools() for name in (tool.name, *tool.aliases)}
     return names | {entry.name for entry in (*tools.commands, *tools.definitions)}
