@@ -94,13 +94,17 @@ def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int, ca
                 assert client.call(tool, arguments).ok
         groups = {name: serving_processes(endpoint) for name, endpoint in endpoints.items()}
         figures: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        waits: dict[str, list[float]] = {name: [] for name in trees}  # each call's wall time
+        clock = time.perf_counter
         for _ in range(rounds):
             before = {
                 name: {g: sum(cpu_seconds(p) for p in ps) for g, ps in group.items()} for name, group in groups.items()
             }
             for _ in range(n):
-                for client in clients.values():
+                for name, client in clients.items():
+                    started = clock()
                     client.call(tool, arguments)
+                    waits[name].append(clock() - started)
             for name, group in groups.items():
                 figures[name].append(
                     {g: (sum(cpu_seconds(p) for p in ps) - before[name][g]) / n * 1e6 for g, ps in group.items()}
@@ -109,12 +113,14 @@ def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int, ca
     for name, rows in figures.items():
         protocol = statistics.median(r["protocol"] for r in rows)
         workers = statistics.median(r["workers"] for r in rows)
-        print(f"{name:<24} protocol {protocol:7.1f}  workers {workers:7.1f}")
+        wall = statistics.median(waits[name]) * 1e6
+        print(f"{name:<24} protocol {protocol:7.1f}  workers {workers:7.1f}  call p50 {wall:7.1f} µs (wall)")
     ours, *others = figures
     for other in others:
         ratios = [a["protocol"] / b["protocol"] for a, b in zip(figures[ours], figures[other], strict=True)]
         spread = f"range {min(ratios):.3f}-{max(ratios):.3f}"
         print(f"protocol CPU, {ours} / {other}: {statistics.median(ratios):.3f}x ({spread})")
+        print(f"call p50, {ours} / {other}: {statistics.median(waits[ours]) / statistics.median(waits[other]):.3f}x")
 
 
 def main(n: int = 3000, rounds: int = 3) -> None:
