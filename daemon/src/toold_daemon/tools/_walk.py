@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # imported lazily: pathspec costs tens of ms at daemon start
 
 from ..errors import ToolError
 from ..sandbox import Sandbox
+from ..sandbox.reads import read_at_most
 from ._base import ToolContext
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -169,9 +170,10 @@ def _read_gitignore(dir_fd: int) -> pathspec.GitIgnoreSpec | None:
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
-        data = os.read(fd, _MAX_GITIGNORE_BYTES)
+        data = read_at_most(fd, _MAX_GITIGNORE_BYTES, st.st_size)
     finally:
         os.close(fd)
     import pathspec

@@ -17,6 +17,7 @@ from toold_protocol import ToolErrorType
 
 from ..errors import ToolError, bad_args, limits_exceeded
 from ..output import Unseen, count_lines
+from ..sandbox.reads import read_at_most
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import ReadFileData
 
@@ -102,23 +103,16 @@ class ReadFile(Tool[ReadFileArgs]):
         except ToolError:
             os.close(fd)
             raise
-        with os.fdopen(fd, "rb") as f:
-            ranged = args.start_line is not UNSET or args.end_line is not UNSET
-            if ranged:
+        ranged = args.start_line is not UNSET or args.end_line is not UNSET
+        if ranged:
+            with os.fdopen(fd, "rb") as f:
                 raw, first, last = _read_range(f, args, limits.max_scan_bytes, ctx)
-            else:
-                if st.st_size > limits.max_file_read_bytes:
-                    raise ToolError(
-                        ToolErrorType.FILE_TOO_LARGE,
-                        "FILE_TOO_LARGE",
-                        f"{args.path} is {st.st_size} bytes, over the {limits.max_file_read_bytes}-byte limit "
-                        "for whole-file reads; read it in parts with start_line/end_line",
-                        path=args.path,
-                        size=st.st_size,
-                        limit=limits.max_file_read_bytes,
-                    )
-                raw = f.read(limits.max_file_read_bytes + 1)
-                first, last = 1, 0
+        else:
+            try:
+                raw = _read_whole(fd, st.st_size, args.path, limits.max_file_read_bytes)
+            finally:
+                os.close(fd)
+            first, last = 1, 0
         data: dict[str, object] = {
             "path": shown,
             "size": st.st_size,
@@ -162,6 +156,20 @@ def _regular_file_stat(fd: int, given: str) -> os.stat_result:
             ToolErrorType.EXECUTION_FAILED, "NOT_A_REGULAR_FILE", f"{given} is not a regular file", path=given
         )
     return st
+
+
+def _read_whole(fd: int, size: int, given: str, limit: int) -> bytes:
+    if size > limit:
+        raise ToolError(
+            ToolErrorType.FILE_TOO_LARGE,
+            "FILE_TOO_LARGE",
+            f"{given} is {size} bytes, over the {limit}-byte limit "
+            "for whole-file reads; read it in parts with start_line/end_line",
+            path=given,
+            size=size,
+            limit=limit,
+        )
+    return read_at_most(fd, limit + 1, size)
 
 
 def _decodes(raw: bytes) -> bool:
