@@ -32,7 +32,8 @@ from toold_daemon.isolation.probe import Probe, ProbeArgs
 from toold_daemon.isolation.runner import SpawnRunner
 from toold_daemon.isolation.spawner import start
 from toold_daemon.sandbox import build_sandbox
-from toold_daemon.tools import ToolContext, builtin_tools
+from toold_daemon.tools import ToolContext
+from toold_daemon.tools.builtin import builtin_tools
 from toold_daemon.tools.shell import ShellArgs
 from toold_protocol import Identity
 
