@@ -8,6 +8,13 @@ time and threads add up); then its socket is closed and it exits once its last c
 has been reported. At most ``MAX_ZYGOTES`` live at once, least recently used retired
 first.
 
+Starting a zygote takes tens of milliseconds (a fork of the spawner, confinement, a
+cgroup), which the command that found its kind's zygote worn out used to wait for: one
+command in every thousand took ten times as long as the others. A zygote that will wear
+out within ``RENEW_AHEAD_SPAWNS`` commands or ``RENEW_AHEAD_S`` seconds now has its
+successor started beside it, in the background, and the successor takes over when it
+does.
+
 With cgroups, a zygote waits in a fresh call cgroup ("parked"): the next command is
 started there, so its call's cgroup holds it from its first instruction, and only then
 is the zygote moved on to a new one. Creating and moving happen after the command is
@@ -44,6 +51,8 @@ log = logging.getLogger(__name__)
 MAX_ZYGOTES = 8
 MAX_SPAWNS = 1000
 MAX_AGE_S = 600.0
+RENEW_AHEAD_SPAWNS = 50
+RENEW_AHEAD_S = 60.0
 _READY_TIMEOUT_S = 10.0
 _CLOSE_WAIT_S = 1.0
 
@@ -128,6 +137,12 @@ class Zygote(msgspec.Struct, eq=False):
 
     def worn_out(self) -> bool:
         return self.spawned >= MAX_SPAWNS or time.monotonic() - self.born > MAX_AGE_S
+
+    def wears_out_soon(self) -> bool:
+        """Time to start its successor."""
+        return (
+            self.spawned >= MAX_SPAWNS - RENEW_AHEAD_SPAWNS or time.monotonic() - self.born > MAX_AGE_S - RENEW_AHEAD_S
+        )
 
     def cgroups_in_use(self) -> list[str]:
         """Every cgroup this zygote may still be in (to remove once it has exited)."""
@@ -241,6 +256,8 @@ class Zygotes:
         self._cgroups = cgroups
         self._limits = (pids_max, memory_max)
         self._pool: OrderedDict[Kind, Zygote] = OrderedDict()
+        self._successors: dict[Kind, Zygote] = {}  # started ahead, for when the pool's wears out
+        self._renewing: set[Kind] = set()  # kinds whose successor is starting
         self._starting = trio.Lock()
         self._homes_to_remove: list[str] = []  # cgroups of retired zygotes, removed once empty
         self.nursery: trio.Nursery | None = None  # where zygotes leave calls' cgroups
@@ -248,8 +265,8 @@ class Zygotes:
         self.on_egress: Callable[[trio.socket.SocketType], None] | None = None
 
     def __len__(self) -> int:
-        """Zygotes alive now."""
-        return len(self._pool)
+        """Zygotes alive now (successors waiting to take over included)."""
+        return len(self._pool) + len(self._successors)
 
     async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, trio.Event | None]:
         """Start the command in ``request`` through the zygote of its kind: (pid, the
@@ -279,13 +296,48 @@ class Zygotes:
                 self._retire(kind, zygote)
                 zygote = None
             if zygote is None:
+                zygote = self._take_successor(kind)
+            if zygote is None:
                 while len(self._pool) >= MAX_ZYGOTES:
                     oldest = next(iter(self._pool))
                     self._retire(oldest, self._pool[oldest])
                 zygote = await self._start(request)
-                self._pool[kind] = zygote
+            self._pool[kind] = zygote
             self._pool.move_to_end(kind)
-            return zygote
+        if zygote.wears_out_soon() and kind not in self._successors and kind not in self._renewing:
+            self._renew(kind, request)
+        return zygote
+
+    def _take_successor(self, kind: Kind) -> Zygote | None:
+        """The successor started for ``kind``, if it is ready and has not worn out itself
+        (waiting, it ages too)."""
+        successor = self._successors.pop(kind, None)
+        if successor is not None and successor.worn_out():
+            self._retire_zygote(successor)
+            return None
+        return successor
+
+    def _renew(self, kind: Kind, request: SpawnRequest) -> None:
+        """Start ``kind``'s successor in the background, without the start lock: the
+        commands of this kind go on through the zygote they have meanwhile."""
+        if self.nursery is None or len(self) + len(self._renewing) > MAX_ZYGOTES:
+            return  # no room for one more process now: the next start happens on demand
+        self._renewing.add(kind)
+        self.nursery.start_soon(self._start_successor, kind, request)
+
+    async def _start_successor(self, kind: Kind, request: SpawnRequest) -> None:
+        try:
+            successor = await self._start(request)
+        except Exception as exc:  # (never out of the runner's nursery: it serves everyone)
+            log.warning("a zygote's successor could not start (%s); one starts on demand", exc)
+            return
+        finally:
+            self._renewing.discard(kind)
+        current = self._pool.get(kind)
+        if current is not None and current.wears_out_soon() and kind not in self._successors:
+            self._successors[kind] = successor
+        else:  # its kind was retired meanwhile, or a command could not wait and started another
+            self._retire_zygote(successor)
 
     async def _start(self, request: SpawnRequest) -> Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -351,9 +403,14 @@ class Zygotes:
         return self._cgroups.create(f"call-{secrets.token_hex(12)}", pids_max=pids_max + 1, memory_max=memory_max)
 
     def _retire(self, kind: Kind, zygote: Zygote) -> None:
+        """Retire the pool's zygote of ``kind``. Its successor stays only when it wore out
+        (``_zygote`` takes it over); a zygote retired for any other reason (the least
+        recently used, a workspace made anew, a zygote gone bad) takes its successor along."""
         if self._pool.get(kind) is zygote:
             del self._pool[kind]
         self._retire_zygote(zygote)
+        if not zygote.worn_out() and (successor := self._successors.pop(kind, None)) is not None:
+            self._retire_zygote(successor)
 
     def _retire_zygote(self, zygote: Zygote) -> None:
         zygote.close()  # it exits once its last command has been reported
@@ -365,6 +422,9 @@ class Zygotes:
         as soon as its socket closes, when it has no command left to report)."""
         for kind, zygote in list(self._pool.items()):
             self._retire(kind, zygote)
+        for successor in self._successors.values():
+            self._retire_zygote(successor)
+        self._successors.clear()
         deadline = time.monotonic() + _CLOSE_WAIT_S
         while self._homes_to_remove and time.monotonic() < deadline:
             time.sleep(0.005)
