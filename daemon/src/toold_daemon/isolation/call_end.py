@@ -9,13 +9,16 @@ from __future__ import annotations
 import functools
 import os
 import signal
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import trio
 
 from . import sweep as sweeping
 from .cgroup import Cgroups
+
+if TYPE_CHECKING:
+    from .zygotes import Leaving
 
 
 class CallProcess(msgspec.Struct, frozen=True):
@@ -27,7 +30,7 @@ class CallProcess(msgspec.Struct, frozen=True):
     temp: str
     uid: int
     cgroup: str  # its call cgroup's name ("" without one)
-    zygote_left: trio.Event | None = None  # set once the zygote that started it left its cgroup
+    zygote: Leaving | None = None  # the zygote that started it, until it is out of its cgroup
     #: Its first process started inside ``cgroup`` (from a zygote the daemon itself moved
     #: there), under Landlock, which keeps every ``cgroup.procs`` out of its reach: all the
     #: call started is in that cgroup, and once it is killed and emptied, the call is over.
@@ -55,15 +58,21 @@ class CallKiller:
         sweep (a check behind the cgroup), waiting for the group to exit, removing the
         cgroup and clearing the temp dir finish in the background; without a cgroup they
         are part of the kill (see ``_finish``)."""
-        if child.zygote_left is not None:
-            await child.zygote_left.wait()  # the call's cgroup.kill must not reach the zygote
         grace = self._grace_seconds
         if grace > 0 and signal_group(child.pid, signal.SIGTERM):
             with trio.move_on_after(grace):
                 while signal_group(child.pid, 0):
                     await trio.sleep(0.02)
-        # cgroup.kill reaches every process of the call, whatever session or environment it has now
-        killed_by_cgroup = self.cgroups.kill(child.cgroup)
+        # cgroup.kill reaches every process of the call, whatever session or environment it
+        # has now. The zygote that started the call may still be on its way out of the
+        # cgroup (a move can wait out an RCU grace period: 5-30 ms for one command in a
+        # hundred here): then every process listed there but the zygote is killed, one
+        # by one, instead of waiting for it (``_finish`` kills whatever is left after).
+        zygote = child.zygote
+        if zygote is not None and not zygote.done.is_set():
+            killed_by_cgroup = self.cgroups.kill(child.cgroup, spare=zygote.pid)
+        else:
+            killed_by_cgroup = self.cgroups.kill(child.cgroup)
         killed: set[int] = set()
         if killed_by_cgroup and self.nursery is not None:
             signal_group(child.pid, signal.SIGKILL)
@@ -84,6 +93,9 @@ class CallKiller:
         their /proc children and environ files), so it cost each command more as more
         users ran at once."""
         with trio.CancelScope(shield=True):
+            if child.zygote is not None and not child.zygote.done.is_set():
+                await child.zygote.done.wait()
+                self.cgroups.kill(child.cgroup)  # a zygote that could not leave goes with the call
             # A process being reparented while its parent exits can be missing from both
             # parents' /proc children lists for an instant: once the whole group is gone (no
             # more reparenting), look once more.

@@ -142,15 +142,16 @@ class Cgroups(msgspec.Struct):
             return None
         return opened
 
-    def kill(self, name: str) -> bool:
-        """SIGKILL every process in cgroup ``name``: ``cgroup.kill`` (v2, Linux 5.14), else
-        each pid in ``cgroup.procs`` until a pass finds none new. False when neither works."""
+    def kill(self, name: str, *, spare: int = 0) -> bool:
+        """SIGKILL every process in cgroup ``name`` (but ``spare``): ``cgroup.kill`` (v2,
+        Linux 5.14), else each pid in ``cgroup.procs`` until a pass finds none new. False
+        when neither works."""
         if not name or not self.hierarchies:
             return False
         path = self.paths(name)[0]
-        if self.hierarchies[0].version == 2 and _write(os.path.join(path, "cgroup.kill"), "1"):
+        if not spare and self.hierarchies[0].version == 2 and _write(os.path.join(path, "cgroup.kill"), "1"):
             return True
-        return kill_listed(path)
+        return kill_listed(path, spare=spare)
 
     def remove(self, name: str) -> bool:
         """Remove an emptied cgroup everywhere; False while processes are still leaving it."""
@@ -180,9 +181,9 @@ def join(paths: list[str]) -> bool:
     return bool(joined) and joined[0]
 
 
-def kill_listed(path: str) -> bool:
-    """SIGKILL every pid listed in ``path``'s ``cgroup.procs``, again until a pass finds
-    none new (a process with SIGKILL pending cannot fork any more)."""
+def kill_listed(path: str, *, spare: int = 0) -> bool:
+    """SIGKILL every pid listed in ``path``'s ``cgroup.procs`` (but ``spare``), again until
+    a pass finds none new (a process with SIGKILL pending cannot fork any more)."""
     killed: set[int] = set()
     for _ in range(_KILL_PASSES):
         try:
@@ -190,7 +191,7 @@ def kill_listed(path: str) -> bool:
                 pids = {int(line) for line in f if line.strip()}
         except OSError:
             return bool(killed)
-        new = pids - killed
+        new = pids - killed - {spare}
         if not new:
             return True
         for pid in new:

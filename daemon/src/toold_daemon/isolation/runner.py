@@ -54,7 +54,7 @@ from .wire import (
     TempWanted,
 )
 from .workers import WorkerFailed, Workers, WorkerUnavailable
-from .zygotes import CommandNotStarted, Zygotes, ZygoteUnavailable
+from .zygotes import CommandNotStarted, Leaving, Zygotes, ZygoteUnavailable
 
 log = logging.getLogger(__name__)
 BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed after an hour
@@ -423,7 +423,7 @@ class SpawnRunner:
         # A zygote is moved into its cgroup by the daemon before it starts the command there,
         # and under Landlock nothing the command starts can write a cgroup.procs to leave it.
         contained = via_zygote and bool(group) and self.layers.get("landlock", "").startswith("on")
-        return CallProcess(pid, read_end, token, temp, identity.uid, group, left, contained=contained)
+        return CallProcess(pid, read_end, token, temp, identity.uid, group, zygote=left, contained=contained)
 
     async def _decide_egress(self, call: EgressCall, host: str, port: int) -> tuple[bool, str]:
         """The rules first; a host they neither allow nor deny is the person's to answer."""
@@ -509,7 +509,7 @@ class SpawnRunner:
 
     async def _start_command(
         self, zygotes: Zygotes, request: SpawnRequest, write_end: int, ctx: ToolContext
-    ) -> tuple[int, str, trio.Event | None]:
+    ) -> tuple[int, str, Leaving | None]:
         """Through the zygote of the call's kind (a posix_spawn, in the cgroup the zygote
         prepared); should that fail, through a fresh child as before, after sweeping
         anything a dying zygote may have started: (pid, the call's cgroup)."""

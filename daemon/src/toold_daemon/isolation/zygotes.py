@@ -118,6 +118,14 @@ def kind_of(request: SpawnRequest) -> Kind:
     )
 
 
+class Leaving(msgspec.Struct, frozen=True, eq=False):
+    """A zygote on its way out of the cgroup of a command it started: its pid (which that
+    call's kill spares meanwhile), and ``done``, set once it is out."""
+
+    pid: int
+    done: trio.Event
+
+
 class Zygote(msgspec.Struct, eq=False):
     pid: int
     sock: trio.socket.SocketType
@@ -148,10 +156,10 @@ class Zygote(msgspec.Struct, eq=False):
         """Every cgroup this zygote may still be in (to remove once it has exited)."""
         return [group for group in (self.home, self.parked, self.inside, *self.abandoned) if group]
 
-    async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, trio.Event | None]:
+    async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, Leaving | None]:
         """Start one command in the cgroup the zygote is parked in, which becomes the call's;
-        then park the zygote again: (pid, which leads its own group; the call's cgroup; an
-        event set once the zygote has left that cgroup, which the call's kill waits for).
+        then park the zygote again: (pid, which leads its own group; the call's cgroup; the
+        zygote's way out of that cgroup, which the call's kill must not reach).
         Parking again (a cgroup made, the zygote moved: in a thread, ~0.1 ms, at times ms) happens
         behind the call, while its command runs. Shielded: once the zygote has the request,
         the reply must be read, and the zygote must leave the call's cgroup, whatever
@@ -177,8 +185,8 @@ class Zygote(msgspec.Struct, eq=False):
                     self.parked, self.inside = "", group
                     started = not reply.error and reply.pid > 0
                     if started and self.nursery is not None:
-                        left = trio.Event()
-                        self.nursery.start_soon(self._leave_later, group, left)
+                        left = Leaving(self.pid, trio.Event())
+                        self.nursery.start_soon(self._leave_later, group, left.done)
                     else:
                         await self._leave(group)
         self.spawned += 1
@@ -268,9 +276,9 @@ class Zygotes:
         """Zygotes alive now (successors waiting to take over included)."""
         return len(self._pool) + len(self._successors)
 
-    async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, trio.Event | None]:
+    async def spawn(self, request: SpawnRequest, channel_write_end: int) -> tuple[int, str, Leaving | None]:
         """Start the command in ``request`` through the zygote of its kind: (pid, the
-        call's cgroup or "", set once the zygote has left it)."""
+        call's cgroup or "", the zygote's way out of it)."""
         zygote = await self._zygote(request)
         try:
             try:
