@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -178,3 +179,17 @@ def daemon(tmp_path: Path, root: Path) -> Iterator[DaemonProcess]:
     finally:
         if d.proc.poll() is None:
             d.stop()
+
+
+@pytest.fixture
+def spawner() -> Iterator[tuple[int, socket.socket]]:
+    """A real spawner, started as the daemon starts it: before the event loop runs (a
+    fork from inside trio's loop would carry the loop's signal wake-up into it)."""
+    from toold_daemon.isolation.spawner import start
+    from toold_daemon.tools.builtin import builtin_tools
+
+    spawner_pid, control = start(builtin_tools())
+    try:
+        yield spawner_pid, control
+    finally:
+        control.close()

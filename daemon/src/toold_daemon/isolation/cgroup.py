@@ -32,6 +32,10 @@ LIMITED = ("pids", "memory")
 _KILL_PASSES = 1000
 
 
+class CgroupUnavailable(Exception):
+    """A cgroup the daemon needed could not be made (the message says why)."""
+
+
 class Hierarchy(msgspec.Struct, frozen=True):
     """Where our calls' cgroups live in one hierarchy, and which limits it enforces."""
 
@@ -103,22 +107,27 @@ class Cgroups(msgspec.Struct):
         return [os.path.join(h.base, name) for h in self.hierarchies] if name else []
 
     def create(self, name: str, *, pids_max: int, memory_max: int) -> str:
-        """A fresh cgroup (``call-<token>`` for one call, ``zygote-<id>`` for a zygote's
-        home) in every hierarchy, with the limits: its name, or "" when it cannot be made."""
+        """A fresh cgroup (``call-<token>`` for one call, ``zygote-<token>`` for a zygote's
+        home) in every hierarchy, with the limits: its name, or "" without cgroups.
+
+        Raises ``CgroupUnavailable`` when the daemon has cgroups but this one cannot be
+        made whole (a directory, or a limit, refused): nothing may then run as though it
+        had it. (A zygote whose home could not be made, because its name was taken, ran
+        every command outside any call's cgroup: no limits, no cgroup kill.)"""
         if not self.hierarchies:
             return ""
         made: list[str] = []
-        for hierarchy in self.hierarchies:
-            path = os.path.join(hierarchy.base, name)
-            try:
+        try:
+            for hierarchy in self.hierarchies:
+                path = os.path.join(hierarchy.base, name)
                 os.mkdir(path, 0o755)
-            except OSError:
-                for done in made:
-                    _rmdir(done)
-                return ""
-            made.append(path)
-            for file, value in hierarchy.limit_files(pids_max, memory_max).items():
-                _write(os.path.join(path, file), value)
+                made.append(path)
+                for file, value in hierarchy.limit_files(pids_max, memory_max).items():
+                    _write_or_raise(os.path.join(path, file), value)
+        except OSError as exc:
+            for done in reversed(made):
+                _rmdir(done)
+            raise CgroupUnavailable(f"cgroup {name} could not be made: {exc.strerror or exc}") from None
         return name
 
     def limit_pids(self, name: str, pids_max: int) -> None:
@@ -377,10 +386,14 @@ def write_procs(opened: list[int], pid: int) -> bool:
     return moved
 
 
+def _write_or_raise(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def _write(path: str, text: str) -> bool:
     try:
-        with open(path, "w") as f:
-            f.write(text)
+        _write_or_raise(path, text)
     except OSError:
         return False
     return True

@@ -39,7 +39,7 @@ from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import sweep as sweeping
 from .admission import peer_credentials
 from .call_end import CallKiller, CallProcess, signal_group
-from .cgroup import Cgroups
+from .cgroup import Cgroups, CgroupUnavailable
 from .child_output import ChildFailed, collect, decode_frames, raise_for
 from .jobs import Job, Jobs
 from .spawn_requests import SpawnRequests
@@ -57,6 +57,7 @@ from .workers import WorkerFailed, Workers, WorkerUnavailable
 from .zygotes import CommandNotStarted, Leaving, Zygotes, ZygoteUnavailable
 
 log = logging.getLogger(__name__)
+PROBE_CALL_ID = "probe"  # the start's probe: its child reports the isolation layers
 BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed after an hour
 STALE_CGROUP_TRIES = 60
 
@@ -177,7 +178,7 @@ class SpawnRunner:
     async def start_probe(self, tool: Tool[Any]) -> ProbeUnderWay:
         """Start the probe's child and return at once: the daemon's start goes on with its
         own setup while the child confines itself (on another core), then ``finish_probe``."""
-        ctx = ToolContext(call_id="probe", sandbox=None, config=self.config)  # type: ignore[arg-type]
+        ctx = ToolContext(call_id=PROBE_CALL_ID, sandbox=None, config=self.config)  # type: ignore[arg-type]
         me = Identity(uid=self._euid, gid=os.getegid(), pid=os.getpid())
         child = await self._launch(tool, tool.args_type(), ctx, me, command=None, probe=True)
         return ProbeUnderWay(child, ctx)
@@ -495,11 +496,21 @@ class SpawnRunner:
 
     async def _fork_child(self, request: SpawnRequest, write_end: int | list[int]) -> tuple[int, str]:
         """A fresh child from the spawner, which joins a new call cgroup first thing:
-        (pid, the cgroup's name or "")."""
+        (pid, the cgroup's name or "" without cgroups). A call whose cgroup cannot be
+        made is refused, not run without it; only the start's probe, which reports the
+        cgroup layer as its child finds it, goes on without."""
         isolation = self.config.tools.isolation
-        group = self.cgroups.create(
-            f"call-{request.token}", pids_max=isolation.processes, memory_max=isolation.address_space_mb * 1024 * 1024
-        )
+        try:
+            group = self.cgroups.create(
+                f"call-{request.token}",
+                pids_max=isolation.processes,
+                memory_max=isolation.address_space_mb * 1024 * 1024,
+            )
+        except CgroupUnavailable as exc:
+            if request.call_id != PROBE_CALL_ID:
+                raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "ISOLATION_UNAVAILABLE", str(exc)) from None
+            log.warning("the probe starts without a cgroup: %s", exc)
+            group = ""
         try:
             pid = await self._link.ask(msgspec.structs.replace(request, cgroups=self.cgroups.paths(group)), write_end)
         except BaseException:

@@ -32,7 +32,7 @@ import msgspec
 import trio
 
 from ..pool_shares import per_uid_share
-from .cgroup import Cgroups
+from .cgroup import Cgroups, CgroupUnavailable
 from .sockets import PeerGone, receive_frame
 from .wire import Chunk, FrameBuffer, Outcome, SpawnRequest, child_decoder, frame
 from .worker import STALE
@@ -361,9 +361,12 @@ class Workers:
             self._retire_idle()
 
     async def _start(self, request: SpawnRequest, kind: Kind) -> Worker:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pids_max, memory_max = self._limits
-        group = self._cgroups.create(f"worker-{secrets.token_hex(8)}", pids_max=pids_max, memory_max=memory_max)
+        try:
+            group = self._cgroups.create(f"worker-{secrets.token_hex(8)}", pids_max=pids_max, memory_max=memory_max)
+        except CgroupUnavailable as exc:
+            raise WorkerUnavailable(str(exc)) from None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         worker_request = msgspec.structs.replace(
             request,
             worker=True,

@@ -43,7 +43,7 @@ from contextlib import asynccontextmanager
 import msgspec
 import trio
 
-from .cgroup import Cgroups, write_procs
+from .cgroup import Cgroups, CgroupUnavailable, write_procs
 from .sockets import PeerGone, receive_frame, receive_frame_with_fds, send_with_fd
 from .wire import Outcome, Spawned, SpawnRequest, frame
 
@@ -348,8 +348,13 @@ class Zygotes:
             self._retire_zygote(successor)
 
     async def _start(self, request: SpawnRequest) -> Zygote:
+        try:  # (its name must be new: one taken would leave the zygote, and its commands, outside)
+            home = self._cgroups.create(
+                f"zygote-{secrets.token_hex(8)}", pids_max=self._limits[0], memory_max=self._limits[1]
+            )
+        except CgroupUnavailable as exc:
+            raise ZygoteUnavailable(str(exc)) from None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        home = self._cgroups.create(f"zygote-{id(ours):x}", pids_max=self._limits[0], memory_max=self._limits[1])
         zygote_request = msgspec.structs.replace(
             request,
             argv=[],
@@ -408,7 +413,11 @@ class Zygotes:
         """A call cgroup to park a zygote in: one process over the call's limit, for the
         zygote itself."""
         pids_max, memory_max = self._limits
-        return self._cgroups.create(f"call-{secrets.token_hex(12)}", pids_max=pids_max + 1, memory_max=memory_max)
+        try:
+            return self._cgroups.create(f"call-{secrets.token_hex(12)}", pids_max=pids_max + 1, memory_max=memory_max)
+        except CgroupUnavailable as exc:  # parked nowhere: its next command goes to a fresh child
+            log.warning("no fresh cgroup for a zygote: %s", exc)
+            return ""
 
     def _retire(self, kind: Kind, zygote: Zygote) -> None:
         """Retire the pool's zygote of ``kind``. Its successor stays only when it wore out

@@ -1,0 +1,69 @@
+"""A ``SpawnRunner`` in the test process, on a real spawner (the ``spawner`` fixture), the
+test playing the protocol process: for tests of zygotes, workers and cgroups below the
+daemon's protocol."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import trio
+
+from toold_daemon.config.loading import parse
+from toold_daemon.isolation.runner import SpawnRunner
+from toold_daemon.sandbox import build_sandbox
+from toold_daemon.tools import ToolContext, ToolOutput
+from toold_daemon.tools.builtin import builtin_tools
+from toold_daemon.tools.shell import ShellArgs
+from toold_protocol import Identity
+
+SHELL_ALLOWED = '[tools.approval]\nallowlist = ["shell"]\n'
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Commands:
+    """``echo $PPID`` through a real runner: which zygote started each command."""
+
+    def __init__(self, spawner: tuple[int, socket.socket], root: Path, config: str = SHELL_ALLOWED) -> None:
+        self.config = parse(config)
+        self.runner = SpawnRunner(spawner[0], spawner[1], self.config)
+        self.sandbox = build_sandbox(self.config, [root])
+        self.me = Identity(uid=os.geteuid(), gid=os.getegid(), pid=os.getpid())
+        self.zygotes_of = psutil.Process(spawner[0])
+
+    async def run(self, tool_name: str, args: Any) -> ToolOutput:
+        tool = next(t for t in builtin_tools() if t.name == tool_name)
+        ctx = ToolContext(call_id="c", sandbox=self.sandbox, config=self.config)
+        return await self.runner.run(tool, args, ctx, self.me)
+
+    async def parent(self) -> int:
+        output = await self.run("shell", ShellArgs(command="echo $PPID"))
+        return int(output.content.split()[0])
+
+    async def until_two_zygotes(self) -> None:
+        deadline = time.monotonic() + 20
+        while self.runner.zygotes_alive < 2:
+            assert time.monotonic() < deadline, "no successor started"
+            await trio.sleep(0.01)
+
+    async def hands_over(self, worn: int, served: list[int]) -> int:
+        """The next command goes to a successor that was running before it was sent,
+        and the worn zygote then exits."""
+        running = {p.pid for p in self.zygotes_of.children() if alive(p.pid)}
+        successor = await self.parent()
+        assert successor not in served and successor in running
+        deadline = time.monotonic() + 10
+        while alive(worn):  # it exits once its last command is reported
+            assert time.monotonic() < deadline, "the worn zygote did not exit"
+            await trio.sleep(0.01)
+        return successor
