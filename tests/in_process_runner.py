@@ -67,3 +67,12 @@ class Commands:
             assert time.monotonic() < deadline, "the worn zygote did not exit"
             await trio.sleep(0.01)
         return successor
+
+    async def until_zygotes_parked(self) -> None:
+        """Until every zygote waits in a fresh cgroup, its last move done (a reach into
+        the runner: what a test changes about moves must not catch one under way)."""
+        pool = self.runner._zygotes._pool if self.runner._zygotes is not None else {}
+        deadline = time.monotonic() + 10
+        while any(z.lock.locked() or not z.parked for z in pool.values()):
+            assert time.monotonic() < deadline, "a zygote never parked"
+            await trio.sleep(0.005)

@@ -100,7 +100,8 @@ async def test_a_command_ends_without_waiting_for_its_zygote_to_leave_its_cgroup
     try:
         async with trio.open_nursery() as nursery:
             commands.runner.bind_nursery(nursery)
-            zygote = await commands.parent()  # started (and parked) at normal speed
+            zygote = await commands.parent()  # started (and parked again) at normal speed
+            await commands.until_zygotes_parked()
             monkeypatch.setattr(zygotes, "write_procs", slow_write)
             started = time.monotonic()
             output = await commands.run("shell", ShellArgs(command="sleep 30 >/dev/null 2>&1 & echo $!"))
