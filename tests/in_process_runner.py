@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,18 @@ class Commands:
         self.sandbox = build_sandbox(self.config, [root])
         self.me = Identity(uid=os.geteuid(), gid=os.getegid(), pid=os.getpid())
         self.zygotes_of = psutil.Process(spawner[0])
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """The runner serves (its background jobs in a nursery of their own) for the block,
+        and is closed after it, whatever the block raised."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self.runner.bind_nursery(nursery)
+                yield
+                nursery.cancel_scope.cancel()  # the runner's links serve until cancelled
+        finally:
+            self.runner.close()
 
     async def run(self, tool_name: str, args: Any) -> ToolOutput:
         tool = next(t for t in builtin_tools() if t.name == tool_name)

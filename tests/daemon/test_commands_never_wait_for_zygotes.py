@@ -32,24 +32,19 @@ async def test_a_zygote_with_few_commands_left_hands_over_to_one_already_running
     monkeypatch.setattr(zygotes, "RENEW_AHEAD_SPAWNS", AHEAD)
     commands = Commands(spawner, tmp_path)
     served: list[int] = []  # each generation's zygote
-    try:
-        async with trio.open_nursery() as nursery:
-            commands.runner.bind_nursery(nursery)
-            served.append(await commands.parent())
-            for _generation in range(2):
-                first = served[-1]
-                for _ in range(SPAWNS - AHEAD - 1):
-                    assert await commands.parent() == first
-                assert commands.runner.zygotes_alive == 1  # no successor yet: it has commands to go
-                assert await commands.parent() == first  # this one starts the successor
-                await commands.until_two_zygotes()
-                for _ in range(AHEAD - 1):
-                    assert await commands.parent() == first  # the worn one serves to its last
-                served.append(await commands.hands_over(first, served))
-                assert commands.runner.zygotes_alive == 1  # the successor is fresh: none of its own yet
-            nursery.cancel_scope.cancel()
-    finally:
-        commands.runner.close()
+    async with commands.serving():
+        served.append(await commands.parent())
+        for _generation in range(2):
+            first = served[-1]
+            for _ in range(SPAWNS - AHEAD - 1):
+                assert await commands.parent() == first
+            assert commands.runner.zygotes_alive == 1  # no successor yet: it has commands to go
+            assert await commands.parent() == first  # this one starts the successor
+            await commands.until_two_zygotes()
+            for _ in range(AHEAD - 1):
+                assert await commands.parent() == first  # the worn one serves to its last
+            served.append(await commands.hands_over(first, served))
+            assert commands.runner.zygotes_alive == 1  # the successor is fresh: none of its own yet
     assert len(set(served)) == 3
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in served):  # closing the runner ends every zygote
@@ -63,19 +58,14 @@ async def test_an_old_zygote_hands_over_to_one_already_running(
     monkeypatch.setattr(zygotes, "MAX_AGE_S", 2.0)
     monkeypatch.setattr(zygotes, "RENEW_AHEAD_S", 1.5)
     commands = Commands(spawner, tmp_path)
-    try:
-        async with trio.open_nursery() as nursery:
-            commands.runner.bind_nursery(nursery)
-            first = await commands.parent()
-            assert commands.runner.zygotes_alive == 1
-            await trio.sleep(0.6)
-            assert await commands.parent() == first  # old enough: this one starts the successor
-            await commands.until_two_zygotes()
-            await trio.sleep(1.5)
-            await commands.hands_over(first, [first])
-            nursery.cancel_scope.cancel()
-    finally:
-        commands.runner.close()
+    async with commands.serving():
+        first = await commands.parent()
+        assert commands.runner.zygotes_alive == 1
+        await trio.sleep(0.6)
+        assert await commands.parent() == first  # old enough: this one starts the successor
+        await commands.until_two_zygotes()
+        await trio.sleep(1.5)
+        await commands.hands_over(first, [first])
 
 
 async def test_a_command_ends_without_waiting_for_its_zygote_to_leave_its_cgroup(
@@ -97,24 +87,19 @@ async def test_a_command_ends_without_waiting_for_its_zygote_to_leave_its_cgroup
         time.sleep(SLOW_MOVE_SECONDS)  # as the kernel's grace period would
         return real_write(opened, pid)
 
-    try:
-        async with trio.open_nursery() as nursery:
-            commands.runner.bind_nursery(nursery)
-            zygote = await commands.parent()  # started (and parked again) at normal speed
-            await commands.until_zygotes_parked()
-            monkeypatch.setattr(zygotes, "write_procs", slow_write)
-            started = time.monotonic()
-            output = await commands.run("shell", ShellArgs(command="sleep 30 >/dev/null 2>&1 & echo $!"))
-            took = time.monotonic() - started
-            left_behind = int(output.content.split()[0])
-            assert took < SLOW_MOVE_SECONDS / 2, f"the call waited {took:.2f} s for its zygote's move"
-            deadline = time.monotonic() + 5
-            while alive(left_behind):  # killed, though its zygote had not left yet
-                assert time.monotonic() < deadline, "the call's background process outlived it"
-                await trio.sleep(0.01)
-            assert alive(zygote)
-            assert await commands.parent() == zygote  # the spared zygote serves on
-            assert slow_moves >= 1
-            nursery.cancel_scope.cancel()
-    finally:
-        commands.runner.close()
+    async with commands.serving():
+        zygote = await commands.parent()  # started (and parked again) at normal speed
+        await commands.until_zygotes_parked()
+        monkeypatch.setattr(zygotes, "write_procs", slow_write)
+        started = time.monotonic()
+        output = await commands.run("shell", ShellArgs(command="sleep 30 >/dev/null 2>&1 & echo $!"))
+        took = time.monotonic() - started
+        left_behind = int(output.content.split()[0])
+        assert took < SLOW_MOVE_SECONDS / 2, f"the call waited {took:.2f} s for its zygote's move"
+        deadline = time.monotonic() + 5
+        while alive(left_behind):  # killed, though its zygote had not left yet
+            assert time.monotonic() < deadline, "the call's background process outlived it"
+            await trio.sleep(0.01)
+        assert alive(zygote)
+        assert await commands.parent() == zygote  # the spared zygote serves on
+        assert slow_moves >= 1

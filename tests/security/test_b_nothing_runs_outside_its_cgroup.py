@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trio
 
 from tests.conftest import DaemonProcess, module_daemon
-from tests.in_process_runner import Commands
+from tests.in_process_runner import SHELL_ALLOWED, Commands
 from toold_daemon.errors import ToolError
 from toold_daemon.isolation import cgroup
 from toold_daemon.isolation.cgroup import Cgroups, CgroupUnavailable, Hierarchy
@@ -44,7 +43,7 @@ def _managed(line: str) -> bool:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with module_daemon(tmp_path_factory, "cgroups", '[tools.approval]\nallowlist = ["shell"]\n') as d:
+    with module_daemon(tmp_path_factory, "cgroups", SHELL_ALLOWED) as d:
         yield d
 
 
@@ -60,8 +59,18 @@ def test_commands_after_their_zygote_was_replaced_still_run_in_their_call_cgroup
     assert _in_call_cgroup(later.content), later.content
 
 
-def _refusing(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
-    """Cgroups whose names start with ``prefix`` cannot be made (as when the kernel refuses)."""
+def _refusing(
+    prefix: str,
+    spawner: tuple[int, socket.socket],
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    config: str = SHELL_ALLOWED,
+) -> Commands:
+    """A runner for which cgroups whose names start with ``prefix`` cannot be made (as
+    when the kernel refuses)."""
+    commands = Commands(spawner, root, config)
+    if not commands.runner.cgroups.base:
+        pytest.skip("no cgroups here")
     real_create = Cgroups.create
 
     def create(self: Cgroups, name: str, *, pids_max: int, memory_max: int) -> str:
@@ -70,67 +79,43 @@ def _refusing(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
         return real_create(self, name, pids_max=pids_max, memory_max=memory_max)
 
     monkeypatch.setattr(Cgroups, "create", create)
+    return commands
 
 
 async def test_a_zygote_without_its_home_hands_commands_to_fresh_children_in_their_cgroups(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawner: tuple[int, socket.socket]
 ) -> None:
-    commands = Commands(spawner, tmp_path)
-    if not commands.runner.cgroups.base:
-        pytest.skip("no cgroups here")
-    _refusing(monkeypatch, "zygote-")
-    try:
-        async with trio.open_nursery() as nursery:
-            commands.runner.bind_nursery(nursery)
-            output = await commands.run("shell", ShellArgs(command=WHERE))
-            assert _in_call_cgroup(output.content), output.content
-            assert commands.runner.zygotes_alive == 0
-            nursery.cancel_scope.cancel()
-    finally:
-        commands.runner.close()
+    commands = _refusing("zygote-", spawner, tmp_path, monkeypatch)
+    async with commands.serving():
+        output = await commands.run("shell", ShellArgs(command=WHERE))
+        assert _in_call_cgroup(output.content), output.content
+        assert commands.runner.zygotes_alive == 0
 
 
 async def test_a_command_whose_cgroup_cannot_be_made_does_not_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawner: tuple[int, socket.socket]
 ) -> None:
-    commands = Commands(
-        spawner, tmp_path, '[tools.approval]\nallowlist = ["shell"]\n[tools.isolation]\nzygotes = false\n'
-    )
-    if not commands.runner.cgroups.base:
-        pytest.skip("no cgroups here")
-    _refusing(monkeypatch, "call-")
+    without_zygotes = SHELL_ALLOWED + "[tools.isolation]\nzygotes = false\n"
+    commands = _refusing("call-", spawner, tmp_path, monkeypatch, without_zygotes)
     marker = tmp_path / "ran"
-    try:
-        async with trio.open_nursery() as nursery:
-            commands.runner.bind_nursery(nursery)
-            with pytest.raises(ToolError) as refused:
-                await commands.run("shell", ShellArgs(command=f"touch {marker}"))
-            assert refused.value.code == "ISOLATION_UNAVAILABLE"
-            assert "could not be made" in refused.value.message
-            nursery.cancel_scope.cancel()
-    finally:
-        commands.runner.close()
+    async with commands.serving():
+        with pytest.raises(ToolError) as refused:
+            await commands.run("shell", ShellArgs(command=f"touch {marker}"))
+        assert refused.value.code == "ISOLATION_UNAVAILABLE"
+        assert "could not be made" in refused.value.message
     assert not marker.exists()
 
 
 async def test_a_worker_whose_cgroup_cannot_be_made_is_not_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawner: tuple[int, socket.socket]
 ) -> None:
-    commands = Commands(spawner, tmp_path)
-    if not commands.runner.cgroups.base:
-        pytest.skip("no cgroups here")
+    commands = _refusing("worker-", spawner, tmp_path, monkeypatch)
     (tmp_path / "f.txt").write_text("hello\n")
-    _refusing(monkeypatch, "worker-")
-    try:
-        async with trio.open_nursery() as nursery:
-            commands.runner.bind_nursery(nursery)
-            with pytest.raises(ToolError) as refused:
-                await commands.run("read_file", ReadFileArgs(path="f.txt"))
-            assert refused.value.code == "ISOLATION_UNAVAILABLE"
-            assert commands.runner.workers.live == 0
-            nursery.cancel_scope.cancel()
-    finally:
-        commands.runner.close()
+    async with commands.serving():
+        with pytest.raises(ToolError) as refused:
+            await commands.run("read_file", ReadFileArgs(path="f.txt"))
+        assert refused.value.code == "ISOLATION_UNAVAILABLE"
+        assert commands.runner.workers.live == 0
 
 
 def test_making_a_cgroup_fails_whole_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
