@@ -55,9 +55,9 @@ class Commands:
         finally:
             self.runner.close()
 
-    async def run(self, tool_name: str, args: Any) -> ToolOutput:
+    async def run(self, tool_name: str, args: Any, *, call_id: str = "c") -> ToolOutput:
         tool = next(t for t in builtin_tools() if t.name == tool_name)
-        ctx = ToolContext(call_id="c", sandbox=self.sandbox, config=self.config)
+        ctx = ToolContext(call_id=call_id, sandbox=self.sandbox, config=self.config)
         return await self.runner.run(tool, args, ctx, self.me)
 
     async def parent(self) -> int:

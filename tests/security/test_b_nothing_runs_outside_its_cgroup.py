@@ -92,15 +92,18 @@ async def test_a_zygote_without_its_home_hands_commands_to_fresh_children_in_the
         assert commands.runner.zygotes_alive == 0
 
 
+@pytest.mark.parametrize("call_id", ["c", "probe"])
 async def test_a_command_whose_cgroup_cannot_be_made_does_not_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawner: tuple[int, socket.socket]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawner: tuple[int, socket.socket], call_id: str
 ) -> None:
+    """Whatever the call is named: the call id is the client's, and the start's probe (the
+    one child that may go on without a cgroup) is known by how it was started, not by it."""
     without_zygotes = SHELL_ALLOWED + "[tools.isolation]\nzygotes = false\n"
     commands = _refusing("call-", spawner, tmp_path, monkeypatch, without_zygotes)
     marker = tmp_path / "ran"
     async with commands.serving():
         with pytest.raises(ToolError) as refused:
-            await commands.run("shell", ShellArgs(command=f"touch {marker}"))
+            await commands.run("shell", ShellArgs(command=f"touch {marker}"), call_id=call_id)
         assert refused.value.code == "ISOLATION_UNAVAILABLE"
         assert "could not be made" in refused.value.message
     assert not marker.exists()

@@ -57,7 +57,6 @@ from .workers import WorkerFailed, Workers, WorkerUnavailable
 from .zygotes import CommandNotStarted, Leaving, Zygotes, ZygoteUnavailable
 
 log = logging.getLogger(__name__)
-PROBE_CALL_ID = "probe"  # the start's probe: its child reports the isolation layers
 BACKGROUND_TIMEOUT_S = 3600.0  # a background job without timeout_ms is killed after an hour
 STALE_CGROUP_TRIES = 60
 
@@ -178,7 +177,7 @@ class SpawnRunner:
     async def start_probe(self, tool: Tool[Any]) -> ProbeUnderWay:
         """Start the probe's child and return at once: the daemon's start goes on with its
         own setup while the child confines itself (on another core), then ``finish_probe``."""
-        ctx = ToolContext(call_id=PROBE_CALL_ID, sandbox=None, config=self.config)  # type: ignore[arg-type]
+        ctx = ToolContext(call_id="probe", sandbox=None, config=self.config)  # type: ignore[arg-type]
         me = Identity(uid=self._euid, gid=os.getegid(), pid=os.getpid())
         child = await self._launch(tool, tool.args_type(), ctx, me, command=None, probe=True)
         return ProbeUnderWay(child, ctx)
@@ -413,7 +412,7 @@ class SpawnRunner:
             if self._zygotes is not None and via_zygote:
                 pid, group, left = await self._start_command(self._zygotes, request, write_end, ctx)
             else:
-                pid, group = await self._fork_with_egress(request, [write_end], ctx)
+                pid, group = await self._fork_with_egress(request, [write_end], ctx, probe=probe)
         except BaseException:
             os.close(read_end)
             with trio.CancelScope(shield=True):
@@ -476,14 +475,16 @@ class SpawnRunner:
             await self.egress.forget(started.child.token)
             await self._killer.kill(started.child)
 
-    async def _fork_with_egress(self, request: SpawnRequest, fds: list[int], ctx: ToolContext) -> tuple[int, str]:
+    async def _fork_with_egress(
+        self, request: SpawnRequest, fds: list[int], ctx: ToolContext, *, probe: bool = False
+    ) -> tuple[int, str]:
         """A fresh child (not a zygote); in proxy mode with one more fd, the link its
         egress process talks to the daemon on, served and registered for the call."""
         if not request.egress_proxy or self._nursery is None:
-            return await self._fork_child(msgspec.structs.replace(request, egress_proxy=False), fds)
+            return await self._fork_child(msgspec.structs.replace(request, egress_proxy=False), fds, probe=probe)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            started = await self._fork_child(request, [*fds, theirs.fileno()])
+            started = await self._fork_child(request, [*fds, theirs.fileno()], probe=probe)
         except BaseException:
             ours.close()
             raise
@@ -494,11 +495,14 @@ class SpawnRunner:
         self.egress.register(request.token, link, ctx, server=request.tool if request.stdio else "")
         return started
 
-    async def _fork_child(self, request: SpawnRequest, write_end: int | list[int]) -> tuple[int, str]:
+    async def _fork_child(
+        self, request: SpawnRequest, write_end: int | list[int], *, probe: bool = False
+    ) -> tuple[int, str]:
         """A fresh child from the spawner, which joins a new call cgroup first thing:
         (pid, the cgroup's name or "" without cgroups). A call whose cgroup cannot be
-        made is refused, not run without it; only the start's probe, which reports the
-        cgroup layer as its child finds it, goes on without."""
+        made is refused, not run without it; only the start's ``probe``, which reports the
+        cgroup layer as its child finds it, goes on without (known by how it was started,
+        never by anything a client can name, such as a call id)."""
         isolation = self.config.tools.isolation
         try:
             group = self.cgroups.create(
@@ -507,7 +511,7 @@ class SpawnRunner:
                 memory_max=isolation.address_space_mb * 1024 * 1024,
             )
         except CgroupUnavailable as exc:
-            if request.call_id != PROBE_CALL_ID:
+            if not probe:
                 raise ToolError(ToolErrorType.ISOLATION_UNAVAILABLE, "ISOLATION_UNAVAILABLE", str(exc)) from None
             log.warning("the probe starts without a cgroup: %s", exc)
             group = ""
