@@ -361,12 +361,14 @@ class Workers:
             self._retire_idle()
 
     async def _start(self, request: SpawnRequest, kind: Kind) -> Worker:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pids_max, memory_max = self._limits
         try:
             group = self._cgroups.create(f"worker-{secrets.token_hex(8)}", pids_max=pids_max, memory_max=memory_max)
         except CgroupUnavailable as exc:
+            ours.close()
+            theirs.close()
             raise WorkerUnavailable(str(exc)) from None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         worker_request = msgspec.structs.replace(
             request,
             worker=True,

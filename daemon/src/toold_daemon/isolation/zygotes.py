@@ -348,13 +348,15 @@ class Zygotes:
             self._retire_zygote(successor)
 
     async def _start(self, request: SpawnRequest) -> Zygote:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:  # (its name must be new: one taken would leave the zygote, and its commands, outside)
             home = self._cgroups.create(
                 f"zygote-{secrets.token_hex(8)}", pids_max=self._limits[0], memory_max=self._limits[1]
             )
         except CgroupUnavailable as exc:
+            ours.close()
+            theirs.close()
             raise ZygoteUnavailable(str(exc)) from None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         zygote_request = msgspec.structs.replace(
             request,
             argv=[],
