@@ -61,6 +61,10 @@ class StdioPeer:
                 result: dict[str, Any] = message["result"]
                 return result
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def close(self) -> None:
         self._proc.terminate()
         self._proc.wait(timeout=10)

@@ -9,9 +9,11 @@ each round.
 
 With ``--against DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base
 COMMIT``) a daemon of that tree runs beside this tree's, rounds alternating between
-them, and the ratio of their rates is reported round by round.
+them, and the ratio of their rates is reported round by round. With ``--config FILE``
+the second daemon is this tree's under that configuration instead, which measures what
+a setting costs under load (``[journal]\nenabled = false``: the journal's share).
 
-    .venv/bin/python bench/bench_throughput.py [rounds] [--against DIR]
+    .venv/bin/python bench/bench_throughput.py [rounds] [--against DIR | --config FILE]
 """
 
 from __future__ import annotations
@@ -96,16 +98,23 @@ def protocol_process(endpoint: str) -> psutil.Process:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("rounds", type=int, nargs="?", default=3)
-    parser.add_argument("--against", type=Path, help="another checkout, measured in the same run")
+    other = parser.add_mutually_exclusive_group()
+    other.add_argument("--against", type=Path, help="another checkout, measured in the same run")
+    other.add_argument("--config", type=Path, help="this tree under this configuration, measured in the same run")
     args = parser.parse_args()
-    trees: dict[str, dict[str, str] | None] = {"this tree": None}
+    trees: dict[str, tuple[dict[str, str] | None, tuple[str, ...]]] = {"this tree": (None, ())}
+    against = args.against or args.config
     if args.against:
-        trees[str(args.against)] = tree_environment(args.against.resolve())
+        trees[str(args.against)] = (tree_environment(args.against.resolve()), ())
+    elif args.config:
+        trees[str(args.config)] = (None, ("--config", str(args.config.resolve())))
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = four_kb_root(Path(tmp))
         echo_endpoint = f"ipc://{tmp}/echo.sock"
         server = start_echo_server(echo_endpoint)
-        endpoints = {name: stack.enter_context(running_daemon(root, env=env)) for name, env in trees.items()}
+        endpoints = {
+            name: stack.enter_context(running_daemon(root, *extra, env=env)) for name, (env, extra) in trees.items()
+        }
         protocols = {name: protocol_process(endpoint) for name, endpoint in endpoints.items()}
         echo_rates: list[float] = []
         reads: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
@@ -125,11 +134,11 @@ def main() -> None:
             f"(range {min(ratios):.3f}-{max(ratios):.3f})   protocol CPU "
             f"{statistics.median(c for _, c in figures):.0f} µs/call"
         )
-    if args.against:
-        ours, theirs = reads["this tree"], reads[str(args.against)]
+    if against:
+        ours, theirs = reads["this tree"], reads[str(against)]
         ratios = [a / b for (a, _), (b, _) in zip(ours, theirs, strict=True)]
         print(
-            f"this tree / {args.against}: {statistics.median(ratios):.2f}x "
+            f"this tree / {against}: {statistics.median(ratios):.2f}x "
             f"(range {min(ratios):.2f}-{max(ratios):.2f}x over {args.rounds} rounds)"
         )
 
