@@ -160,33 +160,36 @@ class BatchRuns:
             dry_run=message.dry_run,
             argument_bytes=sum(len(call.arguments) for call in message.calls),
         )
-        planned = batch.plan()
-        accepted = BatchAccepted(id=message.id, batch_id=batch_id, calls=planned)
-        commit = None
-        submission = Submission(
-            batch_id,
-            session.identity,
-            session.client_name,
-            message.turn_id,
-            batch.digest,
-            message.calls,
-            planned,
-            session.workspace,
-        )
-        if self.shared.journal is not None and batch.read_only:
-            batch.journaled_at_end = True  # one write when it ends (_journal_ended), nobody waits
-        elif self.shared.journal is not None:  # journaled before it is acknowledged
-            first = _runs_at_once(batch)
-            started = first.index if first is not None else None
-            commit = self.shared.journal.record_batch(submission, started=started, awaited=True)
-            if first is not None:
-                first.started_recorded = True
-            if commit.settled and commit.error is None:
-                commit = None  # committed already (the journal's thread was idle): acknowledge now
-        self.remember(batch)
         try:
+            # A lone read goes to its worker first, so that the worker reads while the loop
+            # does the batch's bookkeeping below and gets to its task. It is read-only, so
+            # nothing below waits for the journal before it may run (``commit`` is None).
+            self.shared.executor.begin(batch)
+            planned = batch.plan()
+            accepted = BatchAccepted(id=message.id, batch_id=batch_id, calls=planned)
+            commit = None
+            submission = Submission(
+                batch_id,
+                session.identity,
+                session.client_name,
+                message.turn_id,
+                batch.digest,
+                message.calls,
+                planned,
+                session.workspace,
+            )
+            if self.shared.journal is not None and batch.read_only:
+                batch.journaled_at_end = True  # one write when it ends (_journal_ended), nobody waits
+            elif self.shared.journal is not None:  # journaled before it is acknowledged
+                first = _runs_at_once(batch)
+                started = first.index if first is not None else None
+                commit = self.shared.journal.record_batch(submission, started=started, awaited=True)
+                if first is not None:
+                    first.started_recorded = True
+                if commit.settled and commit.error is None:
+                    commit = None  # committed already (the journal's thread was idle): acknowledge now
+            self.remember(batch)
             if commit is None:
-                self.shared.executor.begin(batch)  # a lone read goes to its worker while its task starts
                 if _answers_quickly(batch, message):
                     self.held.hold(batch_id, self._acceptance_sender(session, accepted, message.outcome_in_acceptance))
                 else:
@@ -201,8 +204,9 @@ class BatchRuns:
                 turn=message.turn_id,
             )
         except BaseException:
-            # Remembered but never started: nothing would ever end it, and a stopping daemon
-            # waits for every batch it knows. Forgotten, and ended, before the error is reported.
+            # Begun or remembered but never started: nothing would ever end it, and a stopping
+            # daemon waits for every batch it knows. Forgotten, abandoned and ended before the
+            # error is reported.
             self.forget_batch(batch_id)
             self.held.forget(batch_id)
             self.shared.executor.abandon(batch)
