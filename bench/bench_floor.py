@@ -18,9 +18,10 @@ user) and back. This bench builds that shape with no work at all between the hop
 
 Per round: the CPU per call of each side's server processes (from a block of calls of
 each), then p50 of each with all four called in turn, call by call, so that the
-machine's drift lands on each alike; the relay's and toold's p50 against the peer's. The relay's ratio to the peer is a lower bound for
-toold's: no change inside the daemon takes a read below it without changing the process
-shape (fewer processes, or a transport without libzmq's I/O thread).
+machine's drift lands on each alike; the relay's and toold's p50 against the peer's.
+The relay's ratio to the peer is a lower bound for toold's: no change inside the daemon
+takes a read below it without changing the process shape (fewer processes, or a
+transport without libzmq's I/O thread).
 
     .venv/bin/python bench/bench_floor.py [calls-per-round] [rounds]
 """
