@@ -5,12 +5,14 @@ checkpoints made by the thread."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from tests.held_journal import hold_back_journal_writer
 from toold_daemon.records import journal_writer
@@ -209,5 +211,121 @@ async def test_an_awaited_write_takes_the_queue_with_it_instead_of_waiting_for_t
         waited = ended(journal, "waited", awaited=True)
         assert waited.settled and journal.backlog() == 0  # committed before submit returned
         assert all(committed(journal.path, f"read{n}") for n in range(5)) and committed(journal.path, "waited")
+    finally:
+        journal.close()
+
+
+def where_committed(journal: Journal, ident: list[int]) -> Commit:
+    """A write nobody waits for that notes the thread it was committed on."""
+
+    def write(db: sqlite3.Connection) -> None:
+        ident.append(threading.get_ident())
+
+    return journal._write(write)
+
+
+async def test_a_group_started_while_the_loop_is_crowded_is_committed_on_the_loop(tmp_path: Path) -> None:
+    """With several calls in flight the loop has no core to spare: the group is committed
+    on the loop when due, not handed to the thread (which would fight it for the GIL)."""
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    seen: list[int] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            journal.bind_nursery(nursery, lambda: True)
+            await trio.testing.wait_all_tasks_blocked()
+            for n in range(5):
+                ended(journal, f"read{n}")
+            where_committed(journal, seen)
+            assert journal.backlog() == 6  # nobody woken: the loop keeps the group
+            with trio.fail_after(5):
+                while journal.backlog():
+                    await trio.sleep(journal_writer.LINGER_SECONDS / 4)
+            assert seen == [threading.get_ident()]  # the loop's thread
+            assert all(committed(journal.path, f"read{n}") for n in range(5))
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()
+
+
+async def test_a_group_started_while_the_loop_serves_one_call_is_the_threads(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    seen: list[int] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            journal.bind_nursery(nursery, lambda: False)
+            await trio.testing.wait_all_tasks_blocked()
+            where_committed(journal, seen)
+            journal.flush()
+            assert seen and seen != [threading.get_ident()]
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()
+
+
+async def test_a_large_group_is_the_threads_even_when_the_loop_is_crowded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flood of big results is never committed in one go on the loop."""
+    monkeypatch.setattr(journal_writer, "LOOP_COMMIT_BYTES", 1000)
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    seen: list[int] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            journal.bind_nursery(nursery, lambda: True)
+            await trio.testing.wait_all_tasks_blocked()
+            ended(journal, "big", content="x" * 5000)
+            where_committed(journal, seen)
+            with trio.fail_after(5):
+                while journal.backlog():
+                    await trio.sleep(journal_writer.LINGER_SECONDS / 4)
+            journal.flush()
+            assert seen and seen != [threading.get_ident()] and committed(journal.path, "big")
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()
+
+
+async def test_a_group_left_by_a_stopped_loop_task_is_committed_by_the_thread(tmp_path: Path) -> None:
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        async with trio.open_nursery() as nursery:
+            journal.bind_nursery(nursery, lambda: True)
+            await trio.testing.wait_all_tasks_blocked()
+            ended(journal, "left")
+            nursery.cancel_scope.cancel()  # the daemon stopping before the group was due
+        with trio.fail_after(5):
+            while not committed(journal.path, "left"):
+                await trio.sleep(0.01)
+    finally:
+        journal.close()
+
+
+async def test_a_write_that_raises_on_the_loop_fails_alone_and_the_loop_goes_on(tmp_path: Path) -> None:
+    """Not an SQLite error (a value SQLite cannot take): the write fails, the daemon's
+    loop does not, and the next group is committed."""
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+
+    def broken(db: sqlite3.Connection) -> None:
+        raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+    try:
+        async with trio.open_nursery() as nursery:
+            journal.bind_nursery(nursery, lambda: True)
+            await trio.testing.wait_all_tasks_blocked()
+            failed = journal._write(broken)
+            with trio.fail_after(5):
+                while journal.backlog():
+                    await trio.sleep(journal_writer.LINGER_SECONDS / 4)
+            assert isinstance(failed.error, OverflowError)
+            ended(journal, "next")
+            with trio.fail_after(5):
+                while not committed(journal.path, "next"):
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
     finally:
         journal.close()

@@ -360,6 +360,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                     sink.bind_nursery(nursery)
                 audit.bind_nursery(nursery)
                 if journal is not None:
+                    journal.bind_nursery(nursery, _crowded(runner))
                     nursery.start_soon(keep_journal_forever, journal, undo, config.journal.retention_days)
                 metrics_file = config.daemon.metrics_file
                 if metrics_file:
@@ -435,6 +436,13 @@ def settle_garbage_collector() -> None:
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 100)
     gc.enable()
+
+
+def _crowded(runner: ThreadRunner | SpawnRunner) -> Callable[[], bool]:
+    """Whether the loop serves several calls at once (``Journal.bind_nursery``)."""
+    if isinstance(runner, SpawnRunner):
+        return runner.workers.crowded
+    return lambda: False
 
 
 def _status(service: Service) -> str:

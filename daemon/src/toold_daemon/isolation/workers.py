@@ -159,6 +159,7 @@ class Workers:
         self.idle_seconds = idle_seconds
         self._idle: list[Worker] = []  # least recently used first
         self._in_flight = 0  # calls waiting for a worker's outcome
+        self._peak_in_flight = 0  # the most at once since ``crowded`` was last asked
         self._live = 0  # idle, busy and starting
         self._freed = trio.Event()
         self._cgroups_to_remove: list[str] = []
@@ -166,6 +167,13 @@ class Workers:
         self._config_generation = 0
         #: Where abandoned calls' outcomes are waited for (without one their workers end).
         self.nursery: trio.Nursery | None = None
+
+    def crowded(self) -> bool:
+        """Whether more than one call waited for a worker at some moment since the last
+        time this was asked: the loop then serves several clients at once, and has no
+        core to spare."""
+        peak, self._peak_in_flight = self._peak_in_flight, self._in_flight
+        return peak > 1
 
     @property
     def live(self) -> int:
@@ -212,6 +220,7 @@ class Workers:
                     self._end(worker)
                     return None
                 self._in_flight += 1
+                self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
                 return Begun(request, worker, data[sent:])
         return None
 
@@ -249,6 +258,7 @@ class Workers:
         if begun is None:
             worker, unsent = await self._take(request, config), frame(request)
             self._in_flight += 1
+            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
         else:
             worker, unsent = begun.worker, begun.unsent
         clean = False

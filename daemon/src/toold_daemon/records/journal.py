@@ -43,7 +43,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -198,6 +198,13 @@ class Journal:
         the ones it was born with)."""
         if self._writer is None:
             self._writer = JournalWriter(self._writer_db, trio.lowlevel.current_trio_token())
+
+    def bind_nursery(self, nursery: trio.Nursery, crowded: Callable[[], bool]) -> None:
+        """Let the loop decide when and where groups of writes nobody waits for are
+        committed (``JournalWriter.commit_due_forever``; ``crowded``: whether the loop
+        serves several calls at once); without it, the thread's linger does."""
+        if self._writer is not None:
+            nursery.start_soon(self._writer.commit_due_forever, crowded)
 
     def _write(
         self, write: Write | Rows, *, awaited: bool = False, size: int = 0, long: bool = False, owner: int | None = None

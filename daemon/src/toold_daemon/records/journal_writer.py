@@ -22,6 +22,14 @@ Nobody waits for the others (a read-only batch's): they wake nobody and are comm
 with the next awaited write or within ``LINGER_SECONDS``, so a stream of reads costs a
 commit every few milliseconds rather than two per read. Reads on the loop call
 ``flush()`` first, so they always see every write queued before them.
+
+Who commits such a group once it is due depends on the loop (``commit_due_forever``,
+a task of the loop's). While the loop serves one call at a time, the thread commits it
+on the other core, beside the loop. While the loop serves several clients at once it has
+no core to spare, and it commits a small group itself: handed to the thread, the group's
+commit would wait for the GIL at each step, and the thread woke each time the loop let
+the GIL go, about once per read. A large group (a flood of big results) stays the
+thread's, so the loop never stalls on one commit.
 """
 
 from __future__ import annotations
@@ -56,6 +64,10 @@ class Rows:
 
 #: The longest a write nobody waits for stays queued (what a crash may lose of them).
 LINGER_SECONDS = 0.01
+
+#: The most a group committed on the loop may carry (bytes of results, as submitted);
+#: a larger one is committed by the thread.
+LOOP_COMMIT_BYTES = 256 * 1024
 
 #: Commits between two WAL checkpoints (run by the thread; SQLite's own are turned off),
 #: or fewer once they carried this many bytes: the write-ahead log is the journal's
@@ -119,6 +131,11 @@ class JournalWriter:
         self._urgent = False  # something queued is waited for: commit now
         self._closing = False
         self._changed = threading.Condition()
+        #: Set by ``commit_due_forever`` while it runs: a group of writes nobody waits for
+        #: that starts while the loop is crowded is then the loop's to commit when due.
+        self._group_started: trio.Event | None = None
+        self._crowded: Callable[[], bool] = lambda: False
+        self._loop_thread = threading.get_ident()  # made on the loop's thread, inside trio
         self._thread = threading.Thread(target=self._work, name="toold-journal", daemon=True)
         self._thread.start()
 
@@ -143,9 +160,43 @@ class JournalWriter:
                 self._count_owner(owner, 1, size)
             if awaited:
                 self._urgent = True
-            if awaited or first:  # the first of a group starts the thread's linger
+            # The first of a group starts the linger: the thread's, unless the loop keeps it.
+            loop_keeps = first and not awaited and self._loop_keeps_groups()
+            if awaited or (first and not loop_keeps):
                 self._changed.notify_all()
+        if loop_keeps:
+            assert self._group_started is not None
+            self._group_started.set()
         return commit
+
+    def _loop_keeps_groups(self) -> bool:
+        return self._group_started is not None and threading.get_ident() == self._loop_thread and self._crowded()
+
+    async def commit_due_forever(self, crowded: Callable[[], bool]) -> None:
+        """Commit each group of writes nobody waits for that started while ``crowded()``
+        (the loop serves several calls at once) ``LINGER_SECONDS`` after its first write,
+        here when it is small, else on the thread. Other groups keep the thread's linger."""
+        self._crowded = crowded
+        self._group_started = trio.Event()
+        try:
+            while True:
+                await self._group_started.wait()
+                self._group_started = trio.Event()
+                await trio.sleep(LINGER_SECONDS)
+                self._commit_due()
+        finally:
+            self._group_started = None
+            with self._changed:
+                if self._queue:  # the thread's linger again, for what is left
+                    self._changed.notify_all()
+
+    def _commit_due(self) -> None:
+        if self._queued_bytes <= LOOP_COMMIT_BYTES and self._commit_here(None):
+            return
+        with self._changed:
+            if self._queue:
+                self._urgent = True
+                self._changed.notify_all()
 
     def _now_if_idle(self, write: Write | Rows, size: int = 0) -> Commit | None:
         """Commit ``write`` here and now, with whatever is queued before it (so it keeps
@@ -155,22 +206,40 @@ class JournalWriter:
         an awaited write means waking it and being woken back, each a wait for the GIL
         (a switch interval while the loop is busy), several times per side-effecting call.
         Committing the queue here costs the loop the same SQLite work the thread would do."""
+        commit = Commit()
+        if not self._commit_here((write, commit), size):
+            return None
+        commit.settled = True
+        return commit
+
+    def _commit_here(self, last: tuple[Write | Rows, Commit] | None, size: int = 0) -> bool:
+        """Commit what is queued, then ``last`` (``size``: the bytes it carries), on the
+        calling thread (the loop's); False, and nothing done, while the thread commits
+        or the writer closes."""
         with self._changed:
             if self._busy or self._closing:
-                return None
+                return False
+            if not self._queue and last is None:
+                return True
             self._busy = True
             group, self._queue = self._queue, []
             self._uncheckpointed += self._queued_bytes + size
             self._queued_bytes = 0
             self._taken(group)
-        commit = Commit()
+        writes = [*group, last] if last is not None else group
         try:
-            if group:
-                self._commit([*group, (write, commit)])
+            if len(writes) == 1:
+                self._commit_one(*writes[0])
             else:
-                self._commit_one(write, commit)
+                self._commit(writes)
+        except Exception as exc:  # not SQLite's (a value it cannot take): never out into the loop
+            log.exception("journal commit failed")
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            for _, commit in writes:
+                commit.error = commit.error or exc
         finally:
-            commit.settled = True
             with self._changed:
                 self._busy = False
                 self._commits += 1
@@ -179,7 +248,7 @@ class JournalWriter:
         awaited = [queued for _, queued in group if queued.awaited]
         if awaited:  # queued before and waited for: their waiters are woken as the thread would
             self._wake(awaited)
-        return commit
+        return True
 
     def _commit_one(self, write: Write | Rows, commit: Commit) -> None:
         db = self._db
