@@ -4,9 +4,11 @@ checkpoints made by the thread."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -224,44 +226,60 @@ def where_committed(journal: Journal, ident: list[int]) -> Commit:
     return journal._write(write)
 
 
+def broken(db: sqlite3.Connection) -> None:
+    raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+
+@contextlib.asynccontextmanager
+async def writing(tmp_path: Path, *, crowded: bool | None) -> AsyncIterator[Journal]:
+    """A journal with its writer thread; unless ``crowded`` is None, the loop's task that
+    commits the groups started while ``crowded`` (stopped, then the journal closed, at the end)."""
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        async with trio.open_nursery() as nursery:
+            if crowded is not None:
+                journal.bind_nursery(nursery, lambda: crowded)
+                await trio.testing.wait_all_tasks_blocked()
+            yield journal
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()
+
+
+async def until_taken(journal: Journal) -> None:
+    """Until nothing is queued any more (taken by the loop or the thread)."""
+    with trio.fail_after(5):
+        while journal.backlog():
+            await trio.sleep(journal_writer.LINGER_SECONDS / 4)
+
+
+async def until_committed(journal: Journal, batch_id: str) -> None:
+    with trio.fail_after(5):
+        while not committed(journal.path, batch_id):
+            await trio.sleep(0.01)
+
+
 async def test_a_group_started_while_the_loop_is_crowded_is_committed_on_the_loop(tmp_path: Path) -> None:
     """With several calls in flight the loop has no core to spare: the group is committed
     on the loop when due, not handed to the thread (which would fight it for the GIL)."""
-    journal = Journal.open_in(tmp_path)
-    journal.start_writer()
     seen: list[int] = []
-    try:
-        async with trio.open_nursery() as nursery:
-            journal.bind_nursery(nursery, lambda: True)
-            await trio.testing.wait_all_tasks_blocked()
-            for n in range(5):
-                ended(journal, f"read{n}")
-            where_committed(journal, seen)
-            assert journal.backlog() == 6  # nobody woken: the loop keeps the group
-            with trio.fail_after(5):
-                while journal.backlog():
-                    await trio.sleep(journal_writer.LINGER_SECONDS / 4)
-            assert seen == [threading.get_ident()]  # the loop's thread
-            assert all(committed(journal.path, f"read{n}") for n in range(5))
-            nursery.cancel_scope.cancel()
-    finally:
-        journal.close()
+    async with writing(tmp_path, crowded=True) as journal:
+        for n in range(5):
+            ended(journal, f"read{n}")
+        where_committed(journal, seen)
+        assert journal.backlog() == 6  # nobody woken: the loop keeps the group
+        await until_taken(journal)
+        assert seen == [threading.get_ident()]  # the loop's thread
+        assert all(committed(journal.path, f"read{n}") for n in range(5))
 
 
 async def test_a_group_started_while_the_loop_serves_one_call_is_the_threads(tmp_path: Path) -> None:
-    journal = Journal.open_in(tmp_path)
-    journal.start_writer()
     seen: list[int] = []
-    try:
-        async with trio.open_nursery() as nursery:
-            journal.bind_nursery(nursery, lambda: False)
-            await trio.testing.wait_all_tasks_blocked()
-            where_committed(journal, seen)
-            journal.flush()
-            assert seen and seen != [threading.get_ident()]
-            nursery.cancel_scope.cancel()
-    finally:
-        journal.close()
+    async with writing(tmp_path, crowded=False) as journal:
+        where_committed(journal, seen)
+        journal.flush()
+        assert seen and seen != [threading.get_ident()]
 
 
 async def test_a_large_group_is_the_threads_even_when_the_loop_is_crowded(
@@ -269,23 +287,13 @@ async def test_a_large_group_is_the_threads_even_when_the_loop_is_crowded(
 ) -> None:
     """A flood of big results is never committed in one go on the loop."""
     monkeypatch.setattr(journal_writer, "LOOP_COMMIT_BYTES", 1000)
-    journal = Journal.open_in(tmp_path)
-    journal.start_writer()
     seen: list[int] = []
-    try:
-        async with trio.open_nursery() as nursery:
-            journal.bind_nursery(nursery, lambda: True)
-            await trio.testing.wait_all_tasks_blocked()
-            ended(journal, "big", content="x" * 5000)
-            where_committed(journal, seen)
-            with trio.fail_after(5):
-                while journal.backlog():
-                    await trio.sleep(journal_writer.LINGER_SECONDS / 4)
-            journal.flush()
-            assert seen and seen != [threading.get_ident()] and committed(journal.path, "big")
-            nursery.cancel_scope.cancel()
-    finally:
-        journal.close()
+    async with writing(tmp_path, crowded=True) as journal:
+        ended(journal, "big", content="x" * 5000)
+        where_committed(journal, seen)
+        await until_taken(journal)
+        journal.flush()
+        assert seen and seen != [threading.get_ident()] and committed(journal.path, "big")
 
 
 async def test_a_group_left_by_a_stopped_loop_task_is_committed_by_the_thread(tmp_path: Path) -> None:
@@ -297,35 +305,25 @@ async def test_a_group_left_by_a_stopped_loop_task_is_committed_by_the_thread(tm
             await trio.testing.wait_all_tasks_blocked()
             ended(journal, "left")
             nursery.cancel_scope.cancel()  # the daemon stopping before the group was due
-        with trio.fail_after(5):
-            while not committed(journal.path, "left"):
-                await trio.sleep(0.01)
+        await until_committed(journal, "left")
     finally:
         journal.close()
 
 
-async def test_a_write_that_raises_on_the_loop_fails_alone_and_the_loop_goes_on(tmp_path: Path) -> None:
-    """Not an SQLite error (a value SQLite cannot take): the write fails, the daemon's
-    loop does not, and the next group is committed."""
-    journal = Journal.open_in(tmp_path)
-    journal.start_writer()
-
-    def broken(db: sqlite3.Connection) -> None:
-        raise OverflowError("Python int too large to convert to SQLite INTEGER")
-
-    try:
-        async with trio.open_nursery() as nursery:
-            journal.bind_nursery(nursery, lambda: True)
-            await trio.testing.wait_all_tasks_blocked()
-            failed = journal._write(broken)
-            with trio.fail_after(5):
-                while journal.backlog():
-                    await trio.sleep(journal_writer.LINGER_SECONDS / 4)
-            assert isinstance(failed.error, OverflowError)
-            ended(journal, "next")
-            with trio.fail_after(5):
-                while not committed(journal.path, "next"):
-                    await trio.sleep(0.01)
-            nursery.cancel_scope.cancel()
-    finally:
-        journal.close()
+@pytest.mark.parametrize("crowded", [True, None], ids=["on the loop", "on the thread"])
+async def test_a_write_raising_what_sqlite_does_not_fails_alone_and_the_writer_goes_on(
+    tmp_path: Path, crowded: bool | None
+) -> None:
+    """A value SQLite cannot take raises OverflowError, not an SQLite error: the write fails
+    alone, its group is committed, and neither the loop nor the writer thread dies (a dead
+    thread would leave every later write of every user queued for ever)."""
+    async with writing(tmp_path, crowded=crowded) as journal:
+        ended(journal, "before")
+        failed = journal._write(broken)
+        ended(journal, "with")
+        await until_taken(journal)
+        journal.flush()
+        assert isinstance(failed.error, OverflowError)
+        assert committed(journal.path, "before") and committed(journal.path, "with")
+        ended(journal, "next")
+        await until_committed(journal, "next")

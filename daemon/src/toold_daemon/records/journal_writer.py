@@ -232,13 +232,6 @@ class JournalWriter:
                 self._commit_one(*writes[0])
             else:
                 self._commit(writes)
-        except Exception as exc:  # not SQLite's (a value it cannot take): never out into the loop
-            log.exception("journal commit failed")
-            if self._db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.execute("ROLLBACK")
-            for _, commit in writes:
-                commit.error = commit.error or exc
         finally:
             with self._changed:
                 self._busy = False
@@ -260,7 +253,7 @@ class JournalWriter:
             else:
                 commit.value = write(db)
             db.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except Exception as exc:  # SQLite's, or a value it cannot take (OverflowError): this write fails
             log.error("journal write failed: %s", exc)
             commit.error = exc
             if db.in_transaction:
@@ -413,7 +406,7 @@ def _merged(db: sqlite3.Connection, run: list[tuple[Write | Rows, Commit]]) -> b
         for position, (sql, _) in enumerate(first.statements):
             rows = [row for write, _ in run for row in write.statements[position][1]]  # type: ignore[union-attr]
             db.executemany(sql, rows)
-    except sqlite3.Error:
+    except Exception:  # one of them fails (SQLite, or a value it cannot take): each alone finds which
         db.execute("ROLLBACK TO many")
         db.execute("RELEASE many")
         return False
@@ -430,7 +423,7 @@ def _alone(db: sqlite3.Connection, write: Write | Rows, commit: Commit) -> None:
                 db.executemany(sql, rows)
         else:
             commit.value = write(db)
-    except sqlite3.Error as exc:
+    except Exception as exc:  # SQLite's, or a value it cannot take: fails alone, never the thread or the loop
         db.execute("ROLLBACK TO one")
         commit.error = exc
         log.error("journal write failed: %s", exc)
