@@ -13,7 +13,8 @@ import trio
 
 from toold_daemon.records import journal as journal_module
 from toold_daemon.records import journal_pruning, server_connections
-from toold_daemon.records.journal import DISCARDED, INTERRUPTED, Journal, JournalError
+from toold_daemon.records.journal import Journal, JournalError
+from toold_daemon.records.journal_recovery import DISCARDED, INTERRUPTED
 from toold_daemon.records.stored_batches import Submission, fingerprint
 from toold_daemon.undo.images import Change, Image
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolErrorInfo, ToolResult, encode_value

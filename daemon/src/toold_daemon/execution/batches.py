@@ -67,6 +67,15 @@ class PreparedCall(msgspec.Struct):
             return "pending"
         return "confirm" if self.needs_confirmation else "run"
 
+    def marked_dry(self) -> PreparedCall:
+        """In a dry run: a call refused at planning says so in its result's ``data`` too."""
+        if self.result is not None:
+            error = self.result.error
+            policy = "deny" if error is not None and error.code == "DENIED_BY_POLICY" else "error"
+            data = {**(self.result.data or {}), "dry_run": True, "policy": policy}
+            self.result = msgspec.structs.replace(self.result, data=data)
+        return self
+
     def planned(self) -> PlannedCall:
         return PlannedCall(
             index=self.index,
@@ -111,6 +120,17 @@ class Batch(msgspec.Struct):
         if self.dry_run:
             return True
         return all(call.result is not None or _reads_only(call) for call in self.calls)
+
+    def runs_at_once(self) -> PreparedCall | None:
+        """The batch's first call when it is side-effecting and runs as soon as the batch is
+        accepted (nothing to confirm or supply first): its started mark can share the batch's
+        journal transaction instead of costing a commit of its own."""
+        if self.dry_run or any(c.needs_confirmation or c.awaiting_result for c in self.calls):
+            return None
+        first = next((c for c in self.calls if c.result is None), None)
+        if first is None or first.denial is not None or first.tool is None or not first.tool.side_effecting:
+            return None
+        return first
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:

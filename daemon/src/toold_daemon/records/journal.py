@@ -54,12 +54,11 @@ from toold_protocol import (
     BatchState,
     Identity,
     ServerConnection,
-    ToolErrorInfo,
     ToolResult,
 )
 
 from ..undo.images import Change
-from . import journal_pruning, journal_rows
+from . import journal_pruning, journal_recovery, journal_rows
 from . import server_connections as connection_rows
 from .journal_schema import SCHEMA_VERSION, NewerSchema, intact, migrate
 from .journal_shares import Shares
@@ -70,8 +69,6 @@ from .stored_batches import StoredBatch, StoredChange, Submission
 JOURNAL_NAME = "journal.sqlite3"
 RECOVERY_NAME = "last-recovery.json"  # what the last start found and did (``toold doctor``)
 DEFAULT_MAX_BYTES_PER_UID = 1024 * 1024 * 1024
-INTERRUPTED = "interrupted: the daemon stopped while this call was running; its side effects may have happened"
-DISCARDED = "discarded after restart"
 
 
 class JournalError(Exception):
@@ -529,33 +526,18 @@ class Journal:
         for batch_id in unfinished:
             with self._transaction() as db:
                 db.execute("BEGIN IMMEDIATE")
-                if _is_undo(db, batch_id) and _without_result(db, batch_id, started_only=True):
-                    # an undo that had started is finished, not given up: its call runs
-                    # again, resuming (one still waiting for approval waits as any batch)
-                    self.undos_to_finish.append(batch_id)
-                    db.execute("UPDATE calls SET started = NULL WHERE batch_id = ?", (batch_id,))
-                for index, call_id in _without_result(db, batch_id, started_only=True):
-                    interrupted = _error_result(call_id, "INTERRUPTED", INTERRUPTED)
-                    journal_rows.insert_result(db, batch_id, index, interrupted, now)
-                    self.interrupted_calls += 1
-                state = "interrupted" if _without_result(db, batch_id) else "finished"
-                db.execute(
-                    "UPDATE batches SET state = ?, finished = CASE WHEN ? = 'finished' THEN ? END WHERE batch_id = ?",
-                    (state, state, now, batch_id),
-                )
+                finish_undo, interrupted = journal_recovery.settle_after_crash(db, batch_id, now)
                 db.execute("COMMIT")
+            if finish_undo:
+                self.undos_to_finish.append(batch_id)
+            self.interrupted_calls += interrupted
         return [r[0] for r in self._db.execute("SELECT batch_id FROM batches WHERE state = 'interrupted'")]
 
     def discard(self, batch_id: str) -> None:
         """Resolve every call without a result as failed "discarded after restart"."""
         now = time.time()
 
-        def write(db: sqlite3.Connection) -> None:
-            for index, call_id in _without_result(db, batch_id):
-                journal_rows.insert_result(db, batch_id, index, _error_result(call_id, "DISCARDED", DISCARDED), now)
-            db.execute("UPDATE batches SET state = 'cancelled', finished = ? WHERE batch_id = ?", (now, batch_id))
-
-        self._write_now(write)
+        self._write_now(lambda db: journal_recovery.discard(db, batch_id, now))
 
     async def prune(self, *, older_than_seconds: float, uid: int | None = None) -> list[str]:
         """Delete finished or cancelled batches that ended before the cutoff (of ``uid``, or
@@ -572,33 +554,6 @@ class Journal:
             removed += some
             if len(some) < journal_pruning.PRUNE_CHUNK:
                 return removed
-
-
-def _is_undo(db: sqlite3.Connection, batch_id: str) -> bool:
-    """Whether the batch is an undo (its calls are ``restore_files`` and nothing else)."""
-    tools = {row[0] for row in db.execute("SELECT tool FROM calls WHERE batch_id = ?", (batch_id,))}
-    return tools == {"restore_files"}
-
-
-def _without_result(db: sqlite3.Connection, batch_id: str, *, started_only: bool = False) -> list[tuple[int, str]]:
-    """(index, call id) of the batch's calls that have no result yet; only those that
-    had started when ``started_only``."""
-    return db.execute(
-        "SELECT c.idx, c.call_id FROM calls c LEFT JOIN results r ON r.batch_id = c.batch_id AND r.idx = c.idx "
-        "WHERE c.batch_id = ? AND r.idx IS NULL AND (? = 0 OR c.started IS NOT NULL) ORDER BY c.idx",
-        (batch_id, int(started_only)),
-    ).fetchall()
-
-
-def _error_result(call_id: str, code: str, message: str) -> ToolResult:
-    error = ToolErrorInfo(type="Cancelled" if code == "DISCARDED" else "ExecutionFailed", code=code, message=message)
-    return ToolResult(
-        call_id=call_id,
-        ok=False,
-        content=f"Error ({error.type}): {message}",
-        display=f"Error ({error.type}): {message}",
-        error=error,
-    )
 
 
 def _nothing(db: sqlite3.Connection) -> None:

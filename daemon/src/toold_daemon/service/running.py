@@ -146,7 +146,7 @@ class BatchRuns:
         calls = prepared
         batch_id = chosen or new_batch_id()
         if message.dry_run:
-            calls = [_marked_dry(call) for call in calls]
+            calls = [call.marked_dry() for call in calls]
         batch = Batch(
             batch_id=batch_id,
             identity=session.identity,
@@ -181,7 +181,7 @@ class BatchRuns:
             if self.shared.journal is not None and batch.read_only:
                 batch.journaled_at_end = True  # one write when it ends (_journal_ended), nobody waits
             elif self.shared.journal is not None:  # journaled before it is acknowledged
-                first = _runs_at_once(batch)
+                first = batch.runs_at_once()
                 started = first.index if first is not None else None
                 commit = self.shared.journal.record_batch(submission, started=started, awaited=True)
                 if first is not None:
@@ -579,24 +579,3 @@ def _answers_quickly(batch: Batch, message: SubmitBatch) -> bool:
         return False
     call = batch.calls[0]
     return not call.needs_confirmation and not call.awaiting_result
-
-
-def _runs_at_once(batch: Batch) -> PreparedCall | None:
-    """The batch's first call when it is side-effecting and runs as soon as the batch is
-    accepted (nothing to confirm or supply first): its started mark can share the batch's
-    journal transaction instead of costing a commit of its own."""
-    if batch.dry_run or any(c.needs_confirmation or c.awaiting_result for c in batch.calls):
-        return None
-    first = next((c for c in batch.calls if c.result is None), None)
-    if first is None or first.denial is not None or first.tool is None or not first.tool.side_effecting:
-        return None
-    return first
-
-
-def _marked_dry(call: PreparedCall) -> PreparedCall:
-    """A dry run's call refused at planning: its result says so in ``data`` too."""
-    if call.result is not None:
-        policy = "deny" if call.result.error is not None and call.result.error.code == "DENIED_BY_POLICY" else "error"
-        data = {**(call.result.data or {}), "dry_run": True, "policy": policy}
-        call.result = msgspec.structs.replace(call.result, data=data)
-    return call
