@@ -61,11 +61,17 @@ def per_call(work: Callable[[], object], n: int, processes: dict[str, list[psuti
 
 
 def serving_processes(endpoint: str) -> dict[str, list[psutil.Process]]:
-    """The daemon serving ``endpoint``: its protocol process, and its tool workers."""
+    """The daemon serving ``endpoint``: its protocol process, and every process below its
+    spawner ("workers": tool workers, command zygotes and their egress processes, the
+    commands themselves while they run). A process that ends within a round takes its
+    CPU time with it: list them again each round."""
     serving = [p for p in psutil.process_iter(["cmdline"]) if endpoint in (p.info["cmdline"] or [])]
     protocol = [p for p in serving if p.num_threads() > 1]
-    spawners = {p.pid for p in serving if p not in protocol}
-    return {"protocol": protocol, "workers": [p for p in psutil.process_iter() if p.ppid() in spawners]}
+    below: list[psutil.Process] = []
+    for spawner in (p for p in serving if p not in protocol):
+        with contextlib.suppress(psutil.Error):
+            below += spawner.children(recursive=True)
+    return {"protocol": protocol, "workers": below}
 
 
 #: What ``--against`` measures: a 4 KB read, or ``shell true`` (a command through a zygote).
@@ -92,11 +98,11 @@ def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int, ca
         for _ in range(300):
             for client in clients.values():
                 assert client.call(tool, arguments).ok
-        groups = {name: serving_processes(endpoint) for name, endpoint in endpoints.items()}
         figures: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         waits: dict[str, list[float]] = {name: [] for name in trees}  # each call's wall time
         clock = time.perf_counter
         for _ in range(rounds):
+            groups = {name: serving_processes(endpoint) for name, endpoint in endpoints.items()}
             before = {
                 name: {g: sum(cpu_seconds(p) for p in ps) for g, ps in group.items()} for name, group in groups.items()
             }
@@ -117,9 +123,11 @@ def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int, ca
         print(f"{name:<24} protocol {protocol:7.1f}  workers {workers:7.1f}  call p50 {wall:7.1f} µs (wall)")
     ours, *others = figures
     for other in others:
-        ratios = [a["protocol"] / b["protocol"] for a, b in zip(figures[ours], figures[other], strict=True)]
-        spread = f"range {min(ratios):.3f}-{max(ratios):.3f}"
-        print(f"protocol CPU, {ours} / {other}: {statistics.median(ratios):.3f}x ({spread})")
+        for what, of in (("protocol CPU", ("protocol",)), ("protocol + workers CPU", ("protocol", "workers"))):
+            pairs = zip(figures[ours], figures[other], strict=True)
+            ratios = [sum(a[g] for g in of) / sum(b[g] for g in of) for a, b in pairs]
+            spread = f"range {min(ratios):.3f}-{max(ratios):.3f}"
+            print(f"{what}, {ours} / {other}: {statistics.median(ratios):.3f}x ({spread})")
         print(f"call p50, {ours} / {other}: {statistics.median(waits[ours]) / statistics.median(waits[other]):.3f}x")
 
 

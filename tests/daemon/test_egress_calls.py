@@ -324,3 +324,23 @@ async def test_a_record_past_its_bounds_is_garbage_and_closes_the_link(caplog: p
                 await trio.sleep(0.01)
         assert "garbage" in caplog.text
         assert here.calls._calls["t"].records == []
+
+
+async def test_a_call_whose_zygote_kept_its_listener_costs_the_egress_process_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A command that never connected had its listener closed by its zygote: the egress
+    process never knew the call, so no forget goes to it (each would wake it, and be
+    answered); a call whose listener went over is still forgotten there."""
+    monkeypatch.setattr(calls_module, "IDLE_FORGET_SECONDS", 0.01)
+    async with served() as here:
+        for i in range(20):
+            here.calls.register(f"kept-{i}", here.link, None)
+            assert await here.calls.forget(f"kept-{i}", connected=False) == {}
+        here.calls.register("handed", here.link, None)
+        assert await here.calls.forget("handed") == {}
+        with trio.fail_after(5):
+            while not here.answered:
+                await trio.sleep(0.01)
+        await trio.sleep(0.05)  # a later batch would have come by now
+        assert here.answered == ["handed"]

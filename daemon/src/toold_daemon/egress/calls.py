@@ -146,10 +146,12 @@ class EgressCalls:
             arrived.set()
         return call
 
-    async def forget(self, token: str) -> dict[str, Any]:
+    async def forget(self, token: str, *, connected: bool = True) -> dict[str, Any]:
         """End the call's connections and return what its result says of them (waiting a
         moment for their records): ``network``, and ``network_omitted`` past ``MAX_RECORDS``
-        (``result_data``); empty without connections."""
+        (``result_data``); empty without connections. ``connected=False``: the command's
+        zygote says its listener never went to the egress process, so there is no
+        listener there to close (unless the egress process spoke of the call after all)."""
         self._take_early(token)
         call = self._calls.get(token)
         if call is None:
@@ -158,9 +160,10 @@ class EgressCalls:
             # The egress process says a call connects before the connection goes anywhere,
             # so before the command could end: it may be waiting on the link, unread.
             self._read_now(call.link)
-        if not call.asked:  # no connection: only the listener to close, nothing to wait for
+        if not call.asked:  # no connection: at most a listener to close, nothing to wait for
             self._calls.pop(token, None)
-            self._idle.setdefault(id(call.link), []).append(token)
+            if connected:
+                self._idle.setdefault(id(call.link), []).append(token)
             return {}
         call.over = True
         try:

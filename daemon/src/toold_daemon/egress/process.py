@@ -5,10 +5,12 @@ A zygote in proxy mode forks this process before it leaves the host's network, s
 process keeps the host's network and nothing else of the zygote's later layers; it
 confines itself (``confine_egress``) and then serves two sockets:
 
-- from its zygote, one ``EgressListen`` per command, carrying a listening TCP socket the
-  zygote made *inside* the command's network namespace (127.0.0.1, a free port): a
-  socket keeps the namespace it was made in, so this process accepts the command's
-  connections there and connects out here;
+- from its zygote, one ``EgressListen`` per command that connects, carrying a listening
+  TCP socket the zygote made *inside* the command's network namespace (127.0.0.1, a free
+  port): a socket keeps the namespace it was made in, so this process accepts the
+  command's connections there and connects out here. The zygote holds each listener
+  until a connection waits on it, so a command that never connects costs this process
+  nothing;
 - to and from the protocol process (the runner): ``EgressAsk`` for each connection the
   rules leave open (the runner asks the person) and ``EgressUsed`` for a call's first
   connection the rules decide, each answered by ``EgressAnswer``;
@@ -121,7 +123,8 @@ class ProxyListener:
     the command's request with its environment pointing its HTTP clients at it. It is
     handed to the egress process (``hand_over``), which accepts on it from outside the
     namespace; a command that did not start never hands it over (it would stay open
-    there, served for a call nobody ends)."""
+    there, served for a call nobody ends). A zygote hands it over only once a connection
+    waits in its backlog (``fileno`` is what it watches)."""
 
     def __init__(self, request: SpawnRequest) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -133,6 +136,9 @@ class ProxyListener:
             raise
         port = self._socket.getsockname()[1]
         self.request = msgspec.structs.replace(request, env={**request.env, **proxy_environment(port)})
+
+    def fileno(self) -> int:
+        return self._socket.fileno()
 
     def hand_over(self, to_egress: socket.socket) -> None:
         listen = EgressListen(token=self.request.token, budget=self.request.egress_budget)

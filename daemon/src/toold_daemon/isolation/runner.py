@@ -372,7 +372,7 @@ class SpawnRunner:
         """Wait for a launched child's outcome; then kill it and everything it started."""
         try:
             outcome = await collect(child.read_end, ctx, self.config.tools.output.max_bytes)
-            network = await self.egress.forget(child.token)
+            network = await self.egress.forget(child.token, connected=not outcome.unconnected)
             if network:
                 outcome = msgspec.structs.replace(outcome, data={**(outcome.data or {}), **network})
             return outcome

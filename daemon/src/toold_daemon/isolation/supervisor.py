@@ -10,6 +10,13 @@ Channels are written without blocking: while a call's reader lags, that command'
 pipes are not read (so the command itself waits on its full pipe) and every other
 command goes on. A reader that went away (the call was cancelled) ends the watch: the
 command is killed and reaped, and the runner kills its group.
+
+A zygote in proxy mode gives each command a listener for its proxy connections and the
+supervisor holds it: it goes to the egress process (``Listener.hand_over``) once a
+connection waits on it, or is closed when the command is done. Most commands never
+connect, and then the egress process never hears of them (each listener it serves
+costs it a task, and the runner a message to end it); the outcome says so
+(``Outcome.unconnected``), so that the runner has nothing to end there either.
 """
 
 from __future__ import annotations
@@ -17,10 +24,11 @@ from __future__ import annotations
 import base64
 import codecs
 import os
+import select
 import selectors
 import signal
 import time
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -31,7 +39,20 @@ _READ_SIZE = 65536
 DRAIN_AFTER_EXIT_S = 0.3  # grandchildren may hold the pipes open; stop reading after this
 _POLL_WITHOUT_PIDFD_S = 0.05  # kernels before 5.3: look for the exit this often
 
-Role = Literal["pipe", "exit", "channel", "other"]
+Role = Literal["pipe", "exit", "channel", "listener", "other"]
+
+
+class Listener(Protocol):
+    """A command's proxy listener, held until a connection waits on it."""
+
+    def fileno(self) -> int: ...
+
+    def hand_over(self) -> bool:
+        """Give it to the egress process and close our copy: False if it could not be
+        given (the command's connections are then refused)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class Captured:
@@ -117,6 +138,9 @@ class _Watched(msgspec.Struct, eq=False):
     pending: bytearray = msgspec.field(default_factory=bytearray)  # frames not yet on the channel
     paused: bool = False  # pipes unregistered while ``pending`` waits for the reader
     finished: bool = False  # the outcome is in ``pending``; close once it is written
+    listener: Listener | None = None  # held until a connection waits on it
+    held: bool = False  # the supervisor was given a listener to hold (zygotes in proxy mode)
+    handed_over: bool = False  # ... and it went to the egress process
 
 
 class Supervisor:
@@ -138,9 +162,21 @@ class Supervisor:
     def forget_other(self, fd: int) -> None:
         self._selector.unregister(fd)
 
-    def add(self, request: SpawnRequest, channel: int, pid: int, pipes: dict[int, str], started: float) -> None:
-        """Watch a started command; from now on the supervisor owns its fds and reaps it."""
-        watched = _Watched(request, channel, pid, dict(pipes), started)
+    def add(
+        self,
+        request: SpawnRequest,
+        channel: int,
+        pid: int,
+        pipes: dict[int, str],
+        started: float,
+        *,
+        listener: Listener | None = None,
+    ) -> None:
+        """Watch a started command; from now on the supervisor owns its fds (and its
+        listener) and reaps it."""
+        watched = _Watched(request, channel, pid, dict(pipes), started, listener=listener, held=listener is not None)
+        if listener is not None:
+            self._selector.register(listener.fileno(), selectors.EVENT_READ, ("listener", watched, listener.fileno()))
         for name in ("stdout", "stderr"):
             watched.captured[name] = Captured(request.keep_bytes)
             watched.decoders[name] = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -193,6 +229,8 @@ class Supervisor:
             self._reap(watched, os.WNOHANG)
         elif role == "channel":
             self._flush(watched)
+        elif role == "listener":
+            self._hand_over(watched)
         if watched in self._watched:
             self._finish_if_done(watched)
 
@@ -244,6 +282,27 @@ class Supervisor:
             for pipe in watched.pipes:
                 self._selector.register(pipe, selectors.EVENT_READ, ("pipe", watched, pipe))
 
+    def _hand_over(self, watched: _Watched) -> None:
+        """A connection waits on the command's listener: the egress process serves it."""
+        listener, watched.listener = watched.listener, None
+        if listener is not None:
+            self._selector.unregister(listener.fileno())
+            watched.handed_over = listener.hand_over()
+
+    def _settle_listener(self, watched: _Watched) -> None:
+        """Before the outcome: a connection made just before the command ended still goes
+        to the egress process (which refuses it once the call is over, or records it);
+        without one the listener is closed here, unserved."""
+        listener = watched.listener
+        if listener is None:
+            return
+        if select.select([listener], [], [], 0)[0]:
+            self._hand_over(watched)
+        else:
+            self._selector.unregister(listener.fileno())
+            listener.close()
+            watched.listener = None
+
     def _reap(self, watched: _Watched, flags: int) -> None:
         try:
             waited, status = os.waitpid(watched.pid, flags)
@@ -280,6 +339,7 @@ class Supervisor:
         channel once everything queued is written."""
         if not watched.finished and watched.status is not None and not watched.pipes:
             watched.finished = True
+            self._settle_listener(watched)
             watched.pending += frame(self._outcome(watched))
             self._flush(watched)
         if watched.finished and not watched.pending and watched in self._watched:
@@ -289,7 +349,8 @@ class Supervisor:
         elapsed_ms = round((time.monotonic() - watched.started) * 1000, 1)
         status = None if watched.idle_killed else watched.status
         outcome = command_outcome(status, watched.captured, elapsed_ms, idle=watched.request.idle_timeout_s)
-        return msgspec.structs.replace(outcome, layers=self._layers)
+        unconnected = watched.held and not watched.handed_over
+        return msgspec.structs.replace(outcome, layers=self._layers, unconnected=unconnected)
 
     def _close_pipe(self, watched: _Watched, fd: int) -> None:
         if not watched.paused:
@@ -304,6 +365,10 @@ class Supervisor:
         self._drop(watched)
 
     def _drop(self, watched: _Watched) -> None:
+        if watched.listener is not None:
+            self._selector.unregister(watched.listener.fileno())
+            watched.listener.close()
+            watched.listener = None
         for fd in list(watched.pipes):
             self._close_pipe(watched, fd)
         if watched.paused:

@@ -125,6 +125,9 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome", omit_def
     layers: dict[str, str] = {}  # isolation layer -> "on" or why it is off
     records: dict[str, str] = {}  # read-tracking records (see ToolOutput.records)
     changes: list[Change] = []  # what the call did to each path it declared (undo)
+    # A proxy-mode command whose zygote never gave its listener to the egress process (no
+    # connection came): that process never knew the call, so nothing there is to be ended.
+    unconnected: bool = False
 
 
 ChildMessage = Chunk | Outcome

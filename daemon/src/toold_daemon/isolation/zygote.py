@@ -9,6 +9,10 @@ each command with ``posix_spawn`` in a new session (so the daemon can kill its g
 and watches all of them from one event loop (``Supervisor``), writing the usual frames
 to each call's own channel. No thread per command: a zygote is one task, whatever runs.
 
+In proxy mode each command gets a listener of its own for its proxy connections; the
+zygote holds it (``HeldListener``, watched by the supervisor) and hands it to its egress
+process only once a connection waits on it.
+
 The zygote carries no call token and is in no call's process group, so the kills and
 sweeps of its calls never reach it. It waits in the cgroup of the next call, so the
 command starts inside it, and the runner moves it on right after the spawn
@@ -17,7 +21,6 @@ command starts inside it, and the runner moves it on right after the spawn
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -32,7 +35,8 @@ from .supervisor import Supervisor
 from .wire import Outcome, Spawned, SpawnRequest, close_fds, frame, receive_with_fds, write_frame
 
 _decoder = msgspec.msgpack.Decoder(SpawnRequest)
-Started = tuple[SpawnRequest, int, int, dict[int, str], float]  # request, channel, pid, pipes, started at
+#: request, channel, pid, pipes, started at, the command's proxy listener
+Started = tuple[SpawnRequest, int, int, dict[int, str], float, "HeldListener | None"]
 
 
 def serve(
@@ -63,7 +67,8 @@ def serve(
             reply, started = _start(*received, identity=identity, to_egress=to_egress)
             sock.sendall(frame(reply))  # first: the runner waits for the pid
             if started is not None:
-                supervisor.add(*started)
+                request, channel, pid, pipes, at, listener = started
+                supervisor.add(request, channel, pid, pipes, at, listener=listener)
 
 
 def _start(
@@ -83,33 +88,42 @@ def _start(
     channel = fds[0]
     os.set_inheritable(channel, False)  # the command must not get the channel
     started = time.monotonic()
+    listener = None
     try:
         os.chdir(request.cwd or "/")
-        listener = ProxyListener(request) if to_egress is not None and request.egress_proxy else None
-        try:
-            request = listener.request if listener is not None else request
-            pid, pipes = start_command(request, setsid=True)
-            if listener is not None and to_egress is not None:
-                _hand_over(listener, to_egress, pid, pipes)
-        finally:
-            if listener is not None:
-                listener.close()
+        if to_egress is not None and request.egress_proxy:
+            listener = HeldListener(ProxyListener(request), to_egress)
+            request = listener.request
+        pid, pipes = start_command(request, setsid=True)
     except OSError as exc:
         os.close(channel)
+        if listener is not None:  # a command that did not start never hands its listener over
+            listener.close()
         return Spawned(error=f"cannot start {request.argv[0]}: {exc.strerror or exc}"), None
-    return Spawned(pid=pid), (request, channel, pid, pipes, started)
+    return Spawned(pid=pid), (request, channel, pid, pipes, started, listener)
 
 
-def _hand_over(listener: ProxyListener, to_egress: socket.socket, pid: int, pipes: dict[int, str]) -> None:
-    """Only a started command's listener goes to the egress process; one it cannot take
-    (the egress process is gone) leaves the command without a way out, so the command
-    is ended and the start reported as failed."""
-    try:
-        listener.hand_over(to_egress)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            os.waitpid(pid, 0)
-        close_fds(list(pipes))
-        raise
+class HeldListener:
+    """A started command's proxy listener, kept here until a connection waits on it (see
+    ``Supervisor``): then the egress process takes it. One the egress process cannot take
+    (it is gone) is closed, and the command's connections are refused: it has no way out."""
+
+    def __init__(self, listener: ProxyListener, to_egress: socket.socket) -> None:
+        self._listener = listener
+        self._to_egress = to_egress
+        self.request = listener.request
+
+    def fileno(self) -> int:
+        return self._listener.fileno()
+
+    def hand_over(self) -> bool:
+        try:
+            self._listener.hand_over(self._to_egress)
+        except OSError:
+            return False
+        finally:
+            self._listener.close()
+        return True
+
+    def close(self) -> None:
+        self._listener.close()
