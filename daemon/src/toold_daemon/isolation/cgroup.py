@@ -194,10 +194,10 @@ def kill_listed(path: str, *, spare: int = 0) -> bool:
     """SIGKILL every pid listed in ``path``'s ``cgroup.procs`` (but ``spare``), again until
     a pass finds none new (a process with SIGKILL pending cannot fork any more)."""
     killed: set[int] = set()
+    procs = os.path.join(path, "cgroup.procs")
     for _ in range(_KILL_PASSES):
         try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                pids = {int(line) for line in f if line.strip()}
+            pids = {int(word) for word in _read(procs).split()}
         except OSError:
             return bool(killed)
         new = pids - killed - {spare}
@@ -387,8 +387,25 @@ def write_procs(opened: list[int], pid: int) -> bool:
 
 
 def _write_or_raise(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+    """One write to a cgroup file. Plain system calls: Python's buffered file objects
+    cost 20 µs where these cost 5, and a command writes several of these."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> bytes:
+    """All of a cgroup (or /proc) file, with plain system calls (see ``_write_or_raise``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def _write(path: str, text: str) -> bool:

@@ -1,28 +1,46 @@
 """Frames over the trio side of a Unix socket (the spawner's control socket, a zygote's):
-send one with an fd attached, receive one whole. The peer process's end is in ``wire``."""
+send one with an fd attached, receive one whole. The peer process's end is in ``wire``.
+
+Each use is a request and its one reply, so a frame is read with plain non-blocking
+reads, waiting only while nothing is there: trio's socket methods take a trip through
+the event loop for each read even when the bytes are already in (two per frame, on the
+path of every command). A frame's length is bounded, so such a read always ends."""
 
 from __future__ import annotations
 
 import array
+import os
 import socket
 
 import trio
 
+#: Far more than any reply here (a spawn's pid, a worker's hello): a length past it is a
+#: peer that broke the framing, not a frame to wait for.
+MAX_FRAME = 1 << 20
+
 
 class PeerGone(Exception):
-    """The process at the other end closed the socket (it exited)."""
+    """The process at the other end closed the socket (it exited), or broke the framing."""
 
 
 async def send_with_fd(sock: trio.socket.SocketType, data: bytes, fd: int | list[int]) -> None:
-    fds = [fd] if isinstance(fd, int) else fd
-    sent = await sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    """``data`` with ``fd`` attached to its first byte: sent at once where the socket has
+    room (nearly always), else as trio sends."""
+    fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] if isinstance(fd, int) else fd))]
+    plain = socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
+    try:
+        sent = plain.sendmsg([data], fds)
+    except BlockingIOError:
+        sent = await sock.sendmsg([data], fds)
+    finally:
+        plain.detach()  # the fd stays ``sock``'s
     while sent < len(data):
         sent += await sock.send(data[sent:])
 
 
 async def receive_frame(sock: trio.socket.SocketType) -> bytes:
     header = await _receive_exact(sock, 4)
-    return await _receive_exact(sock, int.from_bytes(header, "big"))
+    return await _receive_exact(sock, _length(header))
 
 
 async def receive_frame_with_fds(sock: trio.socket.SocketType) -> tuple[bytes, list[int]]:
@@ -37,13 +55,27 @@ async def receive_frame_with_fds(sock: trio.socket.SocketType) -> tuple[bytes, l
             received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
     header = data + (await _receive_exact(sock, 4 - len(data)) if len(data) < 4 else b"")
-    return await _receive_exact(sock, int.from_bytes(header, "big")), fds
+    return await _receive_exact(sock, _length(header)), fds
+
+
+def _length(header: bytes) -> int:
+    size = int.from_bytes(header, "big")
+    if size > MAX_FRAME:
+        raise PeerGone(f"a frame of {size} bytes (at most {MAX_FRAME})")
+    return size
 
 
 async def _receive_exact(sock: trio.socket.SocketType, size: int) -> bytes:
+    """``size`` bytes, read as they are there; the event loop is waited on only while
+    none are."""
     parts = bytearray()
+    fd = sock.fileno()
     while len(parts) < size:
-        data = await sock.recv(size - len(parts))
+        try:
+            data = os.read(fd, size - len(parts))
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+            continue
         if not data:
             raise PeerGone
         parts += data

@@ -1,0 +1,114 @@
+"""Frames between the daemon and its zygotes and workers (``isolation.sockets``), over real
+socket pairs: read without a trip through the event loop when the bytes are there, but a
+frame that comes in pieces is still waited for whole, a length past the bound is a broken
+peer (not four gigabytes to wait for), and a send that finds the socket full waits its
+turn with its fd still attached."""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+
+import pytest
+import trio
+
+from toold_daemon.isolation.sockets import MAX_FRAME, PeerGone, receive_frame, send_with_fd
+from toold_daemon.isolation.wire import receive_with_fds
+
+
+async def test_a_frame_that_comes_in_pieces_is_received_whole() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock = trio.socket.from_stdlib_socket(ours)
+        body = b"x" * 5000
+        received: list[bytes] = []
+
+        async def receive() -> None:
+            received.append(await receive_frame(sock))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            for piece in (len(body).to_bytes(4, "big")[:2], len(body).to_bytes(4, "big")[2:], body[:100], body[100:]):
+                await trio.sleep(0.02)
+                assert not received  # still waiting for the rest
+                theirs.sendall(piece)
+        assert received == [body]
+
+
+@pytest.mark.parametrize("size", [MAX_FRAME + 1, 2**32 - 1])
+async def test_a_length_past_the_bound_is_a_broken_peer(size: int) -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(size.to_bytes(4, "big") + b"tail")
+        with trio.fail_after(2), pytest.raises(PeerGone, match="frame of"):
+            await receive_frame(trio.socket.from_stdlib_socket(ours))
+
+
+async def test_a_peer_that_closes_mid_frame_is_gone() -> None:
+    ours, theirs = socket.socketpair()
+    with ours:
+        theirs.sendall((100).to_bytes(4, "big") + b"partial")
+        theirs.close()
+        with trio.fail_after(2), pytest.raises(PeerGone):
+            await receive_frame(trio.socket.from_stdlib_socket(ours))
+
+
+async def test_a_send_that_finds_the_socket_full_waits_and_keeps_its_fd() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock = trio.socket.from_stdlib_socket(ours)
+        filler = b"f" * 65536
+        while True:  # fill the socket until a send would block
+            try:
+                ours.send(filler)
+            except BlockingIOError:
+                break
+        read_end, write_end = os.pipe()
+        try:
+            sent = trio.Event()
+
+            async def send() -> None:
+                await send_with_fd(sock, (4).to_bytes(4, "big") + b"body", write_end)
+                sent.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                await trio.sleep(0.05)
+                assert not sent.is_set()  # waiting for room, not failed
+                theirs.setblocking(False)
+                got = b""
+                fds: list[int] = []
+                while not sent.is_set() or not got.endswith(b"body"):
+                    try:
+                        data, ancillary, _flags, _addr = theirs.recvmsg(65536, socket.CMSG_SPACE(4))
+                    except BlockingIOError:
+                        await trio.sleep(0.005)
+                        continue
+                    got += data
+                    for _level, _kind, payload in ancillary:
+                        fds.extend(array.array("i", payload))
+            assert got.endswith((4).to_bytes(4, "big") + b"body")
+            (passed,) = fds
+            os.write(passed, b"through the passed fd")
+            os.close(passed)
+            assert os.read(read_end, 100) == b"through the passed fd"
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+
+
+async def test_a_frame_and_its_fd_reach_the_zygotes_side() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        read_end, write_end = os.pipe()
+        try:
+            await send_with_fd(trio.socket.from_stdlib_socket(ours), (2).to_bytes(4, "big") + b"hi", write_end)
+            received = receive_with_fds(theirs)
+            assert received is not None
+            body, (passed,) = received
+            assert body == b"hi"
+            os.close(passed)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
