@@ -7,6 +7,10 @@ error it reports. A channel that breaks the framing is a typed error, never the 
 
 from __future__ import annotations
 
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
 import msgspec
 import trio
 
@@ -27,9 +31,9 @@ async def collect(read_end: int, ctx: ToolContext, keep: int) -> Outcome:
     characters of it) ``ctx.partial``."""
     buffer = FrameBuffer()
     kept = 0
-    async with trio.lowlevel.FdStream(read_end) as stream:
+    async with _channel(read_end) as receive_some:
         while True:
-            data = await stream.receive_some(65536)
+            data = await receive_some()
             if not data:
                 break
             chunks: list[Chunk] = []
@@ -58,6 +62,34 @@ async def collect(read_end: int, ctx: ToolContext, keep: int) -> Outcome:
         "Tool failed: the isolated child exited without a result (killed, or out of memory)",
         output="".join(ctx.partial) or None,
     )
+
+
+@asynccontextmanager
+async def _channel(read_end: int) -> AsyncIterator[Callable[[], Awaitable[bytes]]]:
+    """Reads of the channel (``b""`` at its end), closed on leaving. A short command's
+    channel holds its whole answer by the time the loop looks: the first read takes it
+    without a trip through the event loop (a trio stream takes one per read); every later
+    read lets the other tasks run first, so that a command that never stops printing
+    cannot keep the loop to itself."""
+    os.set_blocking(read_end, False)
+    first = True
+
+    async def receive_some() -> bytes:
+        nonlocal first
+        if not first:
+            await trio.lowlevel.checkpoint()
+        first = False
+        while True:
+            try:
+                return os.read(read_end, 65536)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(read_end)
+
+    try:
+        yield receive_some
+    finally:
+        trio.lowlevel.notify_closing(read_end)
+        os.close(read_end)
 
 
 _TYPES = {t.value for t in ToolErrorType}
