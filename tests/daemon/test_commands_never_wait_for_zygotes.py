@@ -11,6 +11,7 @@ import socket
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import trio
 
@@ -103,3 +104,35 @@ async def test_a_command_ends_without_waiting_for_its_zygote_to_leave_its_cgroup
         assert alive(zygote)
         assert await commands.parent() == zygote  # the spared zygote serves on
         assert slow_moves >= 1
+
+
+async def test_a_running_commands_cgroup_has_the_calls_process_limit_once_its_zygote_left(
+    tmp_path: Path, spawner: tuple[int, socket.socket]
+) -> None:
+    """A zygote waits in the next call's cgroup with room for one more process (itself);
+    once it has moved on, the thread that moved it set the call's own limit there."""
+    commands = Commands(
+        spawner, tmp_path, config='[tools.approval]\nallowlist = ["shell"]\n[tools.isolation]\nprocesses = 37\n'
+    )
+    hierarchy = next((h for h in commands.runner.cgroups.hierarchies if "pids" in h.limits), None)
+    if hierarchy is None:
+        pytest.skip("no pids controller here")
+    async with commands.serving(), trio.open_nursery() as nursery:
+        nursery.start_soon(commands.run, "shell", ShellArgs(command="exec sleep 5"))
+        deadline = time.monotonic() + 10
+        limit = ""
+        while limit != "37":
+            assert time.monotonic() < deadline, f"the command's cgroup has pids.max {limit!r}"
+            await trio.sleep(0.01)
+            limit = _pids_max_of_the_cgroup_running(hierarchy.base, "sleep")
+        nursery.cancel_scope.cancel()
+
+
+def _pids_max_of_the_cgroup_running(base: str, program: str) -> str:
+    """``pids.max`` of the call cgroup whose processes include ``program`` ("" while none)."""
+    for name in os.listdir(base):
+        group = Path(base, name)
+        if name.startswith("call-") and any(alive(int(pid)) and psutil.Process(int(pid)).name() == program
+                                            for pid in (group / "cgroup.procs").read_text().split()):  # fmt: skip
+            return (group / "pids.max").read_text().strip()
+    return ""
