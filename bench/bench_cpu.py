@@ -36,11 +36,13 @@ from toold_protocol import Ping, decode_daemon_message, encode
 
 
 def cpu_seconds(process: psutil.Process) -> float:
+    """The process's CPU time and that of its children it has reaped: a zygote that wore
+    out and ended within a round is then still counted, in its reaper's figure."""
     try:
         times = process.cpu_times()
-    except psutil.Error:  # a worker retired meanwhile: its time is gone with it
+    except psutil.Error:  # a worker retired meanwhile, not reaped by a process counted here
         return 0.0
-    return times.user + times.system
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def own_cpu_seconds() -> float:
@@ -61,14 +63,15 @@ def per_call(work: Callable[[], object], n: int, processes: dict[str, list[psuti
 
 
 def serving_processes(endpoint: str) -> dict[str, list[psutil.Process]]:
-    """The daemon serving ``endpoint``: its protocol process, and every process below its
-    spawner ("workers": tool workers, command zygotes and their egress processes, the
-    commands themselves while they run). A process that ends within a round takes its
-    CPU time with it: list them again each round."""
+    """The daemon serving ``endpoint``: its protocol process, and its spawner with every
+    process below it ("workers": tool workers, command zygotes and their egress
+    processes, the commands themselves while they run). A process started within a round
+    is missed: list them again each round."""
     serving = [p for p in psutil.process_iter(["cmdline"]) if endpoint in (p.info["cmdline"] or [])]
     protocol = [p for p in serving if p.num_threads() > 1]
     below: list[psutil.Process] = []
     for spawner in (p for p in serving if p not in protocol):
+        below.append(spawner)
         with contextlib.suppress(psutil.Error):
             below += spawner.children(recursive=True)
     return {"protocol": protocol, "workers": below}
