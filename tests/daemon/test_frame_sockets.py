@@ -13,8 +13,8 @@ import socket
 import pytest
 import trio
 
-from toold_daemon.isolation.sockets import MAX_FRAME, PeerGone, receive_frame, send_with_fd
-from toold_daemon.isolation.wire import receive_with_fds
+from toold_daemon.isolation.sockets import PeerGone, receive_frame, send_with_fd
+from toold_daemon.isolation.wire import MAX_FRAME, receive_with_fds
 
 
 async def test_a_frame_that_comes_in_pieces_is_received_whole() -> None:

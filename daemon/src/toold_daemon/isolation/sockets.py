@@ -4,7 +4,8 @@ send one with an fd attached, receive one whole. The peer process's end is in ``
 Each use is a request and its one reply, so a frame is read with plain non-blocking
 reads, waiting only while nothing is there: trio's socket methods take a trip through
 the event loop for each read even when the bytes are already in (two per frame, on the
-path of every command). A frame's length is bounded, so such a read always ends."""
+path of every command). A frame's length is bounded (``MAX_FRAME``, as on the other
+side): a peer claiming more broke the framing."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import socket
 
 import trio
 
-#: Far more than any reply here (a spawn's pid, a worker's hello): a length past it is a
-#: peer that broke the framing, not a frame to wait for.
-MAX_FRAME = 1 << 20
+from .wire import MAX_FRAME
+
+#: What one read asks for: a peer claiming a large frame gets room for it as it sends it.
+_READ_AT_ONCE = 65536
 
 
 class PeerGone(Exception):
@@ -72,7 +74,7 @@ async def _receive_exact(sock: trio.socket.SocketType, size: int) -> bytes:
     fd = sock.fileno()
     while len(parts) < size:
         try:
-            data = os.read(fd, size - len(parts))
+            data = os.read(fd, min(size - len(parts), _READ_AT_ONCE))
         except BlockingIOError:
             await trio.lowlevel.wait_readable(sock)
             continue
