@@ -152,8 +152,7 @@ class Sandbox:
                 attempted=raw,
                 resolved=resolved,
             )
-        path = Path(resolved)
-        pattern = self.denied_pattern(path)
+        pattern = self.denied_pattern(resolved)
         if pattern is not None:
             raise sandbox_violation(
                 "DENIED_PATTERN",
@@ -161,7 +160,7 @@ class Sandbox:
                 attempted=raw,
                 pattern=pattern,
             )
-        return path
+        return Path(resolved)
 
     def root_of(self, path: Path | str) -> Path | None:
         """The root that contains canonical ``path``, compared by components (``/r-evil`` is not in ``/r``)."""
@@ -195,11 +194,11 @@ class Sandbox:
 
     def denied_pattern(self, path: Path | str) -> str | None:
         """The first denied pattern matching canonical ``path``, or None."""
-        text = str(path)
+        text = path if isinstance(path, str) else str(path)
         index = self._root_index(text)
         rel = (
             text[len(self._root_prefixes[index][1]) :]
-            if index is not None and text != self.roots[index].as_posix()
+            if index is not None and text != self._root_prefixes[index][0]
             else text.lstrip("/")
         )
         for candidates, combined, subject in (
