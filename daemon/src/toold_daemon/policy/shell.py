@@ -62,6 +62,7 @@ _BACKTICK_RUN = re.compile(r"[^`\\]+")
 _WIDE_RUN = re.compile(r"[^\x00-\x7f]+")
 _QUOTED_RUN = re.compile(r'[^"\\$`]+')
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]")
+_DOLLAR_NAME = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])")
 # Control characters (tab and newline aside), and what lies outside ASCII (each distinct
 # one looked at).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -109,6 +110,8 @@ def _check_characters(command: str) -> frozenset[str]:
     control = _CONTROL.search(command)
     if control is not None:
         raise Unreadable(f"control character {control.group()!r}")
+    if command.isascii():  # nearly every command: nothing outside ASCII to look at
+        return frozenset()
     wide = "".join(set(_WIDE.findall(command)))
     if not wide:
         return frozenset()
@@ -305,7 +308,7 @@ class _Reader:
                 self.i = run.end()
             if (run := _WIDE_RUN.match(self.text, self.i)) is not None:
                 text = run.group()
-                if not self.budget.punctuation.isdisjoint(text):
+                if self.budget.punctuation and not self.budget.punctuation.isdisjoint(text):
                     first = next(ch for ch in text if ch in self.budget.punctuation)
                     raise Unreadable(f"unquoted {first!r} (punctuation or symbol outside ASCII)")
                 word.text.append(text)
@@ -388,6 +391,13 @@ class _Reader:
             self.i += 1
 
     def _read_dollar(self, word: Word, *, quoted: bool) -> None:
+        simple = _DOLLAR_NAME.match(self.text, self.i)
+        if simple is not None:  # ``$name`` (or ``$1``, ``$?`` ...): nearly every expansion
+            self.i = simple.end()
+            word.text.append(simple.group())
+            word.raw.append("$")
+            word.dynamic = True
+            return
         if self.text.startswith("\\\n", self.i + 1):
             # The shell removes a line continuation before it reads ``$``: ``$\<newline>(x)``
             # is ``$(x)``, a substitution that reads here like a literal dollar.
