@@ -4,8 +4,10 @@ let a command through unread (past them it is unreadable, and asked about)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,15 +53,38 @@ def test_characters_read_one_at_a_time_are_bounded_too() -> None:
     ids=["words", "parts", "expansions", "wide", "glob", "backticks", "wrappers"],
 )
 def test_reading_any_64_kb_command_takes_milliseconds(command: str) -> None:
-    command = command[: MAX_COMMAND_CHARS - 1]
-    started = time.process_time()  # this process's CPU: what other processes take does not count
-    try:
-        read_command(command + " ")  # never read before: no cached reading
-    except Unreadable:
-        pass
+    command = command[: MAX_COMMAND_CHARS - _TRIES]
+
+    def read(attempt: int) -> None:
+        try:
+            read_command(command + " " * attempt)  # never read before: no cached reading
+        except Unreadable:
+            pass
+
     # Each of these took 40-210 ms before the bounds (and ~65 s for the wrappers); the
-    # slowest now takes about 13 ms here (the expansions, 8192 of them before the bound).
-    assert time.process_time() - started < 0.03
+    # slowest now takes 13-17 ms here (8192 expansions, 20,000 distinct wide characters).
+    assert _least_cpu_seconds(read) < 0.03
+
+
+#: Each timed check runs this many times and keeps its least CPU time.
+_TRIES = 3
+
+
+def _least_cpu_seconds(work: Callable[[int], object]) -> float:
+    """The least CPU time of ``_TRIES`` runs of ``work(attempt)`` (attempt 1, 2, ...), each
+    with the garbage collector off: the suite's process is large, and one collection
+    would be charged to the code under test; so would a run that another process's cache
+    traffic slowed down. CPU time, not wall time: waiting for the CPU does not count."""
+    least = float("inf")
+    for attempt in range(1, _TRIES + 1):
+        gc.disable()
+        try:
+            started = time.process_time()
+            work(attempt)
+            least = min(least, time.process_time() - started)
+        finally:
+            gc.enable()
+    return least
 
 
 @pytest.mark.parametrize(
@@ -88,10 +113,12 @@ def test_the_denied_check_of_many_words_takes_milliseconds(tmp_path: Path) -> No
     root = tmp_path / "deep" / "er" / "ws"
     root.mkdir(parents=True)
     sandbox = build_sandbox(Config(), [root])
-    started = time.perf_counter()
-    assert denied_words(sandbox, [f"w{i}" for i in range(511)], str(root)) is None
-    assert denied_words(sandbox, ["ls", "-la", "x"] * 170, str(root)) is None
-    assert time.perf_counter() - started < 0.03  # 35 µs a word before: 36 ms for these
+
+    def check(_attempt: int) -> None:
+        assert denied_words(sandbox, [f"w{i}" for i in range(511)], str(root)) is None
+        assert denied_words(sandbox, ["ls", "-la", "x"] * 170, str(root)) is None
+
+    assert _least_cpu_seconds(check) < 0.03  # 35 µs a word before: 36 ms for these; 6 ms now
 
 
 def test_a_word_naming_a_denied_file_through_a_link_is_still_found(tmp_path: Path) -> None:
