@@ -299,8 +299,13 @@ class Supervisor:
         if select.select([listener], [], [], 0)[0]:
             self._hand_over(watched)
         else:
-            self._selector.unregister(listener.fileno())
-            listener.close()
+            self._close_listener(watched)
+
+    def _close_listener(self, watched: _Watched) -> None:
+        """Close the command's listener unserved, if it still holds one."""
+        if watched.listener is not None:
+            self._selector.unregister(watched.listener.fileno())
+            watched.listener.close()
             watched.listener = None
 
     def _reap(self, watched: _Watched, flags: int) -> None:
@@ -365,10 +370,7 @@ class Supervisor:
         self._drop(watched)
 
     def _drop(self, watched: _Watched) -> None:
-        if watched.listener is not None:
-            self._selector.unregister(watched.listener.fileno())
-            watched.listener.close()
-            watched.listener = None
+        self._close_listener(watched)
         for fd in list(watched.pipes):
             self._close_pipe(watched, fd)
         if watched.paused:
