@@ -3,16 +3,26 @@
 - What a person approving sees (summary, reasons, arguments) never shows a credential.
 - A workspace directory removed and made again is usable at once by commands (the
   zygote confined to the old directory is noticed and replaced).
+- A zygote or worker (a confined process, running as the client) that claims a huge
+  frame gets no memory for it: the daemon reads what is sent, as it is sent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
+import tracemalloc
 from pathlib import Path
+
+import pytest
+import trio
 
 from tests.conftest import DaemonProcess, start_daemon
 from toold_client import DENY_ALL
+from toold_daemon.isolation.sockets import PeerGone, receive_frame
+from toold_daemon.isolation.wire import MAX_FRAME
 
 SECRETS = ["sk-live-4242abcd", "hunter2-pw", "ghp_zzzTOKEN99", "s3cr3t-key-77"]
 
@@ -83,3 +93,25 @@ def test_a_snippet_reads_what_programs_need_of_etc_and_nothing_else(tmp_path: Pa
     assert "read /etc/ssl/certs" in snippet.content and "True" in snippet.content
     assert not bash.ok and "Permission denied" in bash.content
     assert shell.ok and shell.content.startswith("root")
+
+
+async def test_a_confined_peer_claiming_a_huge_frame_gets_no_memory_for_it() -> None:
+    """Attack: a zygote or worker (its process runs as the client) announces a frame just
+    under the bound and sends one byte of it, or one far over it. The daemon used to ask
+    for the whole announced size at once (``recv(n)`` allocates n bytes): 4 GiB for the
+    second. Now the first waits, holding little more than what came, and the second is a
+    broken peer at once. Real socket pairs, the daemon's own reader."""
+    for claimed, sent in ((MAX_FRAME - 1, b"x"), (2**32 - 1, b"")):
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            theirs.sendall(claimed.to_bytes(4, "big") + sent)
+            tracemalloc.start()
+            try:
+                with trio.move_on_after(0.3) as waited:
+                    with pytest.raises(PeerGone) if claimed > MAX_FRAME else contextlib.nullcontext():
+                        await receive_frame(trio.socket.from_stdlib_socket(ours))
+                _now, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert waited.cancelled_caught == (claimed <= MAX_FRAME)  # the first still waits for the rest
+            assert peak < 1 << 20, f"{peak} bytes held for a frame of {claimed} claimed bytes"
