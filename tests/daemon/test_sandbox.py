@@ -7,12 +7,13 @@ import threading
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toold_daemon.config import DEFAULT_DENIED_PATTERNS
 from toold_daemon.errors import ToolError
 from toold_daemon.sandbox import Sandbox
+from toold_daemon.sandbox.paths import _canonical
 
 
 @pytest.fixture
@@ -180,3 +181,44 @@ def test_absolute_denied_patterns_match_the_absolute_path(root: Path) -> None:
     sandbox = Sandbox([root], denied_patterns=[f"{root.resolve()}/private/**"])
     assert code_of(sandbox, "private/x") == "DENIED_PATTERN"
     assert sandbox.resolve("public") == root.resolve() / "public"
+
+
+_TREE_NAMES = ["a", "b", "c"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(_TREE_NAMES), min_size=1, max_size=3),
+            st.sampled_from(["dir", "file", "link", "outside link"]),
+            st.lists(st.sampled_from([*_TREE_NAMES, ".."]), min_size=1, max_size=3),
+        ),
+        max_size=8,
+    ),
+    asked=st.lists(st.lists(st.sampled_from([*_TREE_NAMES, "new"]), min_size=1, max_size=4), max_size=10),
+)
+def test_canonical_names_equal_realpath_for_missing_paths_too(
+    tmp_path_factory: pytest.TempPathFactory, entries: list[tuple[list[str], str, list[str]]], asked: list[list[str]]
+) -> None:
+    """Missing paths (new files, dangling links on the way, files used as directories,
+    links out of the tree and loops) get the name ``os.path.realpath`` gives them."""
+    base = str(tmp_path_factory.mktemp("tree"))
+    outside = str(tmp_path_factory.mktemp("outside"))
+    for where, kind, target in entries:
+        path = os.path.join(base, *where)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if kind == "dir":
+                os.makedirs(path, exist_ok=True)
+            elif kind == "file":
+                Path(path).touch()
+            elif kind == "link":
+                os.symlink(os.path.join(*target), path)
+            else:
+                os.symlink(os.path.join(outside, *target), path)
+        except OSError:
+            pass  # the place is taken: the tree is what it is
+    for parts in asked:
+        path = os.path.join(base, *parts)
+        assert _canonical(path) == os.path.realpath(path), path

@@ -49,10 +49,13 @@ def _names_first(patterns: Iterable[str]) -> re.Pattern[str] | None:
 
 def _canonical(path: str) -> str:
     """The kernel's canonical name for ``path``: for an existing path, opened with O_PATH and read
-    back from /proc (two syscalls); otherwise (or without /proc) ``os.path.realpath``, which
-    canonicalizes the deepest existing ancestor and appends the rest."""
+    back from /proc (two syscalls); for one that is missing, its deepest existing directory's
+    name with the rest appended (see ``_canonical_missing``); otherwise (or without /proc)
+    ``os.path.realpath``, which canonicalizes the deepest existing ancestor and appends the rest."""
     try:
         fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _canonical_missing(path)
     except OSError:
         return os.path.realpath(path)
     try:
@@ -61,6 +64,46 @@ def _canonical(path: str) -> str:
         return os.path.realpath(path)
     finally:
         os.close(fd)
+
+
+def _canonical_missing(path: str) -> str:
+    """``os.path.realpath`` of a ``path`` the kernel says is missing (a new file, mostly), in a
+    few syscalls where realpath takes an lstat per component: the deepest ancestor that opens,
+    read back from /proc, and the rest appended. Only when the first missing name is truly
+    absent; a dangling symlink there (realpath follows it) or any other error goes to realpath."""
+    missing: list[str] = []
+    head = path
+    while head not in ("/", ""):
+        head, name = os.path.split(head)
+        missing.append(name)
+        try:
+            fd = os.open(head, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break
+        try:
+            if not _entry_absent(fd, name):
+                break  # the name is there now: a dangling symlink, or a race
+            real_head = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            break  # no /proc
+        finally:
+            os.close(fd)
+        missing.reverse()
+        return os.path.join(real_head, *missing)
+    return os.path.realpath(path)
+
+
+def _entry_absent(dir_fd: int, name: str) -> bool:
+    """No entry ``name`` in the directory (a dangling symlink is an entry)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 class Sandbox:
