@@ -143,7 +143,7 @@ def _undo_quietly(d: DaemonProcess, batch_id: str) -> None:
         pass
 
 
-@settings(max_examples=int(os.environ.get("TOOLD_CRASH_EXAMPLES", "10")), deadline=None)
+@settings(max_examples=int(os.environ.get("TOOLD_CRASH_EXAMPLES", "6")), deadline=None)
 @given(
     extra=st.lists(OPERATIONS, max_size=4),
     bulk=st.integers(min_value=20, max_value=200),

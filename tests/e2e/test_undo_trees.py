@@ -218,7 +218,7 @@ def undoing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]
         yield d
 
 
-@settings(max_examples=int(os.environ.get("TOOLD_UNDO_EXAMPLES", "150")), deadline=None)
+@settings(max_examples=int(os.environ.get("TOOLD_UNDO_EXAMPLES", "80")), deadline=None)
 @given(files=TREES, links=LINKS, data=st.data())
 def test_any_batch_undone_leaves_the_tree_as_it_was(
     undoing: DaemonProcess, files: dict[str, tuple[str, int]], links: dict[str, str], data: st.DataObject

@@ -274,18 +274,18 @@ def test_a_sessions_batches_are_accepted_in_the_order_sent_when_one_is_planned_a
 
 
 def test_arguments_an_approver_changes_are_replanned_off_the_event_loop(tmp_path: Path) -> None:
-    """Approving a batch of eight patches, each replaced by one naming 6,000 files that are
-    not there: the re-planning checked every path on the loop (about a second), and every
-    client's calls waited; now it is planned aside as a costly batch is. (The patches then
-    fail when they run: the files they update are missing.)"""
+    """Approving a batch of four patches, each replaced by one naming 6,000 files that are
+    not there: the re-planning checked every path on the loop (about half a second), and
+    every client's calls waited; now it is planned aside as a costly batch is. (The
+    patches then fail when they run: the files they update are missing.)"""
     root = tmp_path / "root"
     root.mkdir()
     daemon = start_daemon(tmp_path, root)
     updates = "".join(f"*** Update File: d{i}/f{i}.txt\n@@\n-a\n+b\n" for i in range(6000))
     header = "*** Begin Patch\n*** Update File: m{}.txt\n@@\n-a\n+b\n"
-    replaced = {f"call_{n}": {"patch": header.format(n) + updates + "*** End Patch\n"} for n in range(8)}
+    replaced = {f"call_{n}": {"patch": header.format(n) + updates + "*** End Patch\n"} for n in range(4)}
     adds = "*** Begin Patch\n*** Add File: s{}.txt\n+x\n*** End Patch\n"
-    small = [CallSpec("apply_patch", {"patch": adds.format(n)}) for n in range(8)]
+    small = [CallSpec("apply_patch", {"patch": adds.format(n)}) for n in range(4)]
     pings: list[float] = []
     answered = threading.Event()
     done = threading.Event()
