@@ -49,6 +49,17 @@ PAGE = b"""<!doctype html><html><head><title>Cats &amp; Dogs</title>
 </main><footer>FOOTER-TEXT</footer></body></html>"""
 
 
+#: 60,000 nested elements around a script and some text: the HTML parser's time grows
+#: with the square of the nesting (about 15 s for this page), so it is read as plain text.
+_DEEP = (
+    b"<html><head><title>Deep</title></head><body>"
+    + b"<div><section>" * 30_000
+    + b"<script>SCRIPT-TEXT</script>the bottom &amp; the end"
+    + b"</section></div>" * 30_000
+    + b"</body></html>"
+)
+
+
 def _big(query: dict[str, list[str]]) -> Reply:
     total = int(float(query.get("mb", ["50"])[0]) * 1024 * 1024)
     block = b"x" * 65536
@@ -111,6 +122,7 @@ def default_routes() -> dict[str, Route]:
             body=brotli.compress(b"<p>squeezed with brotli</p>"),
             headers={**html, "Content-Encoding": "br"},
         ),
+        "/deep": lambda s, q: Reply(body=_DEEP, headers=html),
         "/png": lambda s, q: Reply(body=b"\x89PNG\r\n\x1a\n" + b"\0" * 3000, headers={"Content-Type": "image/png"}),
         "/missing": lambda s, q: Reply(
             status=404, body=b"<html><body><p>no such page here</p></body></html>", headers=html

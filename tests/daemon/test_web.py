@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toold_daemon.web.addresses import (
@@ -17,7 +18,8 @@ from toold_daemon.web.addresses import (
     host_matches,
     numeric_ipv4,
 )
-from toold_daemon.web.pages import decode, html_text, kind_of, sniff
+from toold_daemon.web.nesting import MAX_NESTING, nests_deeper_than
+from toold_daemon.web.pages import SelectorError, decode, html_text, kind_of, sniff
 from toold_daemon.web.search import hits, plain
 
 
@@ -94,10 +96,63 @@ def test_host_globs() -> None:
     assert host_matches("example.com", ["example.com"]) and not host_matches("evil-example.com", ["*.example.com"])
 
 
-def test_page_text_handles_nesting_beyond_reason() -> None:
-    html = "<div>" * 50_000 + "deep text" + "</div>" * 50_000
-    text, _ = html_text(html, "http://x/")
-    assert "deep text" in text
+def test_a_page_nested_beyond_reason_is_plain_text_in_a_moment() -> None:
+    html = "<div>" * 50_000 + "<style>p {}</style>deep &lt;text&gt;" + "</div>" * 50_000
+    started = time.thread_time()
+    text, matched = html_text(html, "http://x/")
+    assert time.thread_time() - started < 1.0  # the HTML parser took 7-12 s of CPU on this page
+    assert text == f"[elements nested more than {MAX_NESTING} deep: the page's plain text]\n\ndeep <text>"
+    assert matched == 1
+    with pytest.raises(SelectorError, match="too deep to select from"):
+        html_text(html, "http://x/", "div")
+
+
+def test_deep_but_reasonable_pages_and_long_flat_ones_are_rendered() -> None:
+    deep = "<div>" * 400 + "<h2>Head</h2><ul><li>one<li>two</ul>" + "</div>" * 400
+    assert html_text(deep, "http://x/")[0] == "## Head\n\n- one\n- two"
+    flat = "<table>" + "<tr><td>a<td>b" * 5_000 + "</table>" + "<p>para" * 5_000 + "<br><img alt=x>" * 5_000
+    assert not nests_deeper_than(flat)
+    closed = "<span>x</span>" * 10_000 + "<!-- <div><div> -->" * 5_000 + "<script>'<div>'</script>" * 5_000
+    assert not nests_deeper_than(closed)
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        "</span>",  # an end tag nothing opened is ignored by the parser
+        "<!--</div>-->",  # so is one in a comment
+        "<script></div></script >",  # or in a script
+        "<style></div></styles></div></style>",  # which ends at its own end tag only
+    ],
+)
+def test_end_tags_the_parser_ignores_do_not_make_a_page_look_shallow(hidden: str) -> None:
+    page = ("<div>" + hidden) * (MAX_NESTING + 1)
+    assert nests_deeper_than(page)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.recursive(
+        st.just("text"),
+        lambda inner: st.tuples(st.sampled_from(["div", "span", "b", "p", "li"]), st.lists(inner, max_size=3)),
+        max_leaves=40,
+    )
+)
+def test_the_nesting_estimate_is_never_shallower_than_the_tree(tree: object) -> None:
+    def render(node: object) -> tuple[str, int]:
+        if node == "text":
+            return "t", 0
+        name, children = node  # type: ignore[misc]
+        parts = [render(child) for child in children]
+        inner = "".join(html for html, _ in parts)
+        below = max((depth for _, depth in parts), default=0)
+        counted = 0 if name in ("p", "li") else 1
+        return f"<{name}>{inner}</{name}>", below + counted
+
+    page, depth = render(tree)
+    if depth:
+        assert nests_deeper_than(page + "<br>" * depth, depth - 1)  # enough tags to be looked at
+    assert not nests_deeper_than(page + "<br>" * depth, depth)
 
 
 def test_kinds_and_charsets() -> None:

@@ -84,6 +84,18 @@ def test_a_selector_keeps_only_the_matching_elements(daemon: DaemonProcess, site
     assert not bad.ok and bad.error is not None and bad.error.type == "BadArgs"
 
 
+def test_a_page_nested_beyond_reason_is_read_as_plain_text_in_a_moment(daemon: DaemonProcess, site: Server) -> None:
+    started = time.monotonic()
+    result = fetch(daemon, url=site.url("/deep"))
+    assert result.ok, result.content
+    assert time.monotonic() - started < 5  # the parser alone took about 15 s of CPU on it
+    assert result.content.startswith("[elements nested more than 2048 deep: the page's plain text]")
+    assert result.content.endswith("]\n\nthe bottom & the end") and "SCRIPT-TEXT" not in result.content
+    selected = fetch(daemon, url=site.url("/deep"), selector="div")
+    assert not selected.ok and selected.error is not None and selected.error.type == "BadArgs"
+    assert "too deep to select from" in selected.content
+
+
 def test_max_length_cuts_the_content_with_the_marker_inside_the_limit(daemon: DaemonProcess, site: Server) -> None:
     result = fetch(daemon, url=site.url("/page"), max_length=80)
     assert result.ok and len(result.content) <= 80

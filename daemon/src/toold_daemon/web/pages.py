@@ -16,6 +16,8 @@ from urllib.parse import urljoin
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
 
+from .nesting import MAX_NESTING, nests_deeper_than, plain_text
+
 Kind = Literal["html", "json", "text", "binary"]
 
 _TEXT_TYPES = ("application/xml", "application/javascript", "application/ecmascript", "application/x-sh",
@@ -123,7 +125,15 @@ _HEADINGS = {f"h{n}": n for n in range(1, 7)}
 
 def html_text(html: str, base_url: str, selector: str | None = None) -> tuple[str, int]:
     """Readable text of a page, or of the elements ``selector`` matches:
-    (text, how many elements matched; 1 for the whole page)."""
+    (text, how many elements matched; 1 for the whole page). A page nested beyond
+    reason is read as plain text (see ``nesting``); no selector applies to it."""
+    if nests_deeper_than(html, MAX_NESTING):
+        if selector:
+            raise SelectorError(
+                f"the page nests elements more than {MAX_NESTING} deep, too deep to select from; "
+                "fetch it without a selector for its plain text"
+            )
+        return f"[elements nested more than {MAX_NESTING} deep: the page's plain text]\n\n{plain_text(html)}", 1
     tree = LexborHTMLParser(html)
     for node in tree.css(", ".join(_ALWAYS_DROPPED)):
         node.decompose()
