@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests import link_trees
 from toold_daemon.config import Config
 from toold_daemon.policy.shell import MAX_COMMAND_CHARS, MAX_STEPS, MAX_WORDS, _check_characters, read_command
 from toold_daemon.policy.shell_parts import Unreadable
@@ -204,37 +205,16 @@ def test_a_word_naming_a_denied_file_through_a_link_is_still_found(tmp_path: Pat
     assert denied_words(sandbox, [*words, "up/notes"], str(root / "sub")) is not None
 
 
-_NAMES = ["a", "b", "c"]
-
-
 @settings(max_examples=150, deadline=None)
 @given(
-    links=st.lists(
-        st.tuples(
-            st.lists(st.sampled_from(_NAMES), min_size=1, max_size=3),
-            st.sampled_from(["dir", "file", "link"]),
-            st.lists(st.sampled_from([*_NAMES, ".."]), min_size=1, max_size=3),
-        ),
-        max_size=8,
-    ),
-    asked=st.lists(st.lists(st.sampled_from([*_NAMES, "..", "."]), min_size=1, max_size=4), max_size=10),
+    drawn=link_trees.entries(),
+    asked=st.lists(st.lists(st.sampled_from([*link_trees.NAMES, "..", "."]), min_size=1, max_size=4), max_size=10),
 )
 def test_real_paths_worked_out_per_directory_equal_realpath(
-    tmp_path_factory: pytest.TempPathFactory, links: list[tuple[list[str], str, list[str]]], asked: list[list[str]]
+    tmp_path_factory: pytest.TempPathFactory, drawn: link_trees.Entries, asked: list[list[str]]
 ) -> None:
     base = str(tmp_path_factory.mktemp("tree"))
-    for where, kind, target in links:
-        path = os.path.join(base, *where)
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if kind == "dir":
-                os.makedirs(path, exist_ok=True)
-            elif kind == "file":
-                Path(path).touch()
-            else:
-                os.symlink(os.path.join(*target), path)
-        except OSError:
-            pass  # the place is taken: the tree is what it is
+    link_trees.make_tree(base, drawn)
     real_dirs: dict[str, str] = {}
     for parts in asked:
         absolute = os.path.normpath(os.path.join(base, *parts))

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests import link_trees
 from toold_daemon.config import DEFAULT_DENIED_PATTERNS
 from toold_daemon.errors import ToolError
 from toold_daemon.sandbox import Sandbox
@@ -183,42 +184,18 @@ def test_absolute_denied_patterns_match_the_absolute_path(root: Path) -> None:
     assert sandbox.resolve("public") == root.resolve() / "public"
 
 
-_TREE_NAMES = ["a", "b", "c"]
-
-
 @settings(max_examples=200, deadline=None)
 @given(
-    entries=st.lists(
-        st.tuples(
-            st.lists(st.sampled_from(_TREE_NAMES), min_size=1, max_size=3),
-            st.sampled_from(["dir", "file", "link", "outside link"]),
-            st.lists(st.sampled_from([*_TREE_NAMES, ".."]), min_size=1, max_size=3),
-        ),
-        max_size=8,
-    ),
-    asked=st.lists(st.lists(st.sampled_from([*_TREE_NAMES, "new"]), min_size=1, max_size=4), max_size=10),
+    drawn=link_trees.entries(("dir", "file", "link", "outside link")),
+    asked=st.lists(st.lists(st.sampled_from([*link_trees.NAMES, "new"]), min_size=1, max_size=4), max_size=10),
 )
 def test_canonical_names_equal_realpath_for_missing_paths_too(
-    tmp_path_factory: pytest.TempPathFactory, entries: list[tuple[list[str], str, list[str]]], asked: list[list[str]]
+    tmp_path_factory: pytest.TempPathFactory, drawn: link_trees.Entries, asked: list[list[str]]
 ) -> None:
     """Missing paths (new files, dangling links on the way, files used as directories,
     links out of the tree and loops) get the name ``os.path.realpath`` gives them."""
     base = str(tmp_path_factory.mktemp("tree"))
-    outside = str(tmp_path_factory.mktemp("outside"))
-    for where, kind, target in entries:
-        path = os.path.join(base, *where)
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if kind == "dir":
-                os.makedirs(path, exist_ok=True)
-            elif kind == "file":
-                Path(path).touch()
-            elif kind == "link":
-                os.symlink(os.path.join(*target), path)
-            else:
-                os.symlink(os.path.join(outside, *target), path)
-        except OSError:
-            pass  # the place is taken: the tree is what it is
+    link_trees.make_tree(base, drawn, outside=str(tmp_path_factory.mktemp("outside")))
     for parts in asked:
         path = os.path.join(base, *parts)
         assert _canonical(path) == os.path.realpath(path), path
