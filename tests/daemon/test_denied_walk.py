@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toold_daemon.config import DEFAULT_DENIED_PATTERNS, Config
 from toold_daemon.globmatch import last_name_glob
-from toold_daemon.sandbox import Sandbox, build_sandbox, protected_patterns
+from toold_daemon.sandbox import Sandbox, build_sandbox, paths, protected_patterns
 from toold_daemon.sandbox.denied_tree import EVERYTHING_BELOW as ALL
 from toold_daemon.sandbox.denied_tree import find_denied
 
@@ -46,10 +47,14 @@ def test_a_name_the_shortcut_passes_over_is_never_denied_or_protected(parts: lis
     )
     denied = sandbox.denied_pattern(path) is not None or sandbox.denied_pattern(path + ALL) is not None
     protected = sandbox.protected_pattern(path) is not None or sandbox.protected_pattern(path + ALL) is not None
+    with_protected, denied_only = sandbox.name_screen(protected=True), sandbox.name_screen(protected=False)
     if denied and not inside_denied:
         assert sandbox.may_be_denied(name), (path, extra)
+        assert with_protected is None or with_protected(name), (path, extra)
+        assert denied_only is None or denied_only(name), (path, extra)
     if protected and not inside_protected:
         assert sandbox.may_be_protected(name), (path, extra)
+        assert with_protected is None or with_protected(name), (path, extra)
 
 
 def test_last_name_globs() -> None:
@@ -112,3 +117,44 @@ def test_the_walk_finds_what_checking_every_entry_finds(tmp_path: Path) -> None:
     assert set(found.protected) == protected and str(root / ".git") in protected
     assert str(root / ".vscode") in protected  # every entry below it is: the directory is kept whole
     assert found.complete
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(PIECES), min_size=1, max_size=4), min_size=1, max_size=12), EXTRA_PATTERNS)
+def test_the_walk_of_any_tree_finds_what_checking_every_entry_finds(
+    tmp_path_factory: pytest.TempPathFactory, paths: list[list[str]], extra: list[str]
+) -> None:
+    root = tmp_path_factory.mktemp("tree") / "work"
+    root.mkdir()
+    for parts in paths:
+        path = root.joinpath(*parts)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("x")
+        except OSError:
+            pass  # a file stands where a directory would go: the tree is what it is
+    sandbox = Sandbox(
+        [root],
+        denied_patterns=[*DEFAULT_DENIED_PATTERNS, *extra],
+        protected_patterns=[*protected_patterns(Config()), *extra],
+    )
+    found = find_denied(sandbox, max_entries=10_000, protected=True)
+    files, directories, protected = reference_walk(sandbox, root)
+    assert (set(found.files), set(found.directories), set(found.protected)) == (files, directories, protected)
+    denied_only = find_denied(sandbox, max_entries=10_000)
+    assert (set(denied_only.files), set(denied_only.directories)) == (files, directories)
+
+
+def test_a_homes_dot_entries_below_a_root_are_found_protected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root holding a home directory (this host's user database stands in for by a
+    home made here): the walk finds the home's dot-entries, whatever their names."""
+    root = tmp_path / "work"
+    home = root / "home" / "alice"
+    for parts in [[".bashrc"], [".config", "x.toml"], ["plain.txt"], ["code", ".hidden"]]:
+        home.joinpath(*parts).parent.mkdir(parents=True, exist_ok=True)
+        home.joinpath(*parts).write_text("x")
+    monkeypatch.setattr(paths, "home_directories", lambda: frozenset({str(home)}))
+    sandbox = Sandbox([root], denied_patterns=DEFAULT_DENIED_PATTERNS, protect_homes=True)
+    found = find_denied(sandbox, max_entries=10_000, protected=True)
+    assert set(found.protected) == {str(home / ".bashrc"), str(home / ".config")}
+    assert set(found.protected) == reference_walk(sandbox, root)[2]

@@ -35,6 +35,8 @@ class Patterns(Protocol):
 
     def may_be_protected(self, name: str) -> bool: ...
 
+    def name_screen(self, *, protected: bool) -> Callable[[str], object] | None: ...
+
     def denied_pattern(self, path: Path | str) -> str | None: ...
 
     def protected_pattern(self, path: Path | str) -> str | None: ...
@@ -71,6 +73,12 @@ def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False)
         return found
     budget = max_entries
     may_be_denied, may_be_protected = sandbox.may_be_denied, sandbox.may_be_protected  # bound once
+    # A name neither kind of pattern can match needs no closer look (most names): in a
+    # directory outside denied ones, such a file is only noted by inode, such a directory
+    # walked. (With protected entries looked for, inside a protected directory the screen
+    # still asks about protected names: a closer look then finds nothing more.)
+    screen = sandbox.name_screen(protected=protected) or (lambda name: True)
+    by_inode = found.by_inode
     # (directory, inside a denied one, inside a protected one (or not looking))
     pending = [(str(root), False, not protected) for root in sandbox.roots if os.path.isdir(root)]
     while pending:
@@ -82,6 +90,15 @@ def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False)
                     if budget < 0:
                         found.complete = False
                         return _with_other_names(found)
+                    if not inside_denied and not screen(entry.name):
+                        try:
+                            if entry.is_file(follow_symlinks=False):
+                                by_inode.setdefault(entry.inode(), []).append(entry.path)
+                            elif entry.is_dir(follow_symlinks=False):
+                                pending.append((entry.path, False, inside_protected))
+                        except OSError:
+                            pass
+                        continue
                     _consider(
                         sandbox,
                         entry,

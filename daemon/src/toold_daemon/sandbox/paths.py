@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ..errors import bad_args, from_os_error, sandbox_violation
@@ -234,6 +234,25 @@ class Sandbox:
         if not self.protected_patterns:
             return False
         return self._protected_names is None or self._protected_names.match(name) is not None
+
+    def name_screen(self, *, protected: bool) -> Callable[[str], object] | None:
+        """One test a walk makes on each entry's name: falsy when neither ``may_be_denied``
+        nor (with ``protected``) ``may_be_protected`` could hold for it. None when every
+        name needs a closer look (some pattern allows no check on a bare name)."""
+        screens: list[str] = []
+        if self.denied_patterns:
+            if self._denied_names is None:
+                return None
+            screens.append(self._denied_names.pattern)
+        if protected and self.protected_patterns:
+            if self._protected_names is None:
+                return None
+            screens.append(self._protected_names.pattern)
+        if protected and self.protect_homes:
+            screens.append(r"\.")
+        if not screens:
+            return lambda name: False
+        return re.compile("|".join(f"(?:{screen})" for screen in screens), re.DOTALL).match
 
     def denied_pattern(self, path: Path | str) -> str | None:
         """The first denied pattern matching canonical ``path``, or None."""
