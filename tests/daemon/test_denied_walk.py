@@ -158,3 +158,19 @@ def test_a_homes_dot_entries_below_a_root_are_found_protected(tmp_path: Path, mo
     found = find_denied(sandbox, max_entries=10_000, protected=True)
     assert set(found.protected) == {str(home / ".bashrc"), str(home / ".config")}
     assert set(found.protected) == reference_walk(sandbox, root)[2]
+
+
+def test_every_other_name_of_a_denied_file_is_found(tmp_path: Path) -> None:
+    """Several hard links to one denied file, and to an ordinary one, in several directories:
+    each name of the denied file is covered, no name of the ordinary one is."""
+    root = tmp_path / "work"
+    for directory in ("a", "b", "c"):
+        (root / directory).mkdir(parents=True)
+    (root / "a" / ".env").write_text("SECRET=1\n")
+    (root / "a" / "plain.txt").write_text("x")
+    others = [root / "a" / "one.txt", root / "b" / "two.txt", root / "c" / "three.txt"]
+    for other in others:
+        os.link(root / "a" / ".env", other)
+        os.link(root / "a" / "plain.txt", other.with_name("plain-" + other.name))
+    found = find_denied(build_sandbox(Config(), [root]), max_entries=10_000)
+    assert set(found.files) == {str(root / "a" / ".env"), *map(str, others)}

@@ -56,9 +56,21 @@ class Found(msgspec.Struct):
     complete: bool = True
     #: Every other regular file by inode number (from the directory, no stat): where other
     #: names of a denied file may be; checked with a stat only for a denied file's number.
-    by_inode: dict[int, list[str]] = msgspec.field(default_factory=dict)
+    #: The first path of each number, then (rare: hard links, other devices) the others;
+    #: a list per file cost the walk a fifth of its time.
+    by_inode: dict[int, str] = msgspec.field(default_factory=dict)
+    more_by_inode: dict[int, list[str]] = msgspec.field(default_factory=dict)
     #: With ``protected``: the outermost files and directories matching a protected pattern.
     protected: list[str] = msgspec.field(default_factory=list)
+
+    def note_file(self, inode: int, path: str) -> None:
+        """Another file with inode number ``inode`` than the first one noted."""
+        self.more_by_inode.setdefault(inode, []).append(path)
+
+    def files_numbered(self, inode: int) -> list[str]:
+        """Every file noted with inode number ``inode``."""
+        first = self.by_inode.get(inode)
+        return [] if first is None else [first, *self.more_by_inode.get(inode, ())]
 
 
 def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False) -> Found:
@@ -78,7 +90,7 @@ def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False)
     # walked. (With protected entries looked for, inside a protected directory the screen
     # still asks about protected names: a closer look then finds nothing more.)
     screen = sandbox.name_screen(protected=protected) or (lambda name: True)
-    by_inode = found.by_inode
+    by_inode, note_file = found.by_inode, found.note_file
     # (directory, inside a denied one, inside a protected one (or not looking))
     pending = [(str(root), False, not protected) for root in sandbox.roots if os.path.isdir(root)]
     while pending:
@@ -93,7 +105,9 @@ def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False)
                     if not inside_denied and not screen(entry.name):
                         try:
                             if entry.is_file(follow_symlinks=False):
-                                by_inode.setdefault(entry.inode(), []).append(entry.path)
+                                path = entry.path
+                                if by_inode.setdefault(entry.inode(), path) is not path:
+                                    note_file(entry.inode(), path)
                             elif entry.is_dir(follow_symlinks=False):
                                 pending.append((entry.path, False, inside_protected))
                         except OSError:
@@ -164,7 +178,9 @@ def _consider(
         _add_inode(found, entry)
     elif is_file:
         try:
-            found.by_inode.setdefault(entry.inode(), []).append(entry.path)
+            inode, path = entry.inode(), entry.path
+            if found.by_inode.setdefault(inode, path) is not path:
+                found.note_file(inode, path)
         except OSError:
             pass
 
@@ -181,7 +197,7 @@ def _with_other_names(found: Found) -> Found:
     """Other names (hard links) of the denied files: same inode number, then the same
     device and inode by a stat of each candidate (a rare few)."""
     for device, inode in found.inodes:
-        for path in found.by_inode.get(inode, ()):
+        for path in found.files_numbered(inode):
             try:
                 st = os.stat(path, follow_symlinks=False)
             except OSError:
@@ -189,6 +205,7 @@ def _with_other_names(found: Found) -> Found:
             if (st.st_dev, st.st_ino) == (device, inode):
                 found.files.append(path)
     found.by_inode.clear()
+    found.more_by_inode.clear()
     return found
 
 
