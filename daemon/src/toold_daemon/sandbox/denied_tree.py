@@ -64,8 +64,9 @@ class Found(msgspec.Struct):
     protected: list[str] = msgspec.field(default_factory=list)
 
     def note_file(self, inode: int, path: str) -> None:
-        """Another file with inode number ``inode`` than the first one noted."""
-        self.more_by_inode.setdefault(inode, []).append(path)
+        """A regular file with inode number ``inode``, where another name of a denied file may be."""
+        if self.by_inode.setdefault(inode, path) is not path:
+            self.more_by_inode.setdefault(inode, []).append(path)
 
     def files_numbered(self, inode: int) -> list[str]:
         """Every file noted with inode number ``inode``."""
@@ -90,7 +91,7 @@ def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False)
     # walked. (With protected entries looked for, inside a protected directory the screen
     # still asks about protected names: a closer look then finds nothing more.)
     screen = sandbox.name_screen(protected=protected) or (lambda name: True)
-    by_inode, note_file = found.by_inode, found.note_file
+    note_file = found.note_file
     # (directory, inside a denied one, inside a protected one (or not looking))
     pending = [(str(root), False, not protected) for root in sandbox.roots if os.path.isdir(root)]
     while pending:
@@ -105,9 +106,7 @@ def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False)
                     if not inside_denied and not screen(entry.name):
                         try:
                             if entry.is_file(follow_symlinks=False):
-                                path = entry.path
-                                if by_inode.setdefault(entry.inode(), path) is not path:
-                                    note_file(entry.inode(), path)
+                                note_file(entry.inode(), entry.path)
                             elif entry.is_dir(follow_symlinks=False):
                                 pending.append((entry.path, False, inside_protected))
                         except OSError:
@@ -178,9 +177,7 @@ def _consider(
         _add_inode(found, entry)
     elif is_file:
         try:
-            inode, path = entry.inode(), entry.path
-            if found.by_inode.setdefault(inode, path) is not path:
-                found.note_file(inode, path)
+            found.note_file(entry.inode(), entry.path)
         except OSError:
             pass
 

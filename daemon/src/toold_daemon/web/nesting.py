@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterator
 
 #: Elements still open at once past which a page is read as plain text (the parser takes
 #: about 20 ms at this depth here).
@@ -30,13 +31,15 @@ MAX_NESTING = 2048
 # A tag: its name, whether it closes, and the rest up to ">" (a "<" ends the scan of
 # one, so a page of "<" without ">" stays linear).
 _TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9:-]*)[^<>]*>?|<!--")
-_SELF_CLOSING = frozenset(
+# Void elements, and those whose end tag may be left out: the parser closes them itself.
+_NOT_COUNTED = frozenset(
     {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr",
      "p", "li", "dt", "dd", "tr", "td", "th", "option", "optgroup", "thead", "tbody", "tfoot", "colgroup", "caption",
      "rb", "rt", "rp", "rtc", "html", "head", "body"}
 )  # fmt: skip
 # Elements whose content is text up to their end tag: never rendered, never counted.
 _RAW_TEXT = frozenset({"script", "style", "textarea", "title", "xmp", "iframe", "noembed", "noframes", "noscript"})
+#: Where a comment, or each raw-text element's text, ends.
 _END_OF = {name: re.compile(f"</{name}(?=[\\s/>])[^>]*>?", re.IGNORECASE) for name in _RAW_TEXT}
 _END_OF["!--"] = re.compile("-->")
 _WHITESPACE = re.compile(r"\s+")
@@ -49,27 +52,13 @@ def nests_deeper_than(page: str, limit: int = MAX_NESTING) -> bool:
         return False  # too few tags to nest that deep
     depth = 0
     open_by_name: dict[str, int] = {}
-    skip_to = 0  # the end of a comment or raw text being passed over
-    for tag in _TAG.finditer(page):
-        if tag.start() < skip_to:
-            continue
-        closing, name = tag.group(1, 2)
-        if name is None:
-            skip_to = _end_of_raw_text(page, "!--", tag.end())
-            if skip_to == len(page):
-                break
-            continue
-        name = name.lower()
-        if name in _SELF_CLOSING:
+    for _start, _end, closing, name in _markup(page):
+        if name is None or name in _NOT_COUNTED:
             continue
         if closing:
             if open_by_name.get(name):
                 open_by_name[name] -= 1
                 depth -= 1
-        elif name in _END_OF:
-            skip_to = _end_of_raw_text(page, name, tag.end())
-            if skip_to == len(page):
-                break
         else:
             open_by_name[name] = open_by_name.get(name, 0) + 1
             depth += 1
@@ -78,30 +67,33 @@ def nests_deeper_than(page: str, limit: int = MAX_NESTING) -> bool:
     return False
 
 
-def _name(tag: re.Match[str]) -> str:
-    """The lowercased name of a tag ``_TAG`` found; "!--" for a comment."""
-    name = tag.group(2)
-    return "!--" if name is None else name.lower()
-
-
 def plain_text(page: str) -> str:
     """The text between a page's tags, entities decoded and spaces collapsed, without
-    what raw-text elements hold (scripts, styles)."""
+    comments and what raw-text elements hold (scripts, styles)."""
     pieces: list[str] = []
     position = 0
-    while (tag := _TAG.search(page, position)) is not None:
-        pieces.append(page[position : tag.start()])
-        position = tag.end()
-        name = _name(tag)
-        if not tag.group(1) and name in _END_OF:
-            position = _end_of_raw_text(page, name, position)
+    for start, end, _closing, _name in _markup(page):
+        pieces.append(page[position:start])
         pieces.append(" ")
+        position = end
     pieces.append(page[position:])
     return _WHITESPACE.sub(" ", html.unescape("".join(pieces))).strip()
 
 
-def _end_of_raw_text(page: str, name: str, position: int) -> int:
-    """Where the raw text of element ``name`` (or a comment) that starts at ``position``
-    ends: after its end tag, or at the page's end when it has none."""
-    end = _END_OF[name].search(page, position)
-    return len(page) if end is None else end.end()
+def _markup(page: str) -> Iterator[tuple[int, int, bool, str | None]]:
+    """The page's markup in order, as the parser reads it: (start, end, closing, the
+    lowercased name) for a tag; name None for a comment, or a raw-text element (script,
+    style...) with its text and end tag, each passed over whole. Linear in the page:
+    each search goes on from where the last one ended."""
+    position = 0
+    while (tag := _TAG.search(page, position)) is not None:
+        closing, name = bool(tag.group(1)), tag.group(2)
+        if name is not None:
+            name = name.lower()
+            if closing or name not in _RAW_TEXT:
+                position = tag.end()
+                yield tag.start(), position, closing, name
+                continue
+        end = _END_OF[name or "!--"].search(page, tag.end())
+        position = len(page) if end is None else end.end()
+        yield tag.start(), position, False, None
