@@ -118,6 +118,10 @@ async def test_the_budget_is_shared_by_connections_and_never_exceeded(path: str)
 
                 async def one(index: int) -> None:
                     async with relayed(budget, [], endings) as (program, destination), trio.open_nursery() as n:
+                        # the program has nothing to send: a connection whose download
+                        # ends before the budget does then ends at once, not when the
+                        # relay's deadline cancels it
+                        await program.send_eof()
                         n.start_soon(send_until_cut_off, destination, payload)
                         n.start_soon(read_all, program, received[index])
 
@@ -127,6 +131,7 @@ async def test_the_budget_is_shared_by_connections_and_never_exceeded(path: str)
     assert moved <= 3 * MB
     assert moved >= 3 * MB - 2 * MB  # both moved data until the budget ran out
     assert "budget" in endings
+    assert len(endings) == 2  # both relays ended on their own
     assert budget.remaining == 0
 
 
