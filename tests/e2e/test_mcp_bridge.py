@@ -5,6 +5,7 @@ scripts/bootstrap --dev); test_mcp_sdk_lines.py adds the 2.x client."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -334,8 +335,9 @@ ask_timeout_seconds = 20
 
 def test_json_rpc_details_the_sdk_would_get_wrong(daemon: DaemonProcess) -> None:
     """Spoken line by line over stdio: the server names itself toold with toolctl's
-    version, an unknown method is -32601 (method not found), and a cancelled request
-    gets no reply while the session goes on answering."""
+    version, an unknown method is -32601 (method not found), a cancelled request gets
+    no reply while the session goes on answering, and the bridge exits once its stdin
+    closes."""
     import importlib.metadata
 
     proc = subprocess.Popen(
@@ -375,6 +377,11 @@ def test_json_rpc_details_the_sdk_would_get_wrong(daemon: DaemonProcess) -> None
         time.sleep(1.5)
         send({"id": 4, "method": "ping"})
         later = until(4)
+        proc.stdin.close()  # the client ends the session: the bridge exits on its own, at once
+        closed_at = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        exited_after = time.monotonic() - closed_at
     finally:
         proc.kill()
         proc.wait()
@@ -382,3 +389,6 @@ def test_json_rpc_details_the_sdk_would_get_wrong(daemon: DaemonProcess) -> None
     assert unknown["error"]["code"] == -32601, unknown
     assert [m for m in later if m.get("id") == 3] == [], later  # no reply to the cancelled call
     assert later[-1].get("result") == {}
+    # SDK clients wait a moment and then kill a server that stays; one that never kills it
+    # would be left with a bridge running for good
+    assert proc.returncode == 0 and exited_after < 1.5, (proc.returncode, exited_after)

@@ -4,7 +4,10 @@ stdio streams where that line strays from the protocol (see ``_conforming``)."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import typing
+from io import TextIOWrapper
 from typing import Any
 
 import anyio
@@ -62,11 +65,25 @@ def build_server(bridge: Bridge) -> Server[Any, Any]:
 
 
 async def serve_stdio(bridge: Bridge) -> None:
+    """Serve until the client closes stdin. The SDK's stdout writer runs until its stream
+    is closed, and the session closes only its own end of ``_conforming``'s streams: the
+    stdout stream is closed here, or the bridge would outlive the session. The text layer
+    over stdout is ours and let go of at the end, so that it does not close stdout itself
+    when it is collected (``toolctl`` flushes stdout as it exits)."""
     server = build_server(bridge)
-    async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as group:
-        inbound, outbound = _conforming(group, read_stream, write_stream)
-        await server.run(inbound, outbound, server.create_initialization_options())
-        group.cancel_scope.cancel()
+    stdout = TextIOWrapper(sys.stdout.buffer, encoding="utf-8")
+    try:
+        async with (
+            stdio_server(stdout=anyio.wrap_file(stdout)) as (read_stream, write_stream),
+            write_stream,
+            anyio.create_task_group() as group,
+        ):
+            inbound, outbound = _conforming(group, read_stream, write_stream)
+            await server.run(inbound, outbound, server.create_initialization_options())
+            group.cancel_scope.cancel()
+    finally:
+        with contextlib.suppress(OSError, ValueError):  # a client gone: nothing more to flush
+            stdout.detach()
 
 
 #: The methods a client may call (the SDK's own list); any other is -32601.
