@@ -84,19 +84,29 @@ async def main():
                 report["replayed"] = [stale.is_error, stale.content[0].text]
         if scenario.startswith("cancel "):
             marker = scenario.split()[1]
-            with anyio.move_on_after(4):  # leaving the scope cancels the request
-                await client.call_tool("shell", {"command": "sleep " + marker})
+
+            def running():
+                import os, pathlib
+                found = []
+                for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+                    try:
+                        if marker.encode() in cmdline.read_bytes() and cmdline.parent.name != str(os.getpid()):
+                            found.append(cmdline.parent.name)
+                    except OSError:
+                        pass
+                return found
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(client.call_tool, "shell", {"command": "sleep " + marker})
+                with anyio.fail_after(30):  # approved by elicitation, then started
+                    while not running():
+                        await anyio.sleep(0.05)
+                group.cancel_scope.cancel()  # cancels the request while its command runs
             report["cancelled"] = True
-            await anyio.sleep(2)  # the session stays open: only the cancel can have ended it
-            import pathlib
-            running = []
-            for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
-                try:
-                    if marker.encode() in cmdline.read_bytes():
-                        running.append(cmdline.parent.name)
-                except OSError:
-                    pass
-            report["still_running"] = [pid for pid in running if pid != str(__import__("os").getpid())]
+            with anyio.move_on_after(5):  # the session stays open: only the cancel can end it
+                while running():
+                    await anyio.sleep(0.05)
+            report["still_running"] = running()
         report["asked"] = answers
         print(json.dumps(report))
 
