@@ -338,7 +338,8 @@ def test_a_required_layer_that_is_off_refuses_every_tool(tmp_path: Path, root: P
 
 def test_daemon_shutdown_kills_running_commands(tmp_path: Path, root: Path) -> None:
     marker = f"35{uuid.uuid4().int % 10**6:06d}"
-    d = start_daemon(tmp_path, root, config=CONFIG)
+    # no grace: the command is still running when shutdown cancels it
+    d = start_daemon(tmp_path, root, config=CONFIG + "\n[daemon]\nshutdown_grace_seconds = 0\n")
     try:
         with d.client(timeout=30) as c:
             args = msgspec.Raw(p.encode_value({"command": f"setsid sleep {marker} & sleep {marker}"}))
