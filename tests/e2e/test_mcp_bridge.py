@@ -291,10 +291,14 @@ def test_mcp_inspector_cli_lists_and_calls(daemon: DaemonProcess) -> None:
     assert reply.get("isError") in (None, False) and "hello over MCP" in reply["content"][0]["text"]
 
 
-def test_without_a_daemon_requests_fail_with_a_clear_error(tmp_path: Path) -> None:
+def test_without_a_daemon_requests_fail_with_a_clear_error(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A JSON-RPC error that says why, and no crash report in the bridge's stderr (which
+    MCP clients show in their logs)."""
     ghost = DaemonProcess(f"ipc://{tmp_path}/none.sock", tmp_path, tmp_path / "none.sock", None, tmp_path)  # type: ignore[arg-type]
-    with pytest.raises(McpError, match="no daemon socket"):
+    with pytest.raises(McpError, match="no daemon socket") as raised:
         run_session(ghost, lambda s: s.list_tools())
+    assert raised.value.error.code == types.INTERNAL_ERROR
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_a_new_network_host_can_be_allowed_for_the_workspace_through_elicitation(tmp_path: Path) -> None:

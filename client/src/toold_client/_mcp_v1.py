@@ -17,8 +17,10 @@ from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import McpError
 from mcp.shared.message import SessionMessage
 
+from ._errors import TooldError
 from .mcp_bridge import SERVER_NAME, Bridge, version
 
 
@@ -53,7 +55,10 @@ def build_server(bridge: Bridge) -> Server[Any, Any]:
 
     @server.list_tools()  # type: ignore[no-untyped-call,untyped-decorator]
     async def list_tools() -> list[types.Tool]:
-        return await bridge.list_tools(SessionPeer(server.request_context.session))
+        try:
+            return await bridge.list_tools(SessionPeer(server.request_context.session))
+        except TooldError as exc:  # no daemon, or it refused: a JSON-RPC error with its reason
+            raise McpError(types.ErrorData(code=types.INTERNAL_ERROR, message=str(exc))) from None
 
     @server.call_tool(validate_input=False)  # type: ignore[untyped-decorator]  # the daemon validates (BadArgs)
     async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:

@@ -27,9 +27,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from ._errors import TooldError
 from .mcp_bridge import SERVER_NAME, Bridge, version
 
 _types: Any = importlib.import_module("mcp.types")
+_exceptions: Any = importlib.import_module("mcp.shared.exceptions")
+_INTERNAL_ERROR = -32603  # JSON-RPC's
 _lowlevel: Any = importlib.import_module("mcp.server.lowlevel")
 _stdio: Any = importlib.import_module("mcp.server.stdio")
 
@@ -154,7 +157,12 @@ class Flights:
 
 def build_server(bridge: Bridge, flights: Flights) -> Any:
     async def on_list_tools(ctx: Any, params: Any) -> Any:
-        return _types.ListToolsResult(tools=await bridge.list_tools(RequestPeer(ctx)))
+        """No daemon, or one that refused: a JSON-RPC error with the reason, as on the 1.x
+        line (the SDK logs any other exception as a crash, with its traceback)."""
+        try:
+            return _types.ListToolsResult(tools=await bridge.list_tools(RequestPeer(ctx)))
+        except TooldError as exc:
+            raise _exceptions.MCPError(_INTERNAL_ERROR, str(exc)) from None
 
     async def on_call_tool(ctx: Any, params: Any) -> Any:
         """A call that fails outside the tool (the daemon refused the workspace, went away)
