@@ -1,12 +1,14 @@
 """A client that cannot reach the daemon says why within a second, where ZeroMQ alone
 would retry in silence until the request timed out: no socket, nobody listening, no
 permission (a real daemon's 0600 socket, as another user), refused by authentication (a
-real ZeroMQ peer whose ZAP handler turns everyone away)."""
+real ZeroMQ peer whose ZAP handler turns everyone away); and a connected client whose
+daemon went away since its last call, at the next."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.conftest import reachable_daemon
+from tests.conftest import reachable_daemon, start_daemon
 from tests.security.test_q_one_user_cannot_take_the_daemon_down import OtherUser
 from toold_client import Client, DaemonUnavailable
 
@@ -97,3 +99,46 @@ def refusing_peer(tmp_path: Path) -> Iterator[str]:
 def test_refused_by_the_daemons_authentication(refusing_peer: str) -> None:
     message, took = failure(refusing_peer)
     assert "refused this client" in message and took < 1.5, message
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_daemon_gone_since_the_last_call_is_reported_at_the_next(tmp_path: Path, how: signal.Signals) -> None:
+    """The daemon stops between two calls (its socket removed, or left behind by a kill):
+    the next call says so at once, where it waited out its whole timeout before."""
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root)
+    try:
+        with Client(d.endpoint, timeout=30) as c:
+            c.ping()
+            d.stop(how)
+            time.sleep(0.2)  # the connection's end reaches the client
+            started = time.monotonic()
+            with pytest.raises(DaemonUnavailable, match="no daemon") as raised:
+                c.call("read_file", {"path": "x.txt"})
+            took = time.monotonic() - started
+    finally:
+        d.stop()
+    assert took < 1, (took, str(raised.value))
+
+
+def test_a_daemon_restarted_on_the_same_socket_serves_the_clients_next_call(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "x.txt").write_text("still served\n")
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    first = start_daemon(tmp_path / "first", root, socket_dir=tmp_path / "run")
+    second = None
+    try:
+        with Client(first.endpoint, timeout=30) as c:
+            c.ping()
+            first.stop()
+            time.sleep(0.2)
+            second = start_daemon(tmp_path / "second", root, socket_dir=tmp_path / "run")
+            result = c.call("read_file", {"path": "x.txt"})
+            assert result.ok and result.content == "still served\n", result
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -45,6 +45,7 @@ class ZmqTransport:
         self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_INTERVAL_MS)
         self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self._refused = ""  # why the daemon turned this client away, once it has
+        self._down = False  # disconnected, and not connected again since
         self._monitor: zmq.Socket[bytes] | None = self._sock.get_monitor_socket(_WATCHED_EVENTS)
         self._endpoint = endpoint
         try:
@@ -60,6 +61,11 @@ class ZmqTransport:
         self._forget_old_disconnects()  # a daemon restarted since: this frame goes to the new one
         if self._refused:
             raise DaemonUnavailable(self._refused)
+        if self._down and self._endpoint.startswith("ipc://"):
+            # The daemon went away since the last frame. Restarted (its socket answers),
+            # ZeroMQ reconnects and delivers this frame; gone, say so now, not once the
+            # request has timed out.
+            _probe(self._endpoint)
         try:
             self._sock.send(frame)
         except zmq.ZMQError as exc:
@@ -116,7 +122,10 @@ class ZmqTransport:
                     f"the daemon at {self._endpoint} refused this client: its authentication turned "
                     "this user away (the daemon's allowed_uids / allowed_gids, or a tool process's socket)"
                 )
-            closed = closed or event == zmq.EVENT_DISCONNECTED or event in _REFUSALS
+            if event == zmq.EVENT_CONNECTED:
+                self._down = False
+            elif event == zmq.EVENT_DISCONNECTED or event in _REFUSALS:
+                closed = self._down = True
         return closed
 
     def _forget_old_disconnects(self) -> None:
@@ -137,7 +146,7 @@ _REFUSALS = (
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
 )
-_WATCHED_EVENTS = zmq.EVENT_DISCONNECTED | sum(_REFUSALS)
+_WATCHED_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | sum(_REFUSALS)
 
 
 def _probe(endpoint: str) -> None:
