@@ -168,6 +168,24 @@ async def test_a_vanished_daemon_is_an_error_not_a_hang(tmp_path: Path) -> None:
             await client.call("shell", {"command": "sleep 30"})
 
 
+async def test_a_daemon_stopped_between_two_calls_is_an_error_at_the_next(tmp_path: Path) -> None:
+    from tests.conftest import start_daemon
+    from toold_client import DaemonUnavailable
+
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        async with AsyncClient(d.endpoint, timeout=30) as client:
+            await client.ping()
+            d.stop()
+            await trio.sleep(0.2)  # the connection's end reaches the client
+            with trio.fail_after(1), pytest.raises(DaemonUnavailable, match="no daemon"):
+                await client.call("read_file", {"path": "x.txt"})
+    finally:
+        d.stop()
+
+
 def gone(marker: str, within: float = 5.0) -> bool:
     """The command's processes are gone (killing the group follows the cancel closely)."""
     deadline = time.monotonic() + within
