@@ -548,10 +548,11 @@ class BatchRuns:
         return batch
 
     def live_state(self, batch_id: str, recorded: str) -> str:
-        """The state of a batch this daemon is running (the journal records only its
-        start and end, to keep commits off each call's path)."""
+        """The state of a batch this daemon holds, as ``get_batch`` gives it: the journal
+        records only a batch's start and end (to keep commits off each call's path), and
+        an end it could not record (a full disk) leaves it "running" there."""
         live = self.shared.batches.get(batch_id)
-        return live.state if live is not None and not live.done.is_set() else recorded
+        return live.state if live is not None else recorded
 
 
 def journal_holds_back(journal: Journal, uid: int) -> bool:
