@@ -1,70 +1,102 @@
 """The state directory's disk fills up (a real tmpfs of 600 KB under a real daemon):
 writes that must be journaled are refused with the reason, reads go on, nothing is left
-running, and once there is room again writes are journaled and run as before."""
+running, once there is room again writes run as before; and a write whose file's earlier
+content does not fit in the undo store still says what it did, and that it cannot be undone."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import start_daemon
+from tests.conftest import DaemonProcess, start_daemon
 from toold_client import Client, RemoteError
 
-CONFIG = '[tools.approval]\nallowlist = ["write_file"]\n'
+CONFIG = '[tools.approval]\nallowlist = ["write_file", "restore_files"]\n'
+
+
+@pytest.fixture
+def small_state(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path/state`` on a tmpfs of 600 KB (grown with ``remount,size=…``)."""
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    state = tmp_path / "state"
+    state.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k,mode=700", "tmpfs", str(state)], check=False)
+    if mounted.returncode:
+        pytest.skip("tmpfs cannot be mounted here")
+    try:
+        yield state
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, small_state: Path) -> Iterator[DaemonProcess]:
+    root = tmp_path / "root"
+    root.mkdir()
+    d = start_daemon(tmp_path, root, config=CONFIG)  # its state directory: the small tmpfs
+    try:
+        yield d
+    finally:
+        d.stop()
 
 
 def write(client: Client, n: int) -> str:
     """ "ok", or why a 60 KB write was not done."""
+    content = "x" * 60_000 + str(n)
     try:
-        result = client.call(
-            "write_file", {"path": f"big{n % 3}.txt", "content": "x" * 60_000 + str(n), "overwrite": True}
-        )
+        result = client.call("write_file", {"path": f"big{n % 3}.txt", "content": content, "overwrite": True})
     except RemoteError as exc:
         return f"refused: {exc}"
     return "ok" if result.ok else f"failed: {result.content}"
 
 
-def test_a_full_state_disk_refuses_writes_with_the_reason_and_writes_resume_once_there_is_room(tmp_path: Path) -> None:
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    state = tmp_path / "state"
-    state.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=600k,mode=700", "tmpfs", str(state)], check=False
-    ).returncode:
-        pytest.skip("tmpfs cannot be mounted here")
-    root = tmp_path / "root"
-    root.mkdir()
-    (root / "note.txt").write_text("still readable\n")
-    d = None
-    try:
-        d = start_daemon(tmp_path, root, config=CONFIG)
-        with Client(d.endpoint, timeout=30) as client:
-            outcomes = []
-            for n in range(40):
-                outcomes.append(write(client, n))
-                read = client.call("read_file", {"path": "note.txt"})
-                assert read.ok and read.content == "still readable\n", read
-                if outcomes[-1] != "ok" and len(outcomes) > 3:
-                    break
-            refusals = [o for o in outcomes if o != "ok"]
-            assert refusals, outcomes  # the disk did fill up
-            assert all("disk is full" in o or "No space left" in o for o in refusals), refusals
-            subprocess.run(["mount", "-o", "remount,size=16m", str(state)], check=True)
-            assert write(client, 100) == "ok" and write(client, 101) == "ok"
-            assert (root / "big2.txt").read_text().endswith("101")
-            # a batch whose end the journal could not record is listed as it ended, as
-            # get_batch gives it, not as the journal's "running"
-            listed = {batch.batch_id: batch.state for batch in client.list_batches(limit=50)}
-            assert "running" not in listed.values(), listed
-            assert all(client.get_batch(b).state == state for b, state in listed.items()), listed
-        assert d.proc.poll() is None, "the daemon exited"
-        assert d.stop() == 0
-    finally:
-        if d is not None:
-            d.stop()
-        subprocess.run(["umount", "-l", str(state)], check=False)
+def test_a_full_state_disk_refuses_writes_with_the_reason_and_writes_resume_once_there_is_room(
+    daemon: DaemonProcess, small_state: Path
+) -> None:
+    (daemon.root / "note.txt").write_text("still readable\n")
+    with Client(daemon.endpoint, timeout=30) as client:
+        outcomes = []
+        for n in range(40):
+            outcomes.append(write(client, n))
+            read = client.call("read_file", {"path": "note.txt"})
+            assert read.ok and read.content == "still readable\n", read
+            if outcomes[-1] != "ok" and len(outcomes) > 3:
+                break
+        refusals = [o for o in outcomes if o != "ok"]
+        assert refusals, outcomes  # the disk did fill up
+        assert all("disk is full" in o or "No space left" in o for o in refusals), refusals
+        subprocess.run(["mount", "-o", "remount,size=16m", str(small_state)], check=True)
+        assert write(client, 100) == "ok" and write(client, 101) == "ok"
+        assert (daemon.root / "big2.txt").read_text().endswith("101")
+        # a batch whose end the journal could not record is listed as it ended, as
+        # get_batch gives it, not as the journal's "running"
+        listed = {batch.batch_id: batch.state for batch in client.list_batches(limit=50)}
+        assert "running" not in listed.values(), listed
+        assert all(client.get_batch(b).state == state for b, state in listed.items()), listed
+    assert daemon.proc.poll() is None, "the daemon exited"
+    assert daemon.stop() == 0
+
+
+def test_a_pre_image_the_full_disk_cannot_keep_leaves_the_write_done_and_says_it_cannot_be_undone(
+    daemon: DaemonProcess,
+) -> None:
+    """The worker makes the write before the daemon keeps the file's earlier content for
+    undo: when that content does not fit, the result still says what was done, and that
+    this path cannot be undone (it said "Cancelled: daemon stopped" before)."""
+    big = daemon.root / "big.txt"
+    big.write_text("z" * 500_000)  # more than the state disk has left
+    with Client(daemon.endpoint, timeout=30) as client:
+        result = client.call("write_file", {"path": "big.txt", "content": "new\n", "overwrite": True})
+        assert result.ok, result.content
+        assert "big.txt (its earlier content could not be kept: No space left" in result.content, result.content
+        assert big.read_text() == "new\n"
+        undone = client.undo(client.list_batches(limit=1)[0].batch_id)
+        assert big.read_text() == "new\n"  # nothing kept, so nothing made up
+        assert "big.txt" in undone.results[0].content, undone.results[0].content
+    assert daemon.proc.poll() is None, "the daemon exited"

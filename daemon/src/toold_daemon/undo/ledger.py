@@ -16,7 +16,7 @@ import msgspec
 
 from ..records.journal import Journal
 from ..records.stored_batches import StoredBatch, StoredChange
-from .images import Change
+from .images import Change, Image
 from .restore import RestoreArgs
 from .store import UndoStore
 
@@ -34,15 +34,22 @@ class UndoLedger:
         self.max_bytes_per_batch = max_bytes_per_batch
 
     def keep(self, changes: list[Change]) -> Kept:
+        """The call's changes are made already: a pre-image the store cannot take (its
+        disk is full) makes that path not undoable, said in the result, and the call's
+        result stands."""
         stripped: list[Change] = []
         stored = 0
         for change in changes:
             before = change.before
             if before.kind in ("file", "symlink"):
-                self.store.put(before.data)
-                stored += len(before.data)
+                try:
+                    self.store.put(before.data)
+                    stored += len(before.data)
+                except OSError as exc:
+                    note = f"its earlier content could not be kept: {exc.strerror or exc}"
+                    before = Image(path=before.path, kind="unknown", note=note)
             stripped.append(msgspec.structs.replace(change, before=msgspec.structs.replace(before, data=b"")))
-        missing = [f"{c.before.path} ({c.before.note})" for c in changes if c.before.note]
+        missing = [f"{c.before.path} ({c.before.note})" for c in stripped if c.before.note]
         return Kept(stripped, stored, missing)
 
     def plan(self, stored: StoredBatch, *, force: bool, cannot_reverse: Callable[[str], bool]) -> dict[str, Any]:
