@@ -382,7 +382,7 @@ async def test_questions_about_made_up_calls_cannot_pile_up_in_the_daemon() -> N
     ours, theirs = socket.socketpair()
     link, egress = trio.socket.from_stdlib_socket(ours), trio.socket.from_stdlib_socket(theirs)
     calls = EgressCalls(never)
-    flood = 5_000
+    flood = 2_000  # refused in about 0.3 s here (5,000: 0.7 s, past 1.5 s once under load)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(calls.serve, link)
         payload = b"".join(frame(EgressUsed(id=i, token=f"made-up-{i}")) for i in range(flood))
