@@ -124,6 +124,9 @@ def test_schema_and_lock_guards(tmp_path: Path) -> None:
         Journal.open_in(tmp_path)
     with pytest.raises(JournalError, match="does not exist"):
         Journal.open_in(tmp_path / "missing")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(JournalError, match="a-file is not a directory"):
+        Journal.open_in(tmp_path / "a-file")
     assert (tmp_path / "journal.sqlite3").stat().st_mode & 0o777 == 0o600
 
 

@@ -129,7 +129,8 @@ class Journal:
         """Open the journal of ``state_dir``, holding an exclusive lock on the directory: a
         second daemon's recovery would otherwise mark the first one's running batches interrupted."""
         if not state_dir.is_dir():
-            raise JournalError(f"state directory {state_dir} does not exist")
+            what = "is not a directory" if state_dir.exists() else "does not exist"
+            raise JournalError(f"state directory {state_dir} {what}")
         path = state_dir / JOURNAL_NAME
         try:
             refuse_links(state_dir / "journal.lock", path, *(path.with_name(path.name + x) for x in ("-wal", "-shm")))
