@@ -142,3 +142,11 @@ def test_a_daemon_restarted_on_the_same_socket_serves_the_clients_next_call(tmp_
         first.stop()
         if second is not None:
             second.stop()
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:1", "foo"])
+def test_an_endpoint_no_daemon_can_serve_is_refused_at_once(endpoint: str) -> None:
+    """toold serves only Unix sockets: a TCP address would be retried in silence by
+    ZeroMQ until the request timed out (30 s)."""
+    message, took = failure(endpoint)
+    assert "serves only ipc://" in message and took < 1, message

@@ -37,8 +37,10 @@ class ZmqTransport:
     with DaemonUnavailable instead of waiting forever."""
 
     def __init__(self, endpoint: str) -> None:
-        if endpoint.startswith("ipc://"):
-            _probe(endpoint)
+        if not endpoint.startswith("ipc://"):
+            # ZeroMQ would retry a TCP address in silence until the request timed out
+            raise DaemonUnavailable(f"cannot reach {endpoint!r}: toold serves only ipc:// endpoints (a Unix socket)")
+        _probe(endpoint)
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         self._sock.linger = 0
@@ -61,7 +63,7 @@ class ZmqTransport:
         self._forget_old_disconnects()  # a daemon restarted since: this frame goes to the new one
         if self._refused:
             raise DaemonUnavailable(self._refused)
-        if self._down and self._endpoint.startswith("ipc://"):
+        if self._down:
             # The daemon went away since the last frame. Restarted (its socket answers),
             # ZeroMQ reconnects and delivers this frame; gone, say so now, not once the
             # request has timed out.
