@@ -1,7 +1,9 @@
-"""The state directory's disk fills up (a real tmpfs of 600 KB under a real daemon):
-writes that must be journaled are refused with the reason, reads go on, nothing is left
-running, once there is room again writes run as before; and a write whose file's earlier
-content does not fit in the undo store still says what it did, and that it cannot be undone."""
+"""Q. A full state disk is said, never hidden. Attack: another local user (or anything
+else on the machine) fills the filesystem that holds the daemon's state directory; here
+a real tmpfs of 600 KB under a real daemon. Writes that must be journaled are refused
+with the reason, reads go on, nothing is left listed as running, once there is room
+again writes run as before; and a write whose file's earlier content does not fit in the
+undo store still says what it did, and that it cannot be undone (it said "Cancelled")."""
 
 from __future__ import annotations
 
