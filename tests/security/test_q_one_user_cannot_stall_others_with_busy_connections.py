@@ -65,9 +65,11 @@ def greeted(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[by
     return sock
 
 
-def keep_busy(endpoint: str, connections: int, depth: int, request: Callable[[int], p.ClientMessage]) -> None:
+def keep_busy(
+    endpoint: str, connections: int, depth: int, request: Callable[[int], p.ClientMessage], seconds: float = SECONDS
+) -> None:
     """(In the attacker's process.) Keep ``depth`` requests waiting on each of
-    ``connections`` connections for ``SECONDS`` + 1; print how many were answered."""
+    ``connections`` connections for ``seconds`` + 1; print how many were answered."""
     ctx = zmq.Context()
     sockets = [greeted(ctx, endpoint) for _ in range(connections)]
     poller = zmq.Poller()
@@ -76,7 +78,7 @@ def keep_busy(endpoint: str, connections: int, depth: int, request: Callable[[in
     print("ready", flush=True)
     waiting = dict.fromkeys(sockets, 0)
     sent = answered = 0
-    deadline = time.monotonic() + SECONDS + 1
+    deadline = time.monotonic() + seconds + 1
     while time.monotonic() < deadline:
         for sock in sockets:
             while waiting[sock] < depth:
@@ -94,13 +96,13 @@ def keep_busy(endpoint: str, connections: int, depth: int, request: Callable[[in
     print(f"answered {answered}", flush=True)
 
 
-def reads_during(daemon: DaemonProcess, attacker: OtherUser) -> list[float]:
+def reads_during(daemon: DaemonProcess, attacker: OtherUser, seconds: float = SECONDS) -> list[float]:
     """Read a file back to back while the attack runs; each read's seconds."""
     assert attacker.line().strip() == "ready"
     waits: list[float] = []
     with daemon.client(timeout=30) as client:
         time.sleep(0.3)  # the attack is under way
-        deadline = time.monotonic() + SECONDS - 0.5
+        deadline = time.monotonic() + seconds - 0.5
         while time.monotonic() < deadline:
             started = time.monotonic()
             assert client.call("read_file", {"path": "note.txt"}).ok
@@ -109,19 +111,26 @@ def reads_during(daemon: DaemonProcess, attacker: OtherUser) -> list[float]:
 
 
 def attack(
-    daemon: DaemonProcess, connections: int, depth: int, request: Callable[[int], p.ClientMessage]
+    daemon: DaemonProcess,
+    connections: int,
+    depth: int,
+    request: Callable[[int], p.ClientMessage],
+    seconds: float = SECONDS,
 ) -> list[float]:
     """Run the attack; the victim's reads meanwhile (seconds each)."""
-    waits, _ = victim_beside(daemon, lambda: keep_busy(daemon.endpoint, connections, depth, request))
+    busy = lambda: keep_busy(daemon.endpoint, connections, depth, request, seconds)  # noqa: E731
+    waits, _ = victim_beside(daemon, busy, seconds)
     return waits
 
 
-def victim_beside(daemon: DaemonProcess, attack: Callable[[], None]) -> tuple[list[float], list[str]]:
+def victim_beside(
+    daemon: DaemonProcess, attack: Callable[[], None], seconds: float = SECONDS
+) -> tuple[list[float], list[str]]:
     """Run ``attack`` as the other user while the victim reads: the victim's waits
     (seconds each), and the words of the attacker's last line (what it got answered)."""
     attacker = OtherUser(attack)
     try:
-        waits = reads_during(daemon, attacker)
+        waits = reads_during(daemon, attacker, seconds)
         answered = attacker.line().split()
     finally:
         attacker.kill()
@@ -132,9 +141,17 @@ def victim_beside(daemon: DaemonProcess, attack: Callable[[], None]) -> tuple[li
 
 def test_many_busy_connections_buy_one_user_no_more_turns(shared_daemon: DaemonProcess) -> None:
     """200 connections of one uid, each with 8 pings always waiting: another user's reads
-    wait for one frame of theirs, not 200 (32 ms median before, about 5 here after)."""
-    waits = attack(shared_daemon, 200, 8, lambda n: p.Ping(id=n))
-    assert statistics.median(waits) < 0.015, (statistics.median(waits), len(waits))
+    wait for one frame of theirs, not 200 (32 ms median before, about 5 here after).
+
+    The same 1,600 pings kept waiting on 8 connections are the yardstick, measured in the
+    same run: the victim's reads cost the same whatever the number of connections the
+    pings come on. Served per connection, the 200 would cost 25 times the 8's turns (an
+    absolute bound failed on a loaded machine, where the daemon, the attacker and the
+    worker share two CPUs: 19 ms a read under the 200)."""
+    ping = lambda n: p.Ping(id=n)  # noqa: E731
+    few = statistics.median(attack(shared_daemon, 8, 200, ping, seconds=2.0))
+    many = statistics.median(attack(shared_daemon, 200, 8, ping, seconds=2.0))
+    assert many < max(2 * few, 0.005), (many, few)
 
 
 def long_command(n: int) -> p.ExplainPolicy:
