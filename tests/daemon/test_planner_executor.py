@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -15,9 +16,10 @@ from hypothesis import strategies as st
 
 from toold_daemon.config import Config, ToolsConfig
 from toold_daemon.execution.batches import Batch
-from toold_daemon.execution.executor import Executor
+from toold_daemon.execution.executor import Executor, NoRecorder
 from toold_daemon.execution.runner import ThreadRunner
 from toold_daemon.policy import planner
+from toold_daemon.records.journal_writer import Commit
 from toold_daemon.sandbox import Sandbox
 from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput
 from toold_daemon.tools.builtin import builtin_tools
@@ -307,3 +309,36 @@ async def test_a_cancel_that_comes_once_every_call_has_its_result_changes_nothin
     assert isinstance(outcome, BatchFinished) and outcome.state == "cancelled"
     assert outcome.results[0].ok and outcome.results[1].error is not None
     assert outcome.results[1].error.type == "Cancelled"
+
+
+class StartsUnrecorded(NoRecorder):
+    """The journal as a full disk leaves it: a call's started mark could not be committed."""
+
+    def started(self, batch_id: str, index: int) -> Commit:
+        commit = Commit(awaited=True)
+        commit.error = sqlite3.OperationalError("database or disk is full")
+        commit.settle()
+        return commit
+
+
+async def test_a_call_whose_start_the_journal_cannot_record_is_not_run_and_says_why(root: Path) -> None:
+    (root / "a.txt").write_text("A")
+    batch, executor = make_batch(
+        [
+            call("1", "read_file", path="a.txt"),
+            call("2", "write_file", path="b.txt", content="B"),
+            call("3", "write_file", path="c.txt", content="C"),
+            call("4", "nope"),
+        ],
+        root,
+    )
+    executor.recorder = StartsUnrecorded()
+    events = await run_batch(batch, executor)
+    results = [r for r in batch.results if r is not None]
+    assert [r.ok for r in results] == [True, False, False, False]
+    for result in results[1:3]:
+        assert result.error is not None and result.error.code == "NOT_JOURNALED", result
+        assert "could not record that call 1 started: database or disk is full" in result.content
+    assert results[3].error is not None and results[3].error.code == "UNKNOWN_TOOL"  # known without running
+    assert not (root / "b.txt").exists() and not (root / "c.txt").exists()
+    assert [type(e) for e in events].count(BatchFinished) == 1 and batch.state == "finished"

@@ -102,3 +102,48 @@ def test_a_pre_image_the_full_disk_cannot_keep_leaves_the_write_done_and_says_it
         assert big.read_text() == "new\n"  # nothing kept, so nothing made up
         assert "big.txt" in undone.results[0].content, undone.results[0].content
     assert daemon.proc.poll() is None, "the daemon exited"
+
+
+def test_a_batch_the_journal_stops_midway_says_which_calls_ran_and_why_the_rest_did_not(
+    daemon: DaemonProcess, small_state: Path
+) -> None:
+    """A batch that changes files runs each call only once the journal has recorded the
+    one before. When the disk fills between two calls, the calls left unrun say why
+    ("Not run: the journal could not record …"); they said "Cancelled: daemon stopped",
+    and the daemon sent the batch's outcome twice."""
+    (daemon.root / "big.txt").write_text(("y" * 999 + "\n") * 100)  # a 100 KB result to record
+    calls = [
+        {"name": "write_file", "arguments": {"path": "s.txt", "content": "s\n", "overwrite": True}},
+        {"name": "read_file", "arguments": {"path": "big.txt"}},
+        {"name": "write_file", "arguments": {"path": "t.txt", "content": "t\n"}},
+    ]
+    filler = small_state / "filler"
+    stopped = None
+    with Client(daemon.endpoint, timeout=30) as client:
+        for left in range(20_000, 400_000, 10_000):  # more and more room, until the batch is accepted
+            filler.unlink(missing_ok=True)
+            free = shutil.disk_usage(small_state).free
+            filler.write_bytes(b"\0" * max(0, free - left))
+            try:
+                outcome = client.submit(calls)
+            except RemoteError as exc:  # no room for the batch's own record: refused whole
+                assert "disk is full" in str(exc) or "No space left" in str(exc), exc
+                continue
+            if all(result.ok for result in outcome.results):
+                (daemon.root / "t.txt").unlink()
+                continue
+            stopped = outcome
+            break
+        assert stopped is not None, "the disk never filled between two calls"
+        assert stopped.results[0].ok and (daemon.root / "s.txt").exists()  # it ran, and says so
+        unrun = [result for result in stopped.results if not result.ok]
+        assert unrun[-1] is stopped.results[-1] and not (daemon.root / "t.txt").exists()
+        for result in unrun:
+            assert result.error is not None and result.error.code == "NOT_JOURNALED", result
+            assert result.content.startswith("Error (ExecutionFailed): Not run: the journal could not record")
+            assert "disk is full" in result.content or "No space left" in result.content, result.content
+        assert stopped.state == "finished" and client.get_batch(stopped.batch_id).state == "finished"
+        filler.unlink()
+        assert write(client, 1) == "ok"  # room again: writes run as before
+    assert "failed outside its tools" not in daemon.log.read_text()
+    assert daemon.proc.poll() is None, "the daemon exited"

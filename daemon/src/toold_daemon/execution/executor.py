@@ -29,7 +29,7 @@ from toold_protocol import (
 from ..config import Config
 from ..errors import ToolError
 from ..output import NOTHING_UNSEEN, Unseen
-from ..records.journal_writer import Commit
+from ..records.journal_writer import Commit, JournalWriteFailed
 from ..sandbox import Sandbox
 from ..tools._base import Tool, ToolContext, _Cancelled
 from ..undo.ledger import UndoLedger
@@ -115,11 +115,16 @@ class Executor:
         recorder = NO_RECORDER if batch.journaled_at_end else self.recorder
         durable = not batch.read_only
         state_recorded = False
+        unrecorded = ""  # why the journal stopped the batch: said in each call it left unrun
         try:
             for call in batch.calls:
                 if batch.results[call.index] is not None:
                     continue
-                result = await self._resolve(batch, call, emit)
+                try:
+                    result = await self._resolve(batch, call, emit)
+                except JournalWriteFailed as exc:  # its started mark: it must not run unrecorded
+                    unrecorded = f"the journal could not record that call {call.index} started: {exc}"
+                    break
                 # The last result and the batch's final state share one journal transaction.
                 final: BatchState | None = None
                 if call.index == len(batch.calls) - 1:
@@ -140,14 +145,22 @@ class Executor:
                 state_recorded = final is not None
                 batch.results[call.index] = result
                 if commit is not None and durable:
-                    await commit.durable()
+                    unrecorded = await _unrecorded(commit, f"call {call.index}'s result")
+                # A result the journal could not keep still happened: its client learns it.
                 emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
+                if unrecorded:
+                    state_recorded = False
+                    break
         finally:
             self.abandon(batch)
             # Whatever stopped the loop (even the daemon's own cancellation), every call gets a result.
             for call in batch.calls:
                 if batch.results[call.index] is None:
-                    result = _cancelled(call.call_id, batch.cancel_reason or "daemon stopped")
+                    if unrecorded and batch.cancel_reason is None:
+                        # (a result known without running, journaled with the batch, stands)
+                        result = call.result or _not_journaled(call.call_id, unrecorded)
+                    else:
+                        result = _cancelled(call.call_id, batch.cancel_reason or "daemon stopped")
                     recorder.result(batch.batch_id, call.index, result)
                     batch.results[call.index] = result
             batch.state = _ended_state(batch)
@@ -384,6 +397,22 @@ def _ended_state(batch: Batch, last: ToolResult | None = None) -> BatchState:
     ended = [*batch.results, last]
     stopped = any(r is not None and r.error is not None and r.error.type == ToolErrorType.CANCELLED for r in ended)
     return "cancelled" if stopped else "finished"
+
+
+async def _unrecorded(commit: Commit, what: str) -> str:
+    """Empty once ``commit`` is durable; else why not (a full disk), for the calls it stops."""
+    try:
+        await commit.durable()
+    except JournalWriteFailed as exc:
+        return f"the journal could not record {what}: {exc}"
+    return ""
+
+
+def _not_journaled(call_id: str, why: str) -> ToolResult:
+    """A call of a side-effecting batch left unrun because the journal failed before it:
+    such a batch runs a call only once what came before is recorded (a restart must never
+    run anything twice)."""
+    return results.failure(call_id, ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_JOURNALED", f"Not run: {why}"))
 
 
 def _cancelled(call_id: str, reason: str) -> ToolResult:

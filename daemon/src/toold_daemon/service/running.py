@@ -397,7 +397,8 @@ class BatchRuns:
             # A failed journal write must not take the daemon down with it; the batch's
             # clients still get every result the executor produced.
             log.exception("batch %s failed outside its tools", batch.batch_id)
-            emit(batch.outcome())
+            if not batch.done.is_set():  # the executor sends its outcome once it has run
+                emit(batch.outcome())
         finally:
             # It holds ``emit``, which holds the batch: left set, every batch would be a
             # reference cycle that only the garbage collector frees, tens of thousands of
