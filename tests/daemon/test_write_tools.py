@@ -9,7 +9,9 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +244,105 @@ def test_a_patch_whose_third_file_fails_changes_nothing(ws: Workspace) -> None:
     assert error.type == "PatchFailed" and "c.txt" in error.message and "not found" in error.message
     assert [(ws.root / n).read_text() for n in ("a.txt", "b.txt", "c.txt")] == ["a.txt\n", "b.txt\n", "c.txt\n"]
     assert not (ws.root / "new").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real tmpfs of 200 KB, as a workspace whose disk fills up."""
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(disk)], check=False).returncode:
+        pytest.skip("tmpfs cannot be mounted here")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_patch_the_disk_has_no_room_for_changes_nothing(small_disk: Path) -> None:
+    """Every file's new content is staged before any is put in place: the disk filling up
+    on the third file left the first changed and the second created (all or none, said
+    the tool)."""
+    ws = Workspace(small_disk)
+    for name in ("f1.txt", "f2.txt"):
+        (small_disk / name).write_text(f"{name}\n")
+        read_then(ws, name)
+    free = shutil.disk_usage(small_disk).free
+    patch = (
+        "*** Begin Patch\n*** Update File: f1.txt\n@@\n-f1.txt\n+F1\n*** Add File: big.txt\n+"
+        + "x" * (free // 2)
+        + "\n*** Update File: f2.txt\n@@\n-f2.txt\n+"
+        + "y" * (free // 2)
+        + "\n*** End Patch\n"
+    )
+    error = ws.error("apply_patch", patch=patch)
+    assert "No space left on device" in error.message and error.details["path"] == "f2.txt", error.message
+    assert sorted(os.listdir(small_disk)) == ["f1.txt", "f2.txt"]  # nothing created, no temp file left
+    assert [(small_disk / n).read_text() for n in ("f1.txt", "f2.txt")] == ["f1.txt\n", "f2.txt\n"]
+    assert shutil.disk_usage(small_disk).free == free
+
+
+def _as_nobody(action: Callable[[], str]) -> str:
+    """``action``'s answer, run in a forked child that became uid/gid 65534 (so that
+    permissions hold: root passes every one)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        answer = "child failed"
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            answer = action()
+        except BaseException as exc:
+            answer = f"child raised {exc!r}"
+        finally:
+            os.write(write_end, answer.encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        said = answer.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A directory another user can reach (pytest's own are root's alone)."""
+    with tempfile.TemporaryDirectory() as made:
+        os.chmod(made, 0o755)
+        yield Path(made)
+
+
+def test_a_patch_whose_later_step_fails_puts_back_the_files_it_changed(open_tmp: Path) -> None:
+    """Staged, then put in place in order: a.txt is updated, then deleting d/b.txt fails
+    (d is not writable). The update is put back; the patch changed nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    root = open_tmp / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "a.txt").write_text("a\n")
+    (root / "d/b.txt").write_text("b\n")
+    os.chmod(root / "a.txt", 0o640)
+    for path in (root, root / "d", root / "a.txt", root / "d/b.txt"):
+        os.chown(path, 65534, 65534)
+    os.chmod(root / "d", 0o555)
+
+    def patch_as_nobody() -> str:
+        ws = Workspace(root)
+        read_then(ws, "a.txt")
+        read_then(ws, "d/b.txt")
+        patch = "*** Begin Patch\n*** Update File: a.txt\n@@\n-a\n+A\n*** Delete File: d/b.txt\n*** End Patch\n"
+        return ws.error("apply_patch", patch=patch).message
+
+    message = _as_nobody(patch_as_nobody)
+    assert message.startswith("Permission denied") and "d/b.txt" in message, message
+    assert "in part" not in message  # everything could be put back
+    assert (root / "a.txt").read_text() == "a\n" and (root / "d/b.txt").read_text() == "b\n"
+    assert stat.S_IMODE(os.stat(root / "a.txt").st_mode) == 0o640  # its mode too
+    assert sorted(os.listdir(root)) == ["a.txt", "d"]
 
 
 def test_patch_applies_across_files_and_refreshes_reads(ws: Workspace) -> None:

@@ -89,6 +89,14 @@ def exists(dir_fd: int, name: str) -> bool:
 def atomic_write(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) -> None:
     """Write ``data`` to ``name`` in ``dir_fd`` atomically: temp file, fsync, rename, fsync dir.
     ``mode`` None means a new file (0666 minus umask)."""
+    put_in_place(dir_fd, stage(dir_fd, name, data, mode=mode, shown=shown), name, shown=shown)
+
+
+def stage(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) -> str:
+    """The first half of ``atomic_write``: ``data`` in a new temp file beside ``name``,
+    fsynced; its name. Where the bytes need room (a full disk fails here), so that a
+    writer of several files can stage them all before it changes any. Nothing is left
+    behind on failure."""
     temp = f".{name[:200]}.toold-{secrets.token_hex(6)}.tmp"
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
@@ -104,11 +112,26 @@ def atomic_write(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown
             os.fsync(fd)
         finally:
             os.close(fd)
+    except OSError as exc:
+        _unlink_quietly(dir_fd, temp)
+        raise from_os_error(exc, shown) from None
+    return temp
+
+
+def put_in_place(dir_fd: int, temp: str, name: str, *, shown: str) -> None:
+    """The second half of ``atomic_write``: ``temp`` renamed over ``name`` (a rename needs
+    no room for data), then the directory fsynced. On failure ``temp`` is removed."""
+    try:
         os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
         _unlink_quietly(dir_fd, temp)
         raise from_os_error(exc, shown) from None
     os.fsync(dir_fd)
+
+
+def discard_staged(dir_fd: int, temp: str) -> None:
+    """A staged temp file that will not be put in place."""
+    _unlink_quietly(dir_fd, temp)
 
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:

@@ -2,7 +2,8 @@
 
 Every path is sandbox-checked while planning; every file is read, checked against the
 session's reads (StaleFile) and patched in memory before the first write. Only then
-are the files written, each atomically.
+are the files written: every new content staged beside its file first (a full disk
+fails there, before anything changed), then each put in place with a rename.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import stat
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from msgspec import Meta
 
@@ -19,8 +20,8 @@ from toold_protocol import ToolErrorType
 
 from .. import patches
 from ..config import Config
-from ..errors import ToolError, limits_exceeded
-from ..sandbox.writes import atomic_write, delete, parent_dir, read_existing
+from ..errors import ToolError, from_os_error, limits_exceeded
+from ..sandbox.writes import atomic_write, delete, discard_staged, parent_dir, put_in_place, read_existing, stage
 from ._base import RiskLevel, Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import ApplyPatchData
 from ._mutate import check_fresh, gone, written
@@ -146,39 +147,117 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
             for raw, (path, dir_fd, _) in list(dirs.items()):
                 if dir_fd < 0:
                     dirs[raw] = (path, *stack.enter_context(parent_dir(ctx.sandbox, path, create=True, shown=raw)))
-            return self._write(changes, dirs)
+            return self._write(changes, dirs, originals)
 
-    def _write(self, changes: list[patches.FileChange], dirs: dict[str, tuple[Path, int, str]]) -> ToolOutput:
+    def _write(
+        self, changes: list[patches.FileChange], dirs: dict[str, tuple[Path, int, str]], originals: dict[str, bytes]
+    ) -> ToolOutput:
+        """Every new content is staged beside its file first: that is where a full disk
+        fails, and then nothing has changed. Only then are the files put in place and the
+        deleted ones removed, steps that need no room; one of those failing (an I/O error,
+        a directory made read-only meanwhile) puts back what the steps before it changed."""
+        staged = _stage(changes, dirs)
         records: dict[str, str] = {}
         summary: dict[str, str] = {}
         diffs: list[str] = []
-        for change in changes:
-            path, dir_fd, name = dirs[change.path]
-            if change.after is None:
-                delete(dir_fd, name, recursive=False, shown=change.path, prefix=change.path)
-                records |= gone(path)
-                summary[change.path] = "deleted"
-                diffs.append(unified_diff(change.before.body if change.before else "", "", change.path))
-                continue
-            data = change.after.encode()
-            mode = _mode_of(dir_fd, name) if change.action == "update" else None
-            target = change.path
-            if change.move_to and change.move_to != change.path:
-                target = change.move_to
-                dst_path, dst_fd, dst_name = dirs[target]
-                atomic_write(dst_fd, dst_name, data, mode=mode, shown=target)
-                delete(dir_fd, name, recursive=False, shown=change.path, prefix=change.path)
-                records |= gone(path) | written(dst_path, data)
-                summary[change.path], summary[target] = "deleted", "moved"
-            else:
-                atomic_write(dir_fd, name, data, mode=mode, shown=target)
-                records |= written(path, data)
-                summary[target] = "created" if change.action == "add" else "modified"
-            before = change.before.body if change.before else ""
-            diffs.append(unified_diff(before, change.after.body, target))
+        done: list[_Step] = []  # what each step replaced, to put back if a later one fails
+        try:
+            for index, change in enumerate(changes):
+                path, dir_fd, name = dirs[change.path]
+                if change.after is None:
+                    mode = _mode_of(dir_fd, name, change.path)
+                    delete(dir_fd, name, recursive=False, shown=change.path, prefix=change.path)
+                    done.append(_Step(dir_fd, name, change.path, originals[change.path], mode))
+                    records |= gone(path)
+                    summary[change.path] = "deleted"
+                    diffs.append(unified_diff(change.before.body if change.before else "", "", change.path))
+                    continue
+                target = change.move_to or change.path
+                target_path, target_fd, target_name = dirs[target]
+                replaced = originals.get(target) if target == change.path else None
+                replaced_mode = _mode_of(target_fd, target_name, target) if replaced is not None else None
+                _, temp, data = staged.pop(index)
+                put_in_place(target_fd, temp, target_name, shown=target)
+                done.append(_Step(target_fd, target_name, target, replaced, replaced_mode))
+                if target != change.path:
+                    mode = _mode_of(dir_fd, name, change.path)
+                    delete(dir_fd, name, recursive=False, shown=change.path, prefix=change.path)
+                    done.append(_Step(dir_fd, name, change.path, originals[change.path], mode))
+                    records |= gone(path) | written(target_path, data)
+                    summary[change.path], summary[target] = "deleted", "moved"
+                else:
+                    records |= written(path, data)
+                    summary[target] = "created" if change.action == "add" else "modified"
+                before = change.before.body if change.before else ""
+                diffs.append(unified_diff(before, change.after.body, target))
+        except ToolError as exc:
+            _discard(staged)
+            raise _put_back(done, exc) from None
         diff = "".join(diffs)
         listing = "\n".join(f"{kind} {path}" for path, kind in summary.items())
         return ToolOutput(f"Patch applied:\n{listing}\n{diff}", diff or listing, {"changes": summary}, records=records)
+
+
+class _Step(NamedTuple):
+    """What one step of a patch's writing replaced at ``name`` (``content`` None: nothing)."""
+
+    dir_fd: int
+    name: str
+    shown: str
+    content: bytes | None
+    mode: int | None
+
+
+#: By a change's index: its target's directory, the temp file staged there, the bytes in it.
+_Staged = dict[int, tuple[int, str, bytes]]
+
+
+def _stage(changes: list[patches.FileChange], dirs: dict[str, tuple[Path, int, str]]) -> _Staged:
+    """Each change's new content in a temp file beside its target; on any failure every
+    one staged so far is removed, and nothing else has changed."""
+    staged: _Staged = {}
+    try:
+        for index, change in enumerate(changes):
+            if change.after is None:
+                continue
+            _, dir_fd, name = dirs[change.path]
+            mode = _mode_of(dir_fd, name, change.path) if change.action == "update" else None
+            target = change.move_to or change.path
+            _, target_fd, target_name = dirs[target]
+            data = change.after.encode()
+            staged[index] = (target_fd, stage(target_fd, target_name, data, mode=mode, shown=target), data)
+    except BaseException:
+        _discard(staged)
+        raise
+    return staged
+
+
+def _discard(staged: _Staged) -> None:
+    for dir_fd, temp, _ in staged.values():
+        discard_staged(dir_fd, temp)
+
+
+def _put_back(done: list[_Step], failure: ToolError) -> ToolError:
+    """Undo the steps taken, last first; the error to report: ``failure``, and what could
+    not be put back if anything could not (the patch then stands in part, and says so)."""
+    left = []
+    for step in reversed(done):
+        try:
+            if step.content is None:
+                os.unlink(step.name, dir_fd=step.dir_fd)
+            else:
+                atomic_write(step.dir_fd, step.name, step.content, mode=step.mode, shown=step.shown)
+        except (OSError, ToolError):
+            left.append(step.shown)
+    if not left:
+        return failure
+    return ToolError(
+        failure.type,
+        failure.code,
+        f"{failure.message}; the patch is applied in part: {', '.join(left)} could not be put back as it was",
+        **failure.details,
+        not_put_back=left,
+    )
 
 
 def _unchanged(change: patches.FileChange) -> bool:
@@ -192,8 +271,11 @@ def _unchanged(change: patches.FileChange) -> bool:
     )
 
 
-def _mode_of(dir_fd: int, name: str) -> int:
-    return stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+def _mode_of(dir_fd: int, name: str, shown: str) -> int:
+    try:
+        return stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
 
 
 __all__ = ["ApplyPatch"]

@@ -51,4 +51,3 @@ def builtin_tools() -> list[Tool[Any]]:
         WriteFile(),
         WriteTodos(),
     ]
-
