@@ -134,6 +134,22 @@ def daemon_rooted_in(shared: Path, tmp: Path, config: str) -> Iterator[DaemonPro
         yield d
 
 
+@contextmanager
+def small_tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A real tmpfs mounted at ``path`` (made here) with ``options`` ("size=200k"), for a
+    disk that fills up; unmounted after. Skips the test where it cannot be mounted (root
+    is needed)."""
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=False).returncode:
+        pytest.skip("tmpfs cannot be mounted here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
 def wait_ready(daemon: DaemonProcess, timeout: float = 10.0) -> None:
     from toold_client import Client, DaemonUnavailable
 

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.conftest import small_tmpfs
 from toold_daemon.config import Config
 from toold_daemon.config.loading import parse
 from toold_daemon.errors import ToolError
@@ -249,16 +250,8 @@ def test_a_patch_whose_third_file_fails_changes_nothing(ws: Workspace) -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real tmpfs of 200 KB, as a workspace whose disk fills up."""
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(disk)], check=False).returncode:
-        pytest.skip("tmpfs cannot be mounted here")
-    try:
+    with small_tmpfs(tmp_path / "disk", "size=200k") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_patch_the_disk_has_no_room_for_changes_nothing(small_disk: Path) -> None:

@@ -7,7 +7,6 @@ undo store still says what it did, and that it cannot be undone (it said "Cancel
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, small_tmpfs, start_daemon
 from toold_client import Client, RemoteError
 
 CONFIG = '[tools.approval]\nallowlist = ["write_file", "restore_files"]\n'
@@ -24,17 +23,8 @@ CONFIG = '[tools.approval]\nallowlist = ["write_file", "restore_files"]\n'
 @pytest.fixture
 def small_state(tmp_path: Path) -> Iterator[Path]:
     """``tmp_path/state`` on a tmpfs of 600 KB (grown with ``remount,size=…``)."""
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    state = tmp_path / "state"
-    state.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k,mode=700", "tmpfs", str(state)], check=False)
-    if mounted.returncode:
-        pytest.skip("tmpfs cannot be mounted here")
-    try:
+    with small_tmpfs(tmp_path / "state", "size=600k,mode=700") as state:
         yield state
-    finally:
-        subprocess.run(["umount", "-l", str(state)], check=False)
 
 
 @pytest.fixture
