@@ -7,7 +7,6 @@ import base64
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
@@ -394,18 +393,40 @@ def test_move(ws: Workspace) -> None:
 
 
 def test_move_across_filesystems(ws: Workspace) -> None:
-    mount = ws.root / "mnt"
-    mount.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)], check=False).returncode != 0:
-        pytest.skip("tmpfs cannot be mounted here")
-    try:
+    with small_tmpfs(ws.root / "mnt", "size=1m") as mount:
         (ws.root / "a.txt").write_text("across")
         os.chmod(ws.root / "a.txt", 0o640)
         ws.call("move_file", source="a.txt", destination="mnt/a.txt")
         assert (mount / "a.txt").read_text() == "across" and not (ws.root / "a.txt").exists()
         assert stat.S_IMODE((mount / "a.txt").stat().st_mode) == 0o640
         assert os.stat(mount).st_dev != os.stat(ws.root).st_dev
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_move_across_filesystems_whose_source_stays_leaves_no_copy(open_tmp: Path) -> None:
+    """Across filesystems a move copies, then removes the source: when the source cannot be
+    removed (its directory is not writable), the copy is taken back, and a file it
+    replaced is put back as it was (both were left before)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    root = open_tmp / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d/x.txt").write_text("x\n")
+    for path in (root, root / "d", root / "d/x.txt"):
+        os.chown(path, 65534, 65534)
+    os.chmod(root / "d", 0o555)
+    with small_tmpfs(root / "mnt", "size=1m,mode=777") as mount:
+        (mount / "y.txt").write_text("old\n")
+        os.chown(mount / "y.txt", 65534, 65534)
+        os.chmod(mount / "y.txt", 0o600)
+
+        def move_as_nobody() -> str:
+            ws = Workspace(root)
+            fresh = ws.error("move_file", source="d/x.txt", destination="mnt/x.txt").message
+            over = ws.error("move_file", source="d/x.txt", destination="mnt/y.txt", overwrite=True).message
+            return f"{fresh}|{over}"
+
+        fresh, over = _as_nobody(move_as_nobody).split("|")
+        assert fresh == over == "Permission denied: d/x.txt", (fresh, over)
+        assert (root / "d/x.txt").read_text() == "x\n"
+        assert sorted(os.listdir(mount)) == ["y.txt"]  # no copy, no temp file
+        assert (mount / "y.txt").read_text() == "old\n" and stat.S_IMODE((mount / "y.txt").stat().st_mode) == 0o600

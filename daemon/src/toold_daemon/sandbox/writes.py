@@ -200,7 +200,8 @@ def move(
     sandbox: Sandbox,
 ) -> None:
     """Rename within or across directories; across filesystems copy then delete, so a crash
-    in between leaves the source intact (at worst both exist)."""
+    in between leaves the source intact (at worst both exist). A source that cannot be
+    removed after its copy puts the destination back as it was."""
     if not overwrite and exists(dst_dir, dst_name):
         raise file_exists(shown_dst)
     try:
@@ -220,8 +221,45 @@ def _copy_across(
     existing = read_existing(src_dir, src_name, shown=shown_src, sandbox=sandbox)
     if existing is None:
         raise ToolError(ToolErrorType.FILE_NOT_FOUND, "FILE_NOT_FOUND", f"File not found: {shown_src}")
+    replaced = _kept(dst_dir, dst_name)
     atomic_write(dst_dir, dst_name, existing.data, mode=existing.mode, shown=shown_dst)
     try:
         os.unlink(src_name, dir_fd=src_dir)
     except OSError as exc:
+        # The source stays (its directory is not writable, say): the destination goes back
+        # to what it was, so that a move that fails leaves no copy behind.
+        _put_back(dst_dir, dst_name, replaced)
         raise from_os_error(exc, shown_src) from None
+
+
+#: What was at a name before a copy replaced it: a regular file's bytes and mode, a
+#: symlink's target, or None (nothing, or what a copy cannot replace: a directory).
+_Kept = tuple[bytes, int] | str | None
+
+
+def _kept(dir_fd: int, name: str) -> _Kept:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            return os.readlink(name, dir_fd=dir_fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(), stat.S_IMODE(st.st_mode)
+
+
+def _put_back(dir_fd: int, name: str, kept: _Kept) -> None:
+    """Best effort: the error that follows names the source either way."""
+    try:
+        if kept is None:
+            os.unlink(name, dir_fd=dir_fd)
+        elif isinstance(kept, str):
+            os.unlink(name, dir_fd=dir_fd)
+            os.symlink(kept, name, dir_fd=dir_fd)
+        else:
+            atomic_write(dir_fd, name, kept[0], mode=kept[1], shown=name)
+    except (OSError, ToolError):
+        pass
