@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -119,6 +120,60 @@ def test_a_path_changed_since_is_refused_unless_forced(tmp_path: Path) -> None:
         assert (root / "edited.txt").read_bytes().startswith(b"old")
     finally:
         daemon.stop()
+
+
+def test_a_path_the_batch_left_as_it_found_it_is_no_conflict(tmp_path: Path) -> None:
+    """A file written and written back within the batch is not the undo's to put back: a
+    person's later edit of it does not refuse the undo, and stays."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "x.txt").write_text("old\n")
+    daemon = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with daemon.client() as c:
+            there_and_back = [
+                CallSpec("write_file", {"path": "x.txt", "content": "new\n", "overwrite": True}, "there"),
+                CallSpec("write_file", {"path": "x.txt", "content": "old\n", "overwrite": True}, "back"),
+                CallSpec("write_file", {"path": "y.txt", "content": "y\n"}, "y"),
+            ]
+            assert all(r.ok for r in c.submit(there_and_back, batch_id="b").results)
+        (root / "x.txt").write_text("a person's edit\n")
+        undone = toolctl(daemon, "undo", "b")
+        assert undone.returncode == 0, undone.stderr
+        assert not (root / "y.txt").exists() and (root / "x.txt").read_text() == "a person's edit\n"
+    finally:
+        daemon.stop()
+
+
+def test_a_recursive_delete_stopped_midway_says_what_it_deleted_and_undo_brings_it_back(tmp_path: Path) -> None:
+    """A delete that fails after deleting part of a tree (here: its directory ``t`` is
+    immutable, so ``t/sub`` cannot go once emptied) said only "Operation not permitted",
+    kept no undo data, and the deleted files were lost for good."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr for an immutable directory")
+    root = tmp_path / "root"
+    (root / "t/sub").mkdir(parents=True)
+    (root / "t/sub/b.txt").write_text("b\n")
+    (root / "t/sub/c.bin").write_bytes(bytes(range(256)))
+    os.chmod(root / "t/sub/c.bin", 0o600)
+    before = snapshot(root)
+    if subprocess.run(["chattr", "+i", str(root / "t")], capture_output=True, check=False).returncode:
+        pytest.skip("this filesystem has no immutable attribute")
+    daemon = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with daemon.client() as c:
+            result = c.call("delete_file", {"path": "t", "recursive": True})
+            assert not result.ok and result.content.startswith("Error (PermissionDenied): Operation not permitted")
+            assert "before it failed it changed 2 path(s): " in result.content, result.content
+            assert "t/sub/b.txt" in result.content and "t/sub/c.bin" in result.content
+            assert "toolctl undo puts them back" in result.content
+            assert not (root / "t/sub/b.txt").exists()  # it did delete them
+            undone = c.undo(c.list_batches(limit=1)[0].batch_id)
+            assert all(r.ok for r in undone.results), [r.content for r in undone.results]
+        assert snapshot(root) == before  # bytes and modes
+    finally:
+        daemon.stop()
+        subprocess.run(["chattr", "-i", str(root / "t")], check=False)
 
 
 def test_another_user_cannot_undo(tmp_path: Path) -> None:

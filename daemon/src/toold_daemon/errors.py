@@ -24,6 +24,8 @@ class ToolError(Exception):
         self.code = code
         self.message = message
         self.details = details
+        #: What a mutating tool changed before it failed (``undo.capture``): kept for undo.
+        self.changes: list[Any] = []
 
     def info(self) -> ToolErrorInfo:
         return ToolErrorInfo(type=str(self.type), code=self.code, message=self.message, details=self.details)

@@ -32,6 +32,7 @@ from ..output import NOTHING_UNSEEN, Unseen
 from ..records.journal_writer import Commit, JournalWriteFailed
 from ..sandbox import Sandbox
 from ..tools._base import Tool, ToolContext, _Cancelled
+from ..undo.capture import changed_paths
 from ..undo.ledger import UndoLedger
 from ..undo.restore import RestoreArgs
 from . import results
@@ -255,7 +256,7 @@ class Executor:
                 limits = self.config.tools.output
                 failure = results.failure(
                     call.call_id,
-                    exc,
+                    self._failed_after_changes(batch, call, exc) if exc.changes else exc,
                     duration_ms=_ms(started),
                     max_bytes=limits.max_bytes,
                     max_lines=limits.max_lines,
@@ -302,13 +303,10 @@ class Executor:
         self.reads.update(batch.session_id, output.records)
         content, data = output.content, output.data
         if output.changes and self.undo is not None:
-            kept = self.undo.keep(output.changes)
-            batch.undo_bytes += kept.stored_bytes
-            call.undo_bytes = kept.stored_bytes
-            call.changes = kept.changes
-            if kept.not_undoable:  # said in the result, never silently
-                content += f"\n[toold: not undoable: {'; '.join(kept.not_undoable[:20])}]"
-                data = {**(data or {}), "not_undoable": kept.not_undoable}
+            not_undoable = self._keep_for_undo(batch, call, output.changes)
+            if not_undoable:  # said in the result, never silently
+                content += f"\n[toold: not undoable: {'; '.join(not_undoable[:20])}]"
+                data = {**(data or {}), "not_undoable": not_undoable}
         return results.success(
             call.call_id,
             content,
@@ -321,6 +319,32 @@ class Executor:
             tail=output.tail,
             unseen=output.unseen,
         )
+
+    def _keep_for_undo(self, batch: Batch, call: PreparedCall, changes: list[Any]) -> list[str]:
+        """Keep what the call changed for its batch's undo; the paths that cannot be put
+        back ("path (why)")."""
+        assert self.undo is not None
+        kept = self.undo.keep(changes)
+        batch.undo_bytes += kept.stored_bytes
+        call.undo_bytes = kept.stored_bytes
+        call.changes = kept.changes
+        return kept.not_undoable
+
+    def _failed_after_changes(self, batch: Batch, call: PreparedCall, error: ToolError) -> ToolError:
+        """A tool that failed after changing some paths (``undo.capture``): what it changed
+        is kept for undo like a success's, and its error says what that was."""
+        sandbox = batch.sandbox or self.sandbox
+        changed = [sandbox.display(path) for path in changed_paths(error.changes)]
+        if self.undo is None:
+            how = "this daemon keeps no undo data"
+        else:
+            not_undoable = self._keep_for_undo(batch, call, error.changes)
+            how = "toolctl undo puts them back" + (
+                f"; not undoable: {'; '.join(not_undoable[:20])}" if not_undoable else ""
+            )
+        listed = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
+        message = f"{error.message} (before it failed it changed {len(changed)} path(s): {listed}; {how})"
+        return ToolError(error.type, error.code, message, **error.details, changed=changed[:1000])
 
     async def _dry_run(self, batch: Batch, call: PreparedCall) -> ToolResult:
         """What the call would do, computed without doing it: the policy's decision, and

@@ -98,7 +98,7 @@ _TYPES = {t.value for t in ToolErrorType}
 def raise_for(outcome: Outcome) -> None:
     """A failed outcome as the ToolError it reports."""
     if not outcome.ok:
-        raise ToolError(
+        error = ToolError(
             ToolErrorType(outcome.error_type) if outcome.error_type in _TYPES else ToolErrorType.EXECUTION_FAILED,
             outcome.error_code or "TOOL_FAILED",
             outcome.error_message,
@@ -108,6 +108,8 @@ def raise_for(outcome: Outcome) -> None:
             unseen_lines=outcome.unseen_lines or None,
             **{k: v for k, v in outcome.error_details.items() if k not in OUTPUT_DETAILS},
         )
+        error.changes = list(outcome.changes)
+        raise error
 
 
 _COALESCE_CHARS = 64 * 1024

@@ -40,6 +40,8 @@ def run_tool(request: SpawnRequest, channel: int, work: Work) -> Outcome:
         details = dict(exc.details)
         read = details.pop("output", None)  # what the tool read before failing (an HTTP error's body)
         failed = failure(str(exc.type), exc.code, exc.message, **details)
+        if exc.changes:  # what it changed before it failed, for undo
+            failed = msgspec.structs.replace(failed, changes=exc.changes)
         return msgspec.structs.replace(failed, content=read) if isinstance(read, str) else failed
     except OSError as exc:
         translated = from_os_error(exc, str(exc.filename or request.tool))

@@ -7,14 +7,16 @@ from typing import Any
 
 import msgspec
 
+from ..errors import ToolError, from_os_error
 from ..tools._base import Tool, ToolContext, ToolOutput
-from .images import capture, changes_after
+from .images import Change, capture, changes_after
 
 
 def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     """``tool.run``, and when the daemon asked for undo data (``ctx.undo_budget`` ≥ 0)
-    what it did to each path it declares. A call that fails records nothing: the tools
-    change a path atomically or not at all."""
+    what it did to each path it declares. A call that fails after changing some of them
+    (a recursive delete stopped by a directory it may not empty, a disk error) raises
+    its error with those changes (``ToolError.changes``): what it did stays undoable."""
     if ctx.undo_budget < 0 or not tool.side_effecting:
         return tool.run(args, ctx)
     paths = tool.changes(args, ctx)
@@ -22,5 +24,26 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
         return tool.run(args, ctx)
     sandbox = ctx.sandbox
     before, _used = capture(paths, ctx.undo_budget, lambda p: sandbox.denied_pattern(Path(p)) is not None)
-    output = tool.run(args, ctx)
+    try:
+        output = tool.run(args, ctx)
+    except (ToolError, OSError) as exc:
+        changes = changes_after(before)
+        if not any(_changed(change) for change in changes):
+            raise  # (most failures: refused before anything was touched)
+        error = exc if isinstance(exc, ToolError) else from_os_error(exc, str(exc.filename or tool.name))
+        error.changes = changes
+        if error is exc:
+            raise
+        raise error from None
     return msgspec.structs.replace(output, changes=changes_after(before))
+
+
+def changed_paths(changes: list[Change]) -> list[str]:
+    """The paths ``changes`` left in another state than they found them."""
+    return [change.before.path for change in changes if _changed(change)]
+
+
+def _changed(change: Change) -> bool:
+    if change.before.kind == change.after_kind == "dir":
+        return False  # (a pre-image holds no tree hash: what changed below has its own change)
+    return change.after_kind != change.before.kind or change.after_hash != change.before.hash

@@ -368,7 +368,8 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
                 os.mkdir(name, 0o700, dir_fd=dir_fd)
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
-                os.fchmod(fd, entry.mode)
+                if stat.S_IMODE(os.fstat(fd).st_mode) != entry.mode:  # (what is right is left alone)
+                    os.fchmod(fd, entry.mode)
             finally:
                 os.close(fd)
         elif entry.kind == "symlink":
