@@ -342,3 +342,38 @@ async def test_a_call_whose_start_the_journal_cannot_record_is_not_run_and_says_
     assert results[3].error is not None and results[3].error.code == "UNKNOWN_TOOL"  # known without running
     assert not (root / "b.txt").exists() and not (root / "c.txt").exists()
     assert [type(e) for e in events].count(BatchFinished) == 1 and batch.state == "finished"
+
+
+class Misreports(Tool[SleepArgs]):
+    """An in-process plugin whose output breaks the daemon's bookkeeping (its read records
+    are not a mapping): a defect the daemon meets after the tool has run."""
+
+    name: ClassVar[str] = "misreports"
+    description: ClassVar[str] = "returns malformed read records"
+    args_type = SleepArgs
+
+    def run(self, args: SleepArgs, ctx: ToolContext) -> ToolOutput:
+        return ToolOutput("done", records="not a mapping")  # type: ignore[arg-type]
+
+
+async def test_a_call_the_daemon_fails_on_says_so_and_the_batch_stops_there(root: Path) -> None:
+    """A defect of the daemon's while it runs a call ended that call and the rest as
+    "Cancelled: daemon stopped" (the daemon went on serving), and left the executor with
+    the exception; now that call says the daemon failed on it, and the rest are not run."""
+    (root / "a.txt").write_text("A")
+    registry, sandbox, cfg = setup(root)
+    registry.register(Misreports())
+    calls = [
+        call("1", "read_file", path="a.txt"),
+        call("2", "misreports", seconds=0),
+        call("3", "read_file", path="a.txt"),
+    ]
+    prepared = planner.Planner(registry, sandbox, cfg, ME).plan(calls)
+    batch = Batch(batch_id="b", identity=ME, session_id="s", calls=prepared, results=[None] * len(prepared))
+    events = await run_batch(batch, Executor(ThreadRunner(), sandbox, cfg))
+    first, failed, unrun = (r for r in batch.results if r is not None)
+    assert first.ok and failed.error is not None and unrun.error is not None
+    assert failed.error.code == "INTERNAL_ERROR" and "AttributeError" in failed.content, failed.content
+    assert "may have had effects" in failed.content
+    assert unrun.error.code == "NOT_RUN" and unrun.content.endswith("Not run: the daemon failed while running call 1")
+    assert [type(e) for e in events].count(BatchFinished) == 1 and batch.state == "finished"

@@ -3,7 +3,11 @@
 Each call runs inside its own trio cancel scope with the call's deadline; a
 batch cancel cancels the current scope and resolves the remaining calls as
 Cancelled. A ToolError becomes its error result; any other exception from a tool
-becomes ``Tool failed: ...``. Events go to ``emit``, which never blocks.
+becomes ``Tool failed: ...``. What stops a batch early says why in each call it leaves
+unrun: a journal write that failed (``NOT_JOURNALED``: a side-effecting batch runs a
+call only once the one before is recorded), or the daemon's own failure while running
+a call (``INTERNAL_ERROR`` for that call, ``NOT_RUN`` after it). Events go to ``emit``,
+which never blocks.
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ class Executor:
         recorder = NO_RECORDER if batch.journaled_at_end else self.recorder
         durable = not batch.read_only
         state_recorded = False
-        unrecorded = ""  # why the journal stopped the batch: said in each call it left unrun
+        stopped: ToolError | None = None  # why the batch stopped early: said in each call it left unrun
         try:
             for call in batch.calls:
                 if batch.results[call.index] is not None:
@@ -124,8 +128,14 @@ class Executor:
                 try:
                     result = await self._resolve(batch, call, emit)
                 except JournalWriteFailed as exc:  # its started mark: it must not run unrecorded
-                    unrecorded = f"the journal could not record that call {call.index} started: {exc}"
+                    stopped = _not_run(
+                        "NOT_JOURNALED", f"the journal could not record that call {call.index} started: {exc}"
+                    )
                     break
+                except Exception as exc:  # a defect of the daemon's (a tool's own failure is a result)
+                    log.exception("batch %s: call %d failed inside the daemon", batch.batch_id, call.index)
+                    result = results.failure(call.call_id, _internal_error(exc))
+                    stopped = _not_run("NOT_RUN", f"the daemon failed while running call {call.index}")
                 # The last result and the batch's final state share one journal transaction.
                 final: BatchState | None = None
                 if call.index == len(batch.calls) - 1:
@@ -145,21 +155,20 @@ class Executor:
                     recorder.batch_done(batch.batch_id, final)
                 state_recorded = final is not None
                 batch.results[call.index] = result
-                if commit is not None and durable:
-                    unrecorded = await _unrecorded(commit, f"call {call.index}'s result")
+                if commit is not None and durable and (unrecorded := await _unrecorded(commit, call.index)):
+                    stopped, state_recorded = unrecorded, False
                 # A result the journal could not keep still happened: its client learns it.
                 emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
-                if unrecorded:
-                    state_recorded = False
+                if stopped is not None:
                     break
         finally:
             self.abandon(batch)
             # Whatever stopped the loop (even the daemon's own cancellation), every call gets a result.
             for call in batch.calls:
                 if batch.results[call.index] is None:
-                    if unrecorded and batch.cancel_reason is None:
+                    if stopped is not None and batch.cancel_reason is None:
                         # (a result known without running, journaled with the batch, stands)
-                        result = call.result or _not_journaled(call.call_id, unrecorded)
+                        result = call.result or results.failure(call.call_id, stopped)
                     else:
                         result = _cancelled(call.call_id, batch.cancel_reason or "daemon stopped")
                     recorder.result(batch.batch_id, call.index, result)
@@ -423,20 +432,29 @@ def _ended_state(batch: Batch, last: ToolResult | None = None) -> BatchState:
     return "cancelled" if stopped else "finished"
 
 
-async def _unrecorded(commit: Commit, what: str) -> str:
-    """Empty once ``commit`` is durable; else why not (a full disk), for the calls it stops."""
+async def _unrecorded(commit: Commit, index: int) -> ToolError | None:
+    """None once call ``index``'s result ``commit`` is durable; else what the calls it
+    stops say: a side-effecting batch runs a call only once what came before is recorded
+    (a restart must never run anything twice)."""
     try:
         await commit.durable()
     except JournalWriteFailed as exc:
-        return f"the journal could not record {what}: {exc}"
-    return ""
+        return _not_run("NOT_JOURNALED", f"the journal could not record call {index}'s result: {exc}")
+    return None
 
 
-def _not_journaled(call_id: str, why: str) -> ToolResult:
-    """A call of a side-effecting batch left unrun because the journal failed before it:
-    such a batch runs a call only once what came before is recorded (a restart must never
-    run anything twice)."""
-    return results.failure(call_id, ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_JOURNALED", f"Not run: {why}"))
+def _not_run(code: str, why: str) -> ToolError:
+    """What a call the batch stopped before says."""
+    return ToolError(ToolErrorType.EXECUTION_FAILED, code, f"Not run: {why}")
+
+
+def _internal_error(exc: Exception) -> ToolError:
+    """A call the daemon failed while running (a defect of ours, logged with its traceback)."""
+    return ToolError(
+        ToolErrorType.EXECUTION_FAILED,
+        "INTERNAL_ERROR",
+        f"the daemon failed while running this call ({type(exc).__name__}: {exc}); it may have had effects",
+    )
 
 
 def _cancelled(call_id: str, reason: str) -> ToolResult:
