@@ -122,29 +122,6 @@ def test_a_path_changed_since_is_refused_unless_forced(tmp_path: Path) -> None:
         daemon.stop()
 
 
-def test_a_path_the_batch_left_as_it_found_it_is_no_conflict(tmp_path: Path) -> None:
-    """A file written and written back within the batch is not the undo's to put back: a
-    person's later edit of it does not refuse the undo, and stays."""
-    root = tmp_path / "root"
-    root.mkdir()
-    (root / "x.txt").write_text("old\n")
-    daemon = start_daemon(tmp_path, root, config=CONFIG)
-    try:
-        with daemon.client() as c:
-            there_and_back = [
-                CallSpec("write_file", {"path": "x.txt", "content": "new\n", "overwrite": True}, "there"),
-                CallSpec("write_file", {"path": "x.txt", "content": "old\n", "overwrite": True}, "back"),
-                CallSpec("write_file", {"path": "y.txt", "content": "y\n"}, "y"),
-            ]
-            assert all(r.ok for r in c.submit(there_and_back, batch_id="b").results)
-        (root / "x.txt").write_text("a person's edit\n")
-        undone = toolctl(daemon, "undo", "b")
-        assert undone.returncode == 0, undone.stderr
-        assert not (root / "y.txt").exists() and (root / "x.txt").read_text() == "a person's edit\n"
-    finally:
-        daemon.stop()
-
-
 def test_a_recursive_delete_stopped_midway_says_what_it_deleted_and_undo_brings_it_back(tmp_path: Path) -> None:
     """A delete that fails after deleting part of a tree (here: its directory ``t`` is
     immutable, so ``t/sub`` cannot go once emptied) said only "Operation not permitted",

@@ -27,8 +27,10 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     try:
         output = tool.run(args, ctx)
     except (ToolError, OSError) as exc:
-        changes = changes_after(before)
-        if not any(_changed(change) for change in changes):
+        # Only what it changed: what it left as it found it (the file a recursive delete
+        # stopped at) is not the undo's to put back.
+        changes = [change for change in changes_after(before) if _changed(change)]
+        if not changes:
             raise  # (most failures: refused before anything was touched)
         error = exc if isinstance(exc, ToolError) else from_os_error(exc, str(exc.filename or tool.name))
         error.changes = changes

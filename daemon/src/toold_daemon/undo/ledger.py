@@ -63,8 +63,6 @@ class UndoLedger:
             last[change.path] = change
         stale = _stale_tree_hashes(changes)
         born = _born_in_the_batch(first)
-        for path in [p for p in first if p not in born and _left_as_found(first[p], last[p])]:
-            del first[path]  # nothing to put back (an entry a failed recursive delete kept)
         removals = [p for p in first if first[p].kind == "absent" or p in born]
         restorations = [p for p in first if first[p].kind != "absent" and p not in born]
         # Children are removed before their parents, parents made before their children.
@@ -102,12 +100,6 @@ class UndoLedger:
                 if data is not None:
                     blobs[entry.hash] = data
         return blobs
-
-
-def _left_as_found(first: StoredChange, last: StoredChange) -> bool:
-    """A file, symlink or absence the batch left as it found it. (A directory stays in the
-    plan: its tree hash may be outdated by later changes below it.)"""
-    return first.kind != "dir" and first.kind == last.after_kind and first.hash == last.after_hash
 
 
 def _born_in_the_batch(first: dict[str, StoredChange]) -> set[str]:
