@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,9 +19,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.conftest import reachable_daemon, start_daemon
+from tests.conftest import BIN, reachable_daemon, start_daemon
 from tests.security.test_q_one_user_cannot_take_the_daemon_down import OtherUser
-from toold_client import Client, DaemonUnavailable
+from toold_client import Client, DaemonUnavailable, Refused
 
 
 def failure(endpoint: str) -> tuple[str, float]:
@@ -150,3 +151,20 @@ def test_an_endpoint_no_daemon_can_serve_is_refused_at_once(endpoint: str) -> No
     ZeroMQ until the request timed out (30 s)."""
     message, took = failure(endpoint)
     assert "serves only ipc://" in message and took < 1, message
+
+
+def test_a_refused_client_is_told_at_once_and_ping_wait_stops_there(refusing_peer: str) -> None:
+    """A refusal is for good: ``Refused``, and ``toolctl ping --wait`` gives up at once
+    instead of making a new client every 50 ms until its wait is over."""
+    with pytest.raises(Refused), Client(refusing_peer, timeout=5) as client:
+        client.ping(timeout=5)
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(BIN / "toolctl"), "--endpoint", refusing_peer, "ping", "--wait", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 2 and "refused this client" in done.stderr, done.stderr
+    assert took < 3, took  # (a toolctl start is ~0.2 s; the wait was 10 s)

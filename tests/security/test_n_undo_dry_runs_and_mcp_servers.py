@@ -130,7 +130,9 @@ def test_an_mcp_server_cannot_talk_to_the_daemon(daemon: DaemonProcess, server: 
     socket at all; with network it runs below the spawner, in a call cgroup, so the
     daemon refuses it at the door like any command."""
     script = plant_client(daemon.root).split()[-1].strip("'")
-    argv = [sys.executable, script, "--endpoint", daemon.endpoint, "ping", "--wait", "2"]
+    # Bounded, as the command's twin in test_b is: once in a CI run the planted client,
+    # refused, did not exit within the server's 30 s (a refusal now ends it at once).
+    argv = ["timeout", "20", sys.executable, script, "--endpoint", daemon.endpoint, "ping", "--wait", "2"]
     with daemon.client(timeout=60) as c:
         result = c.call(f"mcp__{server}__run", {"argv": argv})
         assert result.ok, result.content

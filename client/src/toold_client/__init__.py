@@ -14,6 +14,7 @@ from ._client import ConfirmHandler as ConfirmHandler
 from ._client import Decision as Decision
 from ._errors import DaemonUnavailable as DaemonUnavailable
 from ._errors import ProtocolError as ProtocolError
+from ._errors import Refused as Refused
 from ._errors import RemoteError as RemoteError
 from ._errors import RequestTimeout as RequestTimeout
 from ._errors import TooldError as TooldError
@@ -43,6 +44,7 @@ __all__ = [
     "DaemonUnavailable",
     "Decision",
     "ProtocolError",
+    "Refused",
     "RemoteError",
     "RequestTimeout",
     "TooldError",

@@ -4,7 +4,8 @@
 
     TooldError
      ├── DaemonUnavailable      cannot reach the daemon, or it stopped answering
-     │    └── RequestTimeout    no reply within the timeout
+     │    ├── RequestTimeout    no reply within the timeout
+     │    └── Refused           its authentication turned this client away (for good)
      ├── ProtocolError          the daemon sent something this client cannot understand
      └── RemoteError            the daemon answered a request with an ``error`` message
 
@@ -28,6 +29,11 @@ class DaemonUnavailable(TooldError):
 
 class RequestTimeout(DaemonUnavailable):
     """No reply arrived within the timeout."""
+
+
+class Refused(DaemonUnavailable):
+    """The daemon's authentication turned this client away (this user is not allowed, or
+    the process is one of its tools): trying again does not help."""
 
 
 class ProtocolError(TooldError):

@@ -12,7 +12,7 @@ from typing import Protocol, cast
 
 import zmq
 
-from ._errors import DaemonUnavailable
+from ._errors import DaemonUnavailable, Refused
 
 
 class Transport(Protocol):
@@ -62,7 +62,7 @@ class ZmqTransport:
     def send(self, frame: bytes) -> None:
         self._forget_old_disconnects()  # a daemon restarted since: this frame goes to the new one
         if self._refused:
-            raise DaemonUnavailable(self._refused)
+            raise Refused(self._refused)
         if self._down:
             # The daemon went away since the last frame. Restarted (its socket answers),
             # ZeroMQ reconnects and delivers this frame; gone, say so now, not once the
@@ -82,9 +82,10 @@ class ZmqTransport:
                 if self._sock in ready:
                     return self._sock.recv()
                 if self._monitor is not None and self._monitor in ready and self._disconnected():
+                    if self._refused:
+                        raise Refused(self._refused)
                     raise DaemonUnavailable(
-                        self._refused
-                        or f"the daemon at {self._endpoint} went away while this client waited "
+                        f"the daemon at {self._endpoint} went away while this client waited "
                         "(connection closed or heartbeats unanswered)"
                     )
                 if deadline is not None and time.monotonic() >= deadline:
@@ -101,7 +102,9 @@ class ZmqTransport:
         except zmq.ZMQError as exc:
             raise DaemonUnavailable(f"cannot receive from the daemon: {exc}") from None
         if self._monitor is not None and _has_input(self._monitor) and self._disconnected():
-            raise DaemonUnavailable(self._refused or f"the daemon at {self._endpoint} went away (connection closed)")
+            if self._refused:
+                raise Refused(self._refused)
+            raise DaemonUnavailable(f"the daemon at {self._endpoint} went away (connection closed)")
         return None
 
     def fds(self) -> list[int]:

@@ -21,7 +21,7 @@ from toold_protocol import ConfirmationRequested, ToolResult, default_endpoint, 
 
 from . import _journal_cli, _notes_cli, _stats_cli
 from ._client import APPROVE_ALL, Client, ConfirmHandler, Decision
-from ._errors import DaemonUnavailable, TooldError
+from ._errors import DaemonUnavailable, Refused, TooldError
 from ._live import Live
 from ._requests import CallSpec
 from ._result_json import result_json
@@ -239,6 +239,9 @@ def _ping(endpoint: str, wait: float, timeout: float) -> int:
                 rtt = client.ping(timeout=min(1.0, timeout) if wait else timeout)
             print(f"pong from {endpoint} in {rtt * 1000:.2f} ms")
             return EXIT_OK
+        except Refused as exc:  # for good: waiting changes nothing
+            print(f"toolctl: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         except DaemonUnavailable as exc:
             if time.monotonic() >= deadline:
                 print(f"toolctl: {exc}", file=sys.stderr)
