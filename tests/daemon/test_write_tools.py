@@ -24,7 +24,7 @@ from toold_daemon.config import Config
 from toold_daemon.config.loading import parse
 from toold_daemon.errors import ToolError
 from toold_daemon.execution.reads import ReadTracker
-from toold_daemon.sandbox import Sandbox
+from toold_daemon.sandbox import Sandbox, writes
 from toold_daemon.tools import ToolContext, ToolOutput
 from toold_daemon.tools.builtin import builtin_tools
 
@@ -402,7 +402,9 @@ def test_move_across_filesystems(ws: Workspace) -> None:
         assert os.stat(mount).st_dev != os.stat(ws.root).st_dev
 
 
-def test_a_move_across_filesystems_whose_source_stays_leaves_no_copy(open_tmp: Path) -> None:
+def test_a_move_across_filesystems_whose_source_stays_leaves_no_copy(
+    open_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Across filesystems a move copies, then removes the source: when the source cannot be
     removed (its directory is not writable), the copy is taken back, and a file it
     replaced is put back as it was (both were left before)."""
@@ -430,3 +432,10 @@ def test_a_move_across_filesystems_whose_source_stays_leaves_no_copy(open_tmp: P
         assert (root / "d/x.txt").read_text() == "x\n"
         assert sorted(os.listdir(mount)) == ["y.txt"]  # no copy, no temp file
         assert (mount / "y.txt").read_text() == "old\n" and stat.S_IMODE((mount / "y.txt").stat().st_mode) == 0o600
+
+        # A replaced file past what is held in memory to put it back: the copy stays
+        # beside the source, as a move that failed midway left it before.
+        monkeypatch.setattr(writes, "PUT_BACK_MAX_BYTES", 2)
+        over_large = _as_nobody(move_as_nobody).split("|")[1]
+        assert over_large == "Permission denied: d/x.txt"
+        assert (mount / "y.txt").read_text() == "x\n" and (root / "d/x.txt").read_text() == "x\n"

@@ -233,8 +233,12 @@ def _copy_across(
 
 
 #: What was at a name before a copy replaced it: a regular file's bytes and mode, a
-#: symlink's target, or None (nothing, or what a copy cannot replace: a directory).
+#: symlink's target, None (nothing, or what a copy cannot replace: a directory), or
+#: ``_TOO_LARGE_TO_KEEP`` (the copy then stays, beside the source, as it did before).
 _Kept = tuple[bytes, int] | str | None
+_TOO_LARGE_TO_KEEP = "\0too large"  # (no symlink target holds a NUL)
+#: Bytes of a replaced file held in memory to put it back.
+PUT_BACK_MAX_BYTES = 64 << 20
 
 
 def _kept(dir_fd: int, name: str) -> _Kept:
@@ -244,6 +248,8 @@ def _kept(dir_fd: int, name: str) -> _Kept:
             return os.readlink(name, dir_fd=dir_fd)
         if not stat.S_ISREG(st.st_mode):
             return None
+        if st.st_size > PUT_BACK_MAX_BYTES:
+            return _TOO_LARGE_TO_KEEP
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return None
@@ -253,6 +259,8 @@ def _kept(dir_fd: int, name: str) -> _Kept:
 
 def _put_back(dir_fd: int, name: str, kept: _Kept) -> None:
     """Best effort: the error that follows names the source either way."""
+    if kept == _TOO_LARGE_TO_KEEP:
+        return
     try:
         if kept is None:
             os.unlink(name, dir_fd=dir_fd)
