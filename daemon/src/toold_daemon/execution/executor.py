@@ -36,7 +36,6 @@ from ..output import NOTHING_UNSEEN, Unseen
 from ..records.journal_writer import Commit, JournalWriteFailed
 from ..sandbox import Sandbox
 from ..tools._base import Tool, ToolContext, _Cancelled
-from ..undo.capture import changed_paths
 from ..undo.ledger import UndoLedger
 from ..undo.restore import RestoreArgs
 from . import results
@@ -343,7 +342,7 @@ class Executor:
         """A tool that failed after changing some paths (``undo.capture``): what it changed
         is kept for undo like a success's, and its error says what that was."""
         sandbox = batch.sandbox or self.sandbox
-        changed = [sandbox.display(path) for path in changed_paths(error.changes)]
+        changed = [sandbox.display(change.before.path) for change in error.changes]  # (only what changed)
         if self.undo is None:
             how = "this daemon keeps no undo data"
         else:

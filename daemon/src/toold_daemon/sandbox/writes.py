@@ -228,20 +228,20 @@ def _copy_across(
     except OSError as exc:
         # The source stays (its directory is not writable, say): the destination goes back
         # to what it was, so that a move that fails leaves no copy behind.
-        _put_back(dst_dir, dst_name, replaced)
+        put_back(dst_dir, dst_name, replaced)  # the error names the source either way
         raise from_os_error(exc, shown_src) from None
 
 
-#: What was at a name before a copy replaced it: a regular file's bytes and mode, a
-#: symlink's target, None (nothing, or what a copy cannot replace: a directory), or
-#: ``_TOO_LARGE_TO_KEEP`` (the copy then stays, beside the source, as it did before).
-_Kept = tuple[bytes, int] | str | None
+#: What was at a name before a write replaced it, to put back if a later step fails: a
+#: regular file's bytes and mode, a symlink's target, None (nothing, or what a write
+#: cannot replace: a directory), or ``_TOO_LARGE_TO_KEEP`` (then it is left as it is).
+Kept = tuple[bytes, int] | str | None
 _TOO_LARGE_TO_KEEP = "\0too large"  # (no symlink target holds a NUL)
 #: Bytes of a replaced file held in memory to put it back.
 PUT_BACK_MAX_BYTES = 64 << 20
 
 
-def _kept(dir_fd: int, name: str) -> _Kept:
+def _kept(dir_fd: int, name: str) -> Kept:
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISLNK(st.st_mode):
@@ -257,10 +257,11 @@ def _kept(dir_fd: int, name: str) -> _Kept:
         return f.read(), stat.S_IMODE(st.st_mode)
 
 
-def _put_back(dir_fd: int, name: str, kept: _Kept) -> None:
-    """Best effort: the error that follows names the source either way."""
+def put_back(dir_fd: int, name: str, kept: Kept) -> bool:
+    """Put ``kept`` back at ``name`` (best effort, for a step that must be undone because
+    a later one failed); whether it is back as it was."""
     if kept == _TOO_LARGE_TO_KEEP:
-        return
+        return False
     try:
         if kept is None:
             os.unlink(name, dir_fd=dir_fd)
@@ -270,4 +271,5 @@ def _put_back(dir_fd: int, name: str, kept: _Kept) -> None:
         else:
             atomic_write(dir_fd, name, kept[0], mode=kept[1], shown=name)
     except (OSError, ToolError):
-        pass
+        return False
+    return True

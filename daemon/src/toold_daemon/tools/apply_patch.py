@@ -21,7 +21,7 @@ from toold_protocol import ToolErrorType
 from .. import patches
 from ..config import Config
 from ..errors import ToolError, from_os_error, limits_exceeded
-from ..sandbox.writes import atomic_write, delete, discard_staged, parent_dir, put_in_place, read_existing, stage
+from ..sandbox.writes import Kept, delete, discard_staged, parent_dir, put_back, put_in_place, read_existing, stage
 from ._base import RiskLevel, Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import ApplyPatchData
 from ._mutate import check_fresh, gone, written
@@ -165,24 +165,24 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
             for index, change in enumerate(changes):
                 path, dir_fd, name = dirs[change.path]
                 if change.after is None:
-                    mode = _mode_of(dir_fd, name, change.path)
+                    replaced = (originals[change.path], _mode_of(dir_fd, name, change.path))
                     delete(dir_fd, name, recursive=False, shown=change.path, prefix=change.path)
-                    done.append(_Step(dir_fd, name, change.path, originals[change.path], mode))
+                    done.append(_Step(dir_fd, name, change.path, replaced))
                     records |= gone(path)
                     summary[change.path] = "deleted"
                     diffs.append(unified_diff(change.before.body if change.before else "", "", change.path))
                     continue
                 target = change.move_to or change.path
                 target_path, target_fd, target_name = dirs[target]
-                replaced = originals.get(target) if target == change.path else None
-                replaced_mode = _mode_of(target_fd, target_name, target) if replaced is not None else None
+                old = originals.get(target) if target == change.path else None  # (a move's target is new)
+                kept: Kept = None if old is None else (old, _mode_of(target_fd, target_name, target))
                 _, temp, data = staged.pop(index)
                 put_in_place(target_fd, temp, target_name, shown=target)
-                done.append(_Step(target_fd, target_name, target, replaced, replaced_mode))
+                done.append(_Step(target_fd, target_name, target, kept))
                 if target != change.path:
-                    mode = _mode_of(dir_fd, name, change.path)
+                    replaced = (originals[change.path], _mode_of(dir_fd, name, change.path))
                     delete(dir_fd, name, recursive=False, shown=change.path, prefix=change.path)
-                    done.append(_Step(dir_fd, name, change.path, originals[change.path], mode))
+                    done.append(_Step(dir_fd, name, change.path, replaced))
                     records |= gone(path) | written(target_path, data)
                     summary[change.path], summary[target] = "deleted", "moved"
                 else:
@@ -199,13 +199,12 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
 
 
 class _Step(NamedTuple):
-    """What one step of a patch's writing replaced at ``name`` (``content`` None: nothing)."""
+    """What one step of a patch's writing replaced at ``name``."""
 
     dir_fd: int
     name: str
     shown: str
-    content: bytes | None
-    mode: int | None
+    replaced: Kept
 
 
 #: By a change's index: its target's directory, the temp file staged there, the bytes in it.
@@ -240,15 +239,7 @@ def _discard(staged: _Staged) -> None:
 def _put_back(done: list[_Step], failure: ToolError) -> ToolError:
     """Undo the steps taken, last first; the error to report: ``failure``, and what could
     not be put back if anything could not (the patch then stands in part, and says so)."""
-    left = []
-    for step in reversed(done):
-        try:
-            if step.content is None:
-                os.unlink(step.name, dir_fd=step.dir_fd)
-            else:
-                atomic_write(step.dir_fd, step.name, step.content, mode=step.mode, shown=step.shown)
-        except (OSError, ToolError):
-            left.append(step.shown)
+    left = [step.shown for step in reversed(done) if not put_back(step.dir_fd, step.name, step.replaced)]
     if not left:
         return failure
     return ToolError(

@@ -40,11 +40,6 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     return msgspec.structs.replace(output, changes=changes_after(before))
 
 
-def changed_paths(changes: list[Change]) -> list[str]:
-    """The paths ``changes`` left in another state than they found them."""
-    return [change.before.path for change in changes if _changed(change)]
-
-
 def _changed(change: Change) -> bool:
     if change.before.kind == change.after_kind == "dir":
         return False  # (a pre-image holds no tree hash: what changed below has its own change)
