@@ -41,7 +41,8 @@ async def daemon_with_a_journal_behind(
     ended read waits for its journal record (``every_read_waits``; else only past the
     service's backlog bounds), which waits for the gate. ``limits``: ``[daemon]`` settings."""
     gate = hold_back_journal_writer(monkeypatch)
-    monkeypatch.setattr(JournalWriter, "_now_if_idle", lambda self, write, size=0: None)  # as if the thread were busy
+    # as if the thread were busy: the loop never commits a write itself
+    monkeypatch.setattr(JournalWriter, "_now_if_idle", lambda self, write, size=0, owed=False: None)
     if every_read_waits:
         monkeypatch.setattr(running, "JOURNAL_BACKLOG", -1)
     root = tmp_path / "root"

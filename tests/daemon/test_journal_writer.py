@@ -8,7 +8,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import msgspec
@@ -327,3 +327,74 @@ async def test_a_write_raising_what_sqlite_does_not_fails_alone_and_the_writer_g
         assert committed(journal.path, "before") and committed(journal.path, "with")
         ended(journal, "next")
         await until_committed(journal, "next")
+
+
+def failing(times: int, error: Exception, calls: list[int]) -> Callable[[sqlite3.Connection], None]:
+    """A write that fails ``times`` times with ``error``, then inserts a batch row ``owed``."""
+
+    def write(db: sqlite3.Connection) -> None:
+        calls.append(1)
+        if len(calls) <= times:
+            raise error
+        ended_row = ("owed", 1, 1, 1, "t", None, 0.0, 0.0, "finished", "d", "", 0)
+        db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", ended_row)
+
+    return write
+
+
+async def test_an_owed_write_that_failed_is_tried_again_until_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write recording what happened (a result, a batch's end) that fails as a full disk
+    makes it fail is committed later, alone; its commit still says it failed at first."""
+    monkeypatch.setattr(journal_writer, "OWED_RETRY_SECONDS", 0.02)
+    calls: list[int] = []
+    async with writing(tmp_path, crowded=None) as journal:
+        commit = journal._write(failing(2, sqlite3.OperationalError("database or disk is full"), calls), owed=True)
+        ended(journal, "later")  # a write after it is not held back by it
+        await until_committed(journal, "later")
+        await until_committed(journal, "owed")
+        assert len(calls) == 3  # failed, failed again (the disk still full), committed
+        assert isinstance(commit.error, sqlite3.OperationalError)
+
+
+async def test_a_write_sqlite_refuses_as_such_is_not_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_writer, "OWED_RETRY_SECONDS", 0.01)
+    calls: list[int] = []
+    async with writing(tmp_path, crowded=None) as journal:
+        journal._write(failing(1, sqlite3.IntegrityError("UNIQUE constraint failed"), calls), owed=True)
+        journal.flush()
+        await trio.sleep(0.1)
+        assert len(calls) == 1 and not committed(journal.path, "owed")
+
+
+async def test_owed_writes_are_tried_a_last_time_when_the_journal_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_writer, "OWED_RETRY_SECONDS", 3600)  # never due while open
+    calls: list[int] = []
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    journal._write(failing(1, sqlite3.OperationalError("disk I/O error"), calls), owed=True)
+    journal.flush()
+    assert len(calls) == 1 and not committed(journal.path, "owed")
+    journal.close()
+    assert len(calls) == 2 and committed(journal.path, "owed")
+
+
+async def test_past_their_bound_the_oldest_owed_writes_are_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_writer, "OWED_RETRY_SECONDS", 3600)
+    monkeypatch.setattr(journal_writer, "OWED_MAX_WRITES", 2)
+    journal = Journal.open_in(tmp_path)
+    journal.start_writer()
+    try:
+        for _ in range(3):
+            journal._write(failing(10, sqlite3.OperationalError("database or disk is full"), []), owed=True)
+        journal.flush()
+        assert journal._writer is not None and journal._writer.owed_given_up == 1
+    finally:
+        journal.close()

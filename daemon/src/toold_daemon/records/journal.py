@@ -205,14 +205,22 @@ class Journal:
             nursery.start_soon(self._writer.commit_due_forever, crowded)
 
     def _write(
-        self, write: Write | Rows, *, awaited: bool = False, size: int = 0, long: bool = False, owner: int | None = None
+        self,
+        write: Write | Rows,
+        *,
+        awaited: bool = False,
+        size: int = 0,
+        long: bool = False,
+        owner: int | None = None,
+        owed: bool = False,
     ) -> Commit:
         """Run ``write`` in a transaction: queued on the writer thread when there is one,
         else now (a failure then raises, as it happens). ``size``: the bytes of results it
         carries, for ``backlog_bytes``; ``long``: never on the loop's thread (``submit``);
-        ``owner``: the uid it is counted against while queued (``backlog_of``)."""
+        ``owner``: the uid it is counted against while queued (``backlog_of``); ``owed``:
+        it records what happened, tried again until committed (``JournalWriter.submit``)."""
         if self._writer is not None:
-            return self._writer.submit(write, awaited=awaited, size=size, long=long, owner=owner)
+            return self._writer.submit(write, awaited=awaited, size=size, long=long, owner=owner, owed=owed)
         value = None
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -344,6 +352,7 @@ class Journal:
             awaited=awaited,
             size=held,
             owner=identity.uid,
+            owed=ended,  # a read-only batch that ran: what it did is owed to the journal
         )
         self._shares.recorded(s.batch_id, identity.uid, held, ended_at=now if ended else None)
         self._keep_within_share(identity.uid)
@@ -406,7 +415,7 @@ class Journal:
                     "UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (final_state, now, batch_id)
                 )
 
-        commit = self._write(write, awaited=awaited, size=len(result.content) + len(result.display))
+        commit = self._write(write, awaited=awaited, size=len(result.content) + len(result.display), owed=True)
         owner = None
         if not self._shares.is_open(batch_id):  # recorded before this start (resumed): its row says whose
             row_uid = self._db.execute("SELECT uid FROM batches WHERE batch_id = ?", (batch_id,)).fetchone()
@@ -425,7 +434,7 @@ class Journal:
         def write(db: sqlite3.Connection) -> None:
             db.execute("UPDATE batches SET state = ?, finished = ? WHERE batch_id = ?", (state, now, batch_id))
 
-        return self._write(write)
+        return self._write(write, owed=True)
 
     def set_state(self, batch_id: str, state: BatchState) -> None:
         def write(db: sqlite3.Connection) -> None:

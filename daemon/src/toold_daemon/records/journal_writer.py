@@ -38,6 +38,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -75,14 +76,26 @@ LOOP_COMMIT_BYTES = 256 * 1024
 CHECKPOINT_EVERY = 200
 CHECKPOINT_BYTES = 64 * 1024 * 1024
 
+#: A write that records what already happened (a call's result and what it changed, a
+#: batch's end) and could not be committed (a full disk) is kept and tried again, alone,
+#: first after a second, then twice as long each time up to half a minute, until it is
+#: committed: the journal then says what the daemon said, and undo knows what the call
+#: changed. At most this many writes, and bytes, are kept so; past that the oldest are
+#: given up (and said to be).
+OWED_RETRY_SECONDS = 1.0
+OWED_RETRY_MAX_SECONDS = 30.0
+OWED_MAX_WRITES = 10_000
+OWED_MAX_BYTES = 64 * 1024 * 1024
+
 
 class Commit:
     """One queued write. ``settled`` and the event are touched only on the loop thread."""
 
-    __slots__ = ("_event", "awaited", "error", "owner", "settled", "size", "value")
+    __slots__ = ("_event", "awaited", "error", "owed", "owner", "settled", "size", "value")
 
-    def __init__(self, *, awaited: bool = False, owner: int | None = None, size: int = 0) -> None:
+    def __init__(self, *, awaited: bool = False, owner: int | None = None, size: int = 0, owed: bool = False) -> None:
         self.awaited = awaited  # the loop will wait for it: wake the loop when it is committed
+        self.owed = owed  # it records what happened: kept and tried again if it fails (OWED_*)
         self.owner = owner  # the uid whose batch it records (``backlog_of``), if any
         self.size = size
         self.value: Any = None
@@ -125,6 +138,11 @@ class JournalWriter:
         self._uncheckpointed = 0  # bytes the commits since the last checkpoint carried
         self._token = token
         self._queue: list[tuple[Write | Rows, Commit]] = []
+        self._owed: list[tuple[Write | Rows, Commit]] = []  # failed writes to try again (OWED_*)
+        self._owed_bytes = 0
+        self._owed_due = 0.0  # time.monotonic() of the next try
+        self._owed_delay = OWED_RETRY_SECONDS
+        self.owed_given_up = 0
         self._queued_bytes = 0  # what the queued writes carry, as their submitters said
         self._queued_by_owner: dict[int, list[int]] = {}  # uid -> [writes, bytes] queued
         self._busy = False
@@ -140,16 +158,25 @@ class JournalWriter:
         self._thread.start()
 
     def submit(
-        self, write: Write | Rows, *, awaited: bool = False, size: int = 0, long: bool = False, owner: int | None = None
+        self,
+        write: Write | Rows,
+        *,
+        awaited: bool = False,
+        size: int = 0,
+        long: bool = False,
+        owner: int | None = None,
+        owed: bool = False,
     ) -> Commit:
         """Queue ``write``; ``size``: about how many bytes of results it carries; ``long``:
         milliseconds of work (a prune's turn), always the thread's even when it is idle;
-        ``owner``: the uid it is counted against while queued (``backlog_of``)."""
+        ``owner``: the uid it is counted against while queued (``backlog_of``); ``owed``:
+        it records what happened, and is tried again until committed should it fail (its
+        commit still reports that first failure)."""
         if awaited and not long:
-            done = self._now_if_idle(write, size)
+            done = self._now_if_idle(write, size, owed)
             if done is not None:
                 return done
-        commit = Commit(awaited=awaited, owner=owner, size=size)
+        commit = Commit(awaited=awaited, owner=owner, size=size, owed=owed)
         with self._changed:
             if self._closing:
                 raise JournalWriteFailed("the journal is closed")
@@ -198,7 +225,7 @@ class JournalWriter:
                 self._urgent = True
                 self._changed.notify_all()
 
-    def _now_if_idle(self, write: Write | Rows, size: int = 0) -> Commit | None:
+    def _now_if_idle(self, write: Write | Rows, size: int = 0, owed: bool = False) -> Commit | None:
         """Commit ``write`` here and now, with whatever is queued before it (so it keeps
         its place in order), unless the thread is committing: None then (it is queued).
 
@@ -206,7 +233,7 @@ class JournalWriter:
         an awaited write means waking it and being woken back, each a wait for the GIL
         (a switch interval while the loop is busy), several times per side-effecting call.
         Committing the queue here costs the loop the same SQLite work the thread would do."""
-        commit = Commit()
+        commit = Commit(size=size, owed=owed)
         if not self._commit_here((write, commit), size):
             return None
         commit.settled = True
@@ -234,6 +261,7 @@ class JournalWriter:
                 self._commit(writes)
         finally:
             with self._changed:
+                self._keep_owed(writes)
                 self._busy = False
                 self._commits += 1
                 if self._checkpoint_due():  # else the thread sleeps on: waking it costs the GIL
@@ -311,15 +339,19 @@ class JournalWriter:
 
     def _work(self) -> None:
         while True:
+            self._pay_owed()
             with self._changed:
-                while not self._queue and not self._closing and not self._checkpoint_due():
-                    self._changed.wait()
+                while not self._queue and not self._closing and not self._checkpoint_due() and not self._owed_now():
+                    self._changed.wait(self._owed_wait())
+                if not self._queue and not self._closing and not self._checkpoint_due():
+                    continue  # only owed writes are due: tried first thing, alone
                 if self._queue and not self._urgent and not self._closing:  # let writes nobody waits for gather
                     self._changed.wait_for(lambda: self._urgent or self._closing, LINGER_SECONDS)
                 if self._busy:  # the loop is committing one write itself
                     self._changed.wait_for(lambda: not self._busy)
                 if not self._queue and not self._checkpoint_due():
                     if self._closing:
+                        self._pay_owed(last=True)
                         return
                     continue
                 group, self._queue = self._queue, []
@@ -335,6 +367,7 @@ class JournalWriter:
                     self._checkpoint()
             finally:
                 with self._changed:
+                    self._keep_owed(group)
                     self._busy = False
                     self._commits = 0 if checkpoint else self._commits + 1
                     self._uncheckpointed = 0 if checkpoint else self._uncheckpointed
@@ -342,6 +375,55 @@ class JournalWriter:
             awaited = [commit for _, commit in group if commit.awaited]
             if awaited:  # nobody waits on the others: the loop is not woken for them
                 self._wake(awaited)
+
+    def _keep_owed(self, written: list[tuple[Write | Rows, Commit]], *, retried: bool = False) -> None:
+        """Of ``written``, keep each owed write that failed, to try again (lock held);
+        ``retried``: they were owed already, and failed again (the next try waits longer)."""
+        for write, commit in written:
+            # Only what may pass later (a full disk, an I/O error), not a write SQLite refuses as such.
+            if commit.owed and isinstance(commit.error, sqlite3.OperationalError):
+                if not self._owed:
+                    longer = min(2 * self._owed_delay, OWED_RETRY_MAX_SECONDS)
+                    self._owed_delay = longer if retried else OWED_RETRY_SECONDS
+                    self._owed_due = time.monotonic() + self._owed_delay
+                self._owed.append((write, commit))
+                self._owed_bytes += commit.size
+        while len(self._owed) > OWED_MAX_WRITES or self._owed_bytes > OWED_MAX_BYTES:
+            _, dropped = self._owed.pop(0)
+            self._owed_bytes -= dropped.size
+            self.owed_given_up += 1
+            log.error("journal: gave up a write it could not record (%s); more are waiting", dropped.error)
+
+    def _owed_now(self) -> bool:
+        """Owed writes are due, and nobody is committing (else ``_pay_owed`` waits)."""
+        return bool(self._owed) and not self._busy and time.monotonic() >= self._owed_due
+
+    def _owed_wait(self) -> float | None:
+        """How long the thread may sleep before owed writes are due (None: none owed)."""
+        return max(0.005, self._owed_due - time.monotonic()) if self._owed else None
+
+    def _pay_owed(self, *, last: bool = False) -> None:
+        """Try the owed writes again, in their order, in a transaction of their own (when
+        due; ``last``: now, the writer closing). Those that fail again stay owed."""
+        if not self._owed:  # the common case, without the lock
+            return
+        with self._changed:
+            if not self._owed or not (last or self._owed_now()) or self._busy:
+                return
+            owed = [(write, Commit(size=commit.size, owed=True)) for write, commit in self._owed]
+            self._owed, self._owed_bytes, self._busy = [], 0, True
+        try:
+            self._commit(owed)
+        finally:
+            with self._changed:
+                self._keep_owed(owed, retried=True)
+                self._busy = False
+                self._changed.notify_all()
+        paid = sum(1 for _, commit in owed if commit.error is None)
+        if paid:
+            log.warning("journal: recorded %d write(s) it could not before", paid)
+        if last and self._owed:
+            log.error("journal: stopping with %d write(s) it could not record", len(self._owed))
 
     def _checkpoint_due(self) -> bool:
         return self._commits >= CHECKPOINT_EVERY or self._uncheckpointed >= CHECKPOINT_BYTES
