@@ -7,8 +7,12 @@ directory fd. A symlink swapped in anywhere along the path after validation make
 walk fail with ``ELOOP``/``ENOTDIR`` instead of leading out of the roots, and a symlink
 at the target itself is never followed (it is replaced or refused, not written through).
 
-Writes go to a temp file in the same directory, are fsynced, take the original's
-permission bits, are renamed over the target, and the directory is fsynced.
+Writes go to a file of their own in the same directory, are fsynced, take the
+original's permission bits, are renamed over the target, and the directory is fsynced.
+That file has no name while its bytes are written (``O_TMPFILE``): a writer killed then
+leaves nothing behind. It is linked in under a temp name just before the rename. Where
+the filesystem has no unnamed files (or the writer no file descriptor to spare), it is a
+named temp file from the start, as a killed writer may leave.
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ from ..errors import ToolError, file_exists, from_os_error, sandbox_violation
 from .paths import Sandbox, open_beneath
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+#: What ``open(O_TMPFILE)`` fails with where unnamed files cannot be had: a filesystem
+#: without them, a kernel before them, no descriptor to spare (a patch of many files).
+_NO_UNNAMED = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT, errno.EMFILE, errno.ENFILE}
+#: What linking an unnamed file in through /proc fails with where that cannot be done (no
+#: /proc, a kernel or security module that refuses it): the file is then copied to a named
+#: temp file instead, and this process stages named temp files from then on.
+_NO_LINK = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTDIR, errno.ELOOP}
+_unnamed = [bool(_O_TMPFILE)]
 
 
 class Existing(msgspec.Struct, frozen=True):
@@ -87,51 +100,121 @@ def exists(dir_fd: int, name: str) -> bool:
 
 
 def atomic_write(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) -> None:
-    """Write ``data`` to ``name`` in ``dir_fd`` atomically: temp file, fsync, rename, fsync dir.
-    ``mode`` None means a new file (0666 minus umask)."""
+    """Write ``data`` to ``name`` in ``dir_fd`` atomically: a file of its own, fsync,
+    rename, fsync dir. ``mode`` None means a new file (0666 minus umask)."""
     put_in_place(dir_fd, stage(dir_fd, name, data, mode=mode, shown=shown), name, shown=shown)
 
 
-def stage(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) -> str:
-    """The first half of ``atomic_write``: ``data`` in a new temp file beside ``name``,
-    fsynced; its name. Where the bytes need room (a full disk fails here), so that a
-    writer of several files can stage them all before it changes any. Nothing is left
-    behind on failure."""
-    temp = f".{name[:200]}.toold-{secrets.token_hex(6)}.tmp"
+class Staged:
+    """New content written beside its target and not in place yet: an unnamed file
+    (``fd``), or a named temp file (``temp``) where the filesystem has none."""
+
+    __slots__ = ("fd", "temp")
+
+    def __init__(self, fd: int = -1, temp: str = "") -> None:
+        self.fd = fd
+        self.temp = temp
+
+
+def stage(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) -> Staged:
+    """The first half of ``atomic_write``: ``data`` in a new file beside ``name``,
+    fsynced. Where the bytes need room (a full disk fails here), so that a writer of
+    several files can stage them all before it changes any. Nothing is left behind on
+    failure, nor, for an unnamed file, when the writer is killed."""
+    fd, temp = _open_staged(dir_fd, name, shown)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if mode is not None:
+            os.fchmod(fd, mode)
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        if temp:
+            _unlink_quietly(dir_fd, temp)
+        raise from_os_error(exc, shown) from None
+    if temp:
+        os.close(fd)
+        return Staged(temp=temp)
+    return Staged(fd=fd)
+
+
+def _open_staged(dir_fd: int, name: str, shown: str) -> tuple[int, str]:
+    """A new file in ``dir_fd`` open for writing: unnamed (temp name ""), else a named
+    temp file made with ``O_EXCL | O_NOFOLLOW`` (a symlink planted there is refused)."""
+    if _unnamed[0]:
+        try:
+            # read-write: should it not link in, it is copied from (``_linked_in``)
+            return os.open(".", _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666, dir_fd=dir_fd), ""
+        except OSError as exc:
+            if exc.errno not in _NO_UNNAMED:
+                raise from_os_error(exc, shown) from None
+    temp = _temp_name(name)
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
     except OSError as exc:
         raise from_os_error(exc, shown) from None
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if mode is not None:
-                os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        _unlink_quietly(dir_fd, temp)
-        raise from_os_error(exc, shown) from None
-    return temp
+    return fd, temp
 
 
-def put_in_place(dir_fd: int, temp: str, name: str, *, shown: str) -> None:
-    """The second half of ``atomic_write``: ``temp`` renamed over ``name`` (a rename needs
-    no room for data), then the directory fsynced. On failure ``temp`` is removed."""
+def _temp_name(name: str) -> str:
+    return f".{name[:200]}.toold-{secrets.token_hex(6)}.tmp"
+
+
+def put_in_place(dir_fd: int, staged: Staged, name: str, *, shown: str) -> None:
+    """The second half of ``atomic_write``: the staged file renamed over ``name`` (an
+    unnamed one first linked in under a temp name; neither needs room for data), then
+    the directory fsynced. On failure nothing staged is left."""
     try:
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        if staged.fd >= 0:
+            staged.temp = _linked_in(dir_fd, staged.fd, name, shown)
+            os.close(staged.fd)
+            staged.fd = -1
+        os.rename(staged.temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
-        _unlink_quietly(dir_fd, temp)
+        discard_staged(dir_fd, staged)
         raise from_os_error(exc, shown) from None
     os.fsync(dir_fd)
 
 
-def discard_staged(dir_fd: int, temp: str) -> None:
-    """A staged temp file that will not be put in place."""
-    _unlink_quietly(dir_fd, temp)
+def _linked_in(dir_fd: int, fd: int, name: str, shown: str) -> str:
+    """A temp name in ``dir_fd`` for the unnamed file ``fd``: linked through /proc (an
+    unnamed file's only way to a name without privilege), else a copy."""
+    temp = _temp_name(name)
+    try:
+        os.link(f"/proc/self/fd/{fd}", temp, dst_dir_fd=dir_fd, follow_symlinks=True)
+        return temp
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+    _unnamed[0] = False
+    copy, temp = _open_staged(dir_fd, name, shown)
+    try:
+        offset = 0
+        while chunk := os.pread(fd, 1 << 20, offset):
+            offset += len(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(copy, view) :]
+        os.fchmod(copy, stat.S_IMODE(os.fstat(fd).st_mode))
+        os.fsync(copy)
+    except OSError:
+        _unlink_quietly(dir_fd, temp)
+        raise
+    finally:
+        os.close(copy)
+    return temp
+
+
+def discard_staged(dir_fd: int, staged: Staged) -> None:
+    """A staged file that will not be put in place."""
+    if staged.fd >= 0:
+        os.close(staged.fd)  # an unnamed file: gone with its last descriptor
+        staged.fd = -1
+    if staged.temp:
+        _unlink_quietly(dir_fd, staged.temp)
+        staged.temp = ""
 
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:

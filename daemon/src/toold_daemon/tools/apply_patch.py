@@ -21,7 +21,17 @@ from toold_protocol import ToolErrorType
 from .. import patches
 from ..config import Config
 from ..errors import ToolError, from_os_error, limits_exceeded
-from ..sandbox.writes import Kept, delete, discard_staged, parent_dir, put_back, put_in_place, read_existing, stage
+from ..sandbox.writes import (
+    Kept,
+    Staged,
+    delete,
+    discard_staged,
+    parent_dir,
+    put_back,
+    put_in_place,
+    read_existing,
+    stage,
+)
 from ._base import RiskLevel, Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import ApplyPatchData
 from ._mutate import check_fresh, gone, written
@@ -176,8 +186,8 @@ class ApplyPatch(Tool[ApplyPatchArgs]):
                 target_path, target_fd, target_name = dirs[target]
                 old = originals.get(target) if target == change.path else None  # (a move's target is new)
                 kept: Kept = None if old is None else (old, _mode_of(target_fd, target_name, target))
-                _, temp, data = staged.pop(index)
-                put_in_place(target_fd, temp, target_name, shown=target)
+                _, new_file, data = staged.pop(index)
+                put_in_place(target_fd, new_file, target_name, shown=target)
                 done.append(_Step(target_fd, target_name, target, kept))
                 if target != change.path:
                     replaced = (originals[change.path], _mode_of(dir_fd, name, change.path))
@@ -207,8 +217,8 @@ class _Step(NamedTuple):
     replaced: Kept
 
 
-#: By a change's index: its target's directory, the temp file staged there, the bytes in it.
-_Staged = dict[int, tuple[int, str, bytes]]
+#: By a change's index: its target's directory, the file staged there, the bytes in it.
+_Staged = dict[int, tuple[int, Staged, bytes]]
 
 
 def _stage(changes: list[patches.FileChange], dirs: dict[str, tuple[Path, int, str]]) -> _Staged:
@@ -232,8 +242,8 @@ def _stage(changes: list[patches.FileChange], dirs: dict[str, tuple[Path, int, s
 
 
 def _discard(staged: _Staged) -> None:
-    for dir_fd, temp, _ in staged.values():
-        discard_staged(dir_fd, temp)
+    for dir_fd, new_file, _ in staged.values():
+        discard_staged(dir_fd, new_file)
 
 
 def _put_back(done: list[_Step], failure: ToolError) -> ToolError:
