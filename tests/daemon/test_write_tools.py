@@ -408,3 +408,22 @@ def test_a_move_across_filesystems_whose_source_stays_leaves_no_copy(
         over_large = _as_nobody(move_as_nobody).split("|")[1]
         assert over_large == "Permission denied: d/x.txt"
         assert (mount / "y.txt").read_text() == "x\n" and (root / "d/x.txt").read_text() == "x\n"
+
+
+# ---- names as long as a name may be ----
+
+LONGEST_NAMES = ["a" * 251 + ".txt", "日" * 83 + ".txt", "é" * 125 + ".txt"]  # 255, 253, 254 bytes
+
+
+@pytest.mark.parametrize("name", LONGEST_NAMES, ids=["ascii", "cjk", "latin"])
+def test_a_file_whose_name_takes_the_255_bytes_a_name_may_have_can_be_written(ws: Workspace, name: str) -> None:
+    """Its temp file's name is cut to fit by bytes; cut by characters (200 of them), it
+    went past 255 bytes for a multibyte name and the write failed "File name too long"."""
+    assert len(os.fsencode(name)) <= 255
+    ws.call("write_file", path=name, content="one\n")
+    ws.call("read_file", path=name)
+    ws.call("write_file", path=name, content="two\n", overwrite=True)
+    ws.call("edit_file", path=name, edits=[{"target": "two", "replacement": "three"}])
+    ws.call("apply_patch", patch=f"*** Begin Patch\n*** Update File: {name}\n@@\n-three\n+four\n*** End Patch")
+    assert (ws.root / name).read_text() == "four\n"
+    assert os.listdir(ws.root) == [name]

@@ -262,3 +262,38 @@ def test_a_dry_run_reports_what_the_policy_would_decide(tmp_path: Path) -> None:
         assert (root / "a.txt").read_text() == "a\n"
     finally:
         daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("file_name", "dir_name"), [("f.txt", "d"), ("日" * 83 + ".txt", "é" * 127)], ids=["short", "255 bytes"]
+)
+def test_undo_puts_back_a_directory_the_batch_replaced_with_a_file(
+    tmp_path: Path, file_name: str, dir_name: str
+) -> None:
+    """A path below what is now a file is not there (ENOTDIR, not "cannot be read"): the
+    undo refused such a batch, "d/inner.txt changed since". And the names an undo gives
+    what it sets aside, and its writes' temp files, are cut to fit by bytes: a multibyte
+    name near the limit of 255 made them too long."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / file_name).write_text("before\n")
+    (root / dir_name).mkdir()
+    (root / dir_name / "inner.txt").write_text("inner\n")
+    daemon = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with daemon.client() as c:
+            calls = [
+                CallSpec("read_file", {"path": file_name}),
+                CallSpec("write_file", {"path": file_name, "content": "after\n", "overwrite": True}),
+                CallSpec("delete_file", {"path": dir_name, "recursive": True}),
+                CallSpec("write_file", {"path": dir_name, "content": "now a file\n"}),
+            ]
+            outcome = c.submit(calls, batch_id="replaced")
+            assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
+            undone = c.undo("replaced")
+            assert all(r.ok for r in undone.results), [r.content for r in undone.results]
+        assert (root / file_name).read_text() == "before\n"
+        assert (root / dir_name / "inner.txt").read_text() == "inner\n"
+        assert sorted(os.listdir(root)) == sorted([file_name, dir_name])
+    finally:
+        daemon.stop()

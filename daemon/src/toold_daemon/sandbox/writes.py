@@ -159,7 +159,23 @@ def _open_staged(dir_fd: int, name: str, shown: str) -> tuple[int, str]:
 
 
 def _temp_name(name: str) -> str:
-    return f".{name[:200]}.toold-{secrets.token_hex(6)}.tmp"
+    return f"{temp_prefix(name)}{secrets.token_hex(6)}.tmp"
+
+
+def temp_prefix(name: str) -> str:
+    """How the names of the temp files of a write to ``name`` begin: within the 255 bytes
+    a name may have, whatever the length of ``name`` and its characters'."""
+    return f".{clipped(name, 200)}.toold-"
+
+
+def clipped(name: str, most_bytes: int) -> str:
+    """``name``, cut at a character so that its bytes on disk are at most ``most_bytes``
+    (a name of 85 CJK characters already takes the 255 bytes a name may have)."""
+    if len(name) * 4 <= most_bytes:  # no character takes more than 4 bytes
+        return name
+    while len(os.fsencode(name)) > most_bytes:
+        name = name[:-1]
+    return name
 
 
 def put_in_place(dir_fd: int, staged: Staged, name: str, *, shown: str) -> None:

@@ -103,7 +103,7 @@ def _image_unless_denied(path: str, denied: Callable[[str], bool]) -> Image:
 def image_of(path: str) -> Image:
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a path below a file is not there either)
         return Image(path=path, kind="absent")
     except OSError as exc:
         return Image(path=path, kind="unknown", note=f"cannot be read: {exc.strerror}")

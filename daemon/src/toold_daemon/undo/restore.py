@@ -29,7 +29,7 @@ from msgspec import Meta
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError
-from ..sandbox.writes import atomic_write, delete, parent_dir
+from ..sandbox.writes import atomic_write, clipped, delete, parent_dir, temp_prefix
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
 from .images import Image, Kind, image_of, state_of
 
@@ -198,7 +198,7 @@ class Rollback:
 
     def set_aside(self, dir_fd: int, name: str, shown: str) -> None:
         """Move a tree out of the way (one rename) instead of removing it yet."""
-        aside = f"{self.prefix}{len(self.aside)}-{name}"[:200]
+        aside = clipped(f"{self.prefix}{len(self.aside)}-{name}", 200)
         os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         self.aside.append((shown, os.path.join(os.path.dirname(shown), aside) if "/" in shown else aside))
 
@@ -325,7 +325,7 @@ def _clear_leftovers(entries: list[Entry], ctx: ToolContext, token: str) -> None
             listing = os.listdir(ctx.resolve(shown_parent, follow_last=False))
         except OSError:
             continue
-        temps = {f".{names[p][:200]}.toold-" for p in names if os.path.dirname(p.rstrip("/")) == parent}
+        temps = {temp_prefix(names[p]) for p in names if os.path.dirname(p.rstrip("/")) == parent}
         for name in listing:
             is_temp = name.endswith(".tmp") and any(name.startswith(t) for t in temps)
             if not (name.startswith(prefix) or is_temp):
