@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from unittest import mock
@@ -240,3 +241,29 @@ def test_python_engine_refuses_catastrophic_patterns(ctx: ToolContext, root: Pat
         assert info.value.code == "BAD_ARGS" and "exponential" in info.value.message
     ok = grep_with("python", ctx, pattern="(ab)+|a{3}")
     assert ok is not None and ok.content.startswith("a.txt:1:")
+
+
+def test_listing_a_file_or_a_missing_path_is_a_typed_error(ctx: ToolContext, root: Path) -> None:
+    from toold_daemon.errors import ToolError
+
+    (root / "a.txt").write_text("a\n")
+    for path, code in (("a.txt", "NOT_A_DIRECTORY"), ("missing", "FILE_NOT_FOUND")):
+        with pytest.raises(ToolError) as info:
+            run(ListDirectory(), ctx, path=path)
+        assert info.value.code == code and path in info.value.message
+
+
+def test_a_directory_deeper_than_path_max_is_listed(ctx: ToolContext, root: Path) -> None:
+    """Reached a name at a time, as the tools write and read it: the check that it is a
+    directory went by its whole path, and past 4,096 bytes raised an untyped OSError."""
+    deep = "/".join(["d" * 50] * 90)  # 4,589 bytes
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(90):
+        os.mkdir("d" * 50, dir_fd=fd)
+        inner = os.open("d" * 50, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    os.close(fd)
+    out = run(ListDirectory(), ctx, path=deep)
+    assert out.data is not None and [e["name"] for e in out.data["entries"]] == ["f.txt"]

@@ -10,9 +10,6 @@ from typing import Annotated, Any
 
 from msgspec import UNSET, Meta, UnsetType
 
-from toold_protocol import ToolErrorType
-
-from ..errors import ToolError
 from ..sandbox import Sandbox
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import ListDirectoryData
@@ -53,10 +50,9 @@ class ListDirectory(Tool[ListDirectoryArgs]):
     def run(self, args: ListDirectoryArgs, ctx: ToolContext) -> ToolOutput:
         sandbox = ctx.sandbox
         start = ctx.resolve(args.path)
-        if not start.is_dir():
-            raise ToolError(
-                ToolErrorType.EXECUTION_FAILED, "NOT_A_DIRECTORY", f"{args.path} is not a directory", path=args.path
-            )
+        # Opened a name at a time, as the walk does (a directory deeper than PATH_MAX too):
+        # a file is NOT_A_DIRECTORY, a missing path FILE_NOT_FOUND.
+        os.close(sandbox.open_dir(start, display=args.path))
         depth = (args.max_depth if isinstance(args.max_depth, int) else None) if args.recursive else 1
         walker = Walker(
             sandbox, ctx, include_hidden=args.include_hidden, respect_gitignore=args.respect_gitignore, max_depth=depth
