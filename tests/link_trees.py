@@ -28,9 +28,16 @@ def entries(kinds: tuple[str, ...] = ("dir", "file", "link")) -> st.SearchStrate
 
 
 def make_tree(base: str, drawn: Entries, outside: str = "/nonexistent") -> None:
-    """Make what ``drawn`` names below ``base``, as far as it can be made."""
+    """Make what ``drawn`` names below ``base``, as far as it can be made, and only there:
+    an entry whose place lies through a link made before (``a -> ..``, then ``a/c``) is
+    left out. Made, it landed beside ``base`` in pytest's temporary root, and a link loop
+    there (``c -> c``) made pytest fail at the end of the session."""
+    real_base = os.path.realpath(base)
     for where, kind, target in drawn:
         path = os.path.join(base, *where)
+        parent = os.path.realpath(os.path.dirname(path))
+        if not (parent == real_base or parent.startswith(real_base + os.sep)) or os.path.lexists(path):
+            continue
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             if kind == "dir":

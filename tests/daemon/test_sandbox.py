@@ -199,3 +199,14 @@ def test_canonical_names_equal_realpath_for_missing_paths_too(
     for parts in asked:
         path = os.path.join(base, *parts)
         assert _canonical(path) == os.path.realpath(path), path
+
+
+def test_drawn_trees_stay_below_their_base(tmp_path: Path) -> None:
+    """The property tests' trees: a link to ``..`` and then an entry through it made that
+    entry beside the tree, in pytest's temporary root, where a link loop (``c -> c``)
+    made pytest fail at the end of the session."""
+    base = tmp_path / "base"
+    base.mkdir()
+    link_trees.make_tree(str(base), [(["a"], "link", [".."]), (["a", "c"], "link", ["c"]), (["a", "f"], "file", ["x"])])
+    assert sorted(os.listdir(tmp_path)) == ["base"]
+    assert os.readlink(base / "a") == ".."
