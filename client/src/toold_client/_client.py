@@ -41,9 +41,10 @@ from toold_protocol import (
 )
 
 from . import _requests as requests
-from ._errors import DaemonUnavailable, RequestTimeout
+from ._errors import RequestTimeout
 from ._inbox import Inbox, expect
 from ._requests import APPROVE_ALL, DENY_ALL, CallSpec, Decision, Request, to_wire
+from ._sharing import SharedConnection
 from ._transport import Transport, ZmqTransport
 
 __all__ = ["APPROVE_ALL", "DENY_ALL", "BatchOutcome", "CallSpec", "Client", "ConfirmHandler", "Decision"]
@@ -62,7 +63,9 @@ class BatchOutcome:
 
 
 class Client:
-    """A connection to a toold daemon. Use as a context manager; not thread-safe."""
+    """A connection to a toold daemon. Use as a context manager. Threads may share one:
+    each waits for its own replies and batches while the others send and receive theirs
+    (``_sharing``); a batch's events go to the thread that waits for that batch."""
 
     def __init__(
         self,
@@ -84,6 +87,7 @@ class Client:
         self._transport = transport if transport is not None else ZmqTransport(self.endpoint)
         self._ids = itertools.count(1)
         self._inbox = Inbox(os.getuid())
+        self._connection = SharedConnection(self._transport, self._inbox)
         self._welcome: Welcome | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -95,7 +99,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._transport.close()
+        self._connection.close()
 
     @property
     def welcome(self) -> Welcome:
@@ -184,19 +188,24 @@ class Client:
         """Deliver this batch's events until ``batch_finished``. ``timeout`` is per event (None: wait).
         ``batch_id`` may be the id this client chose: the daemon keeps chosen ids in the
         client's uid namespace (``abc`` → ``1000:abc``), and events carry that full id."""
-        names = self._inbox.batch_names(batch_id)
+        with self._connection.inbox() as inbox:
+            names = inbox.batch_names(batch_id)
         while True:
-            while (event := self._inbox.next_batch_event(names)) is not None:
-                if on_event is not None:
-                    on_event(event)
-                if isinstance(event, ConfirmationRequested) and on_confirm is not None:
-                    decision = on_confirm(event)
-                    if decision is not None:
-                        self.confirm(event.correlation_id, decision)
-                if isinstance(event, BatchFinished):
-                    self._inbox.forget_batch(names)
-                    return event
-            self._receive_one(timeout if timeout is not None else None)
+            event = self._connection.wait_for(lambda inbox: inbox.next_batch_event(names), timeout)
+            if event is None:
+                raise RequestTimeout(
+                    f"no event of batch {batch_id} from the daemon at {self.endpoint} within {timeout:g}s"
+                )
+            if on_event is not None:  # handlers run outside the connection's lock: they may call the client
+                on_event(event)
+            if isinstance(event, ConfirmationRequested) and on_confirm is not None:
+                decision = on_confirm(event)
+                if decision is not None:
+                    self.confirm(event.correlation_id, decision)
+            if isinstance(event, BatchFinished):
+                with self._connection.inbox() as inbox:
+                    inbox.forget_batch(names)
+                return event
 
     # ------------------------------------------------------------------ confirmations
 
@@ -207,19 +216,23 @@ class Client:
     def subscribe(self) -> list[ConfirmationRequested]:
         """Become an approver; returns the requests pending now that this session may answer.
         Later ones arrive through ``next_confirmation``."""
-        self._inbox.confirmations.clear()
+        with self._connection.inbox() as inbox:
+            inbox.confirmations.clear()
         expect(self._request(requests.subscribe()), Ack)
-        pending = list(self._inbox.confirmations)
-        self._inbox.confirmations.clear()
+        with self._connection.inbox() as inbox:
+            pending = list(inbox.confirmations)
+            inbox.confirmations.clear()
         return pending
 
     def watch(self) -> list[ConfirmationRequested]:
         """Subscribe as a watcher: from now on every event of the batches this session may
         see (a ``batch_status`` with id 0 when one starts, then its events and confirmation
         requests) arrives through ``next_event``. Returns the requests pending now."""
-        self._inbox.watching = True
+        with self._connection.inbox() as inbox:
+            inbox.watching = True
         pending = self.subscribe()
-        self._inbox.start_watching()
+        with self._connection.inbox() as inbox:
+            inbox.start_watching()
         return pending
 
     def next_event(self, timeout: float | None = None) -> DaemonMessage | None:
@@ -232,16 +245,7 @@ class Client:
 
     def _next_from(self, queue: collections.deque[T], timeout: float | None) -> T | None:
         """Receive until ``queue`` has something (the receive loop fills it), or time is up."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not queue:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            try:
-                self._receive_one(remaining)
-            except RequestTimeout:
-                return None
-        return queue.popleft()
+        return self._connection.wait_for(lambda _: queue.popleft() if queue else None, timeout)
 
     def supply_result(self, batch_id: str, call_id: str, content: str, *, ok: bool = True) -> None:
         """Parse-only mode: give a pending call its result (``ok=False``: an error result)."""
@@ -317,22 +321,9 @@ class Client:
 
     def _request(self, request: Request, *, timeout: float | None = None) -> DaemonMessage:
         request_id = next(self._ids)
-        self._transport.send(encode(request.build(request_id)))
-        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
-        while (reply := self._inbox.take_reply(request_id)) is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RequestTimeout(
-                    f"no reply from the daemon at {self.endpoint} within "
-                    f"{timeout if timeout is not None else self.timeout:g}s"
-                )
-            self._receive_one(remaining)
+        self._connection.send(encode(request.build(request_id)))
+        waited = timeout if timeout is not None else self.timeout
+        reply = self._connection.wait_for(lambda inbox: inbox.take_reply(request_id), waited)
+        if reply is None:
+            raise RequestTimeout(f"no reply from the daemon at {self.endpoint} within {waited:g}s")
         return reply
-
-    def _receive_one(self, timeout: float | None) -> None:
-        frame = self._transport.recv(timeout)
-        if frame is None:
-            if timeout is None:
-                raise DaemonUnavailable("the daemon connection closed")
-            raise RequestTimeout(f"no message from the daemon at {self.endpoint} within {timeout:.3g}s")
-        self._inbox.deliver(frame)

@@ -6,6 +6,8 @@ transport, while integration tests and real use go through :class:`ZmqTransport`
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 import time
 from typing import Protocol, cast
@@ -16,6 +18,10 @@ from ._errors import DaemonUnavailable, Refused
 
 
 class Transport(Protocol):
+    """What a ``Client`` sends and receives through. A transport may also have ``wake()``
+    (thread-safe): a ``recv`` in progress in another thread then returns None at once,
+    so that a thread sharing the client can send without waiting for it."""
+
     def send(self, frame: bytes) -> None: ...
 
     def recv(self, timeout: float | None) -> bytes | None:
@@ -41,6 +47,8 @@ class ZmqTransport:
             # ZeroMQ would retry a TCP address in silence until the request timed out
             raise DaemonUnavailable(f"cannot reach {endpoint!r}: toold serves only ipc:// endpoints (a Unix socket)")
         _probe(endpoint)
+        # ``wake``: a byte here ends a ``recv`` in progress (another thread wants the socket)
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         self._sock.linger = 0
@@ -58,6 +66,12 @@ class ZmqTransport:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
+        self._poller.register(self._wake_read, zmq.POLLIN)
+
+    def wake(self) -> None:
+        """End a ``recv`` in progress in another thread (it returns None); thread-safe."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_write, b"\0")
 
     def send(self, frame: bytes) -> None:
         self._forget_old_disconnects()  # a daemon restarted since: this frame goes to the new one
@@ -81,6 +95,10 @@ class ZmqTransport:
                 ready = dict(self._poller.poll(wait))
                 if self._sock in ready:
                     return self._sock.recv()
+                if self._wake_read in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_read, 4096)
+                    return None
                 if self._monitor is not None and self._monitor in ready and self._disconnected():
                     if self._refused:
                         raise Refused(self._refused)
@@ -144,6 +162,9 @@ class ZmqTransport:
             self._monitor = None
         self._sock.close(linger=0)
         self._ctx.term()
+        for fd in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 _REFUSALS = (
