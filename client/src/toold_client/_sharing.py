@@ -29,25 +29,27 @@ class SharedConnection:
     def __init__(self, transport: Transport, inbox: Inbox) -> None:
         self._transport = transport
         self._inbox = inbox
-        self._turn = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)
         self._receiving = False  # a thread is inside transport.recv, without the lock
         self._senders = 0  # threads waiting to send: the receiving thread lets them first
         self._closed = False
+        self._waiting = 0  # threads in _wait: only then is there anyone to tell
         wake = getattr(transport, "wake", None)
         self._wake: Callable[[], None] | None = wake if callable(wake) else None
 
     def close(self) -> None:
         """Close the transport once no thread is inside it (one waiting is woken first)."""
-        with self._turn:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
             while self._receiving:
                 if self._wake is not None:
                     self._wake()
-                self._turn.wait()
+                self._wait(None)
             self._transport.close()
-            self._turn.notify_all()
+            self._tell()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -56,28 +58,28 @@ class SharedConnection:
     @contextmanager
     def inbox(self) -> Iterator[Inbox]:
         """The inbox, for changes no frame may come between."""
-        with self._turn:
+        with self._lock:
             yield self._inbox
 
     def send(self, frame: bytes) -> None:
-        with self._turn:
+        with self._lock:
             self._senders += 1
             try:
                 while self._receiving:
                     if self._wake is not None:
                         self._wake()
-                    self._turn.wait()
+                    self._wait(None)
                 self._check_open()
                 self._transport.send(frame)
             finally:
                 self._senders -= 1
-                self._turn.notify_all()
+                self._tell()
 
     def wait_for(self, pick: Callable[[Inbox], T], timeout: float | None) -> T | None:
         """What ``pick`` finds in the inbox, receiving frames until it finds something;
         None once ``timeout`` seconds have passed (None: no limit)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._turn:
+        with self._lock:
             while True:
                 found = pick(self._inbox)
                 if found is not None:
@@ -86,7 +88,7 @@ class SharedConnection:
                 if remaining is not None and remaining <= 0:
                     return None
                 if self._receiving or self._senders:
-                    self._turn.wait(remaining)  # told after each frame, and when the socket is free
+                    self._wait(remaining)  # told after each frame, and when the socket is free
                     continue
                 self._check_open()
                 frame = self._receive(remaining)
@@ -101,10 +103,23 @@ class SharedConnection:
         """One frame, received without the lock (held on entry and on return). A transport
         that can be woken returns early, frame-less, when another thread wants to send."""
         self._receiving = True
-        self._turn.release()
+        self._lock.release()
         try:
             return self._transport.recv(timeout)
         finally:
-            self._turn.acquire()
+            self._lock.acquire()
             self._receiving = False
+            self._tell()
+
+    def _wait(self, timeout: float | None) -> None:
+        self._waiting += 1
+        try:
+            self._turn.wait(timeout)
+        finally:
+            self._waiting -= 1
+
+    def _tell(self) -> None:
+        """Wake the threads waiting for a turn or a frame (a lone thread has none: the
+        common case costs nothing)."""
+        if self._waiting:
             self._turn.notify_all()
