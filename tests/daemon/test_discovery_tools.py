@@ -267,3 +267,24 @@ def test_a_directory_deeper_than_path_max_is_listed(ctx: ToolContext, root: Path
     os.close(fd)
     out = run(ListDirectory(), ctx, path=deep)
     assert out.data is not None and [e["name"] for e in out.data["entries"]] == ["f.txt"]
+
+
+def test_a_glob_of_too_many_alternatives_is_refused_as_bad_arguments(ctx: ToolContext) -> None:
+    from toold_daemon.errors import ToolError
+
+    for tool, arguments in (
+        (Glob(), {"pattern": "{a,b}" * 9}),
+        (Grep(), {"pattern": "x", "file_pattern": "{a,b}" * 9}),
+    ):
+        with pytest.raises(ToolError) as info:
+            run(tool, ctx, **arguments)
+        assert info.value.code == "BAD_ARGS" and "more than 256 alternatives" in info.value.message
+
+
+def test_a_glob_of_many_stars_answers_at_once(ctx: ToolContext, root: Path) -> None:
+    (root / ("a" * 200)).write_text("needle\n")
+    (root / ("a" * 199 + "b")).write_text("needle\n")
+    pattern = "*a" * 20 + "*b"
+    assert run(Glob(), ctx, pattern=pattern).content == "a" * 199 + "b"
+    found = run(Grep(), ctx, pattern="needle", file_pattern=pattern)
+    assert found.content == "a" * 199 + "b:1: needle"

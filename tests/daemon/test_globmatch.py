@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import fnmatch
+import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toold_daemon.globmatch import literal_prefix, matches
+from toold_daemon.globmatch import (
+    MAX_ALTERNATIVES,
+    GlobTooComplex,
+    compile_glob,
+    expand_braces,
+    literal_prefix,
+    matches,
+)
 
 
 def reference(pattern: str, path: str) -> bool:
@@ -26,8 +35,10 @@ def reference(pattern: str, path: str) -> bool:
     return go(0, 0)
 
 
-segment = st.sampled_from(["a", "b", "ab", "a.py", "b.txt", "x.py", ".h"])
-pattern_segment = st.sampled_from(["a", "*", "*.py", "a*", "?", "**", "b.txt", "[ab]", "[!a]*"])
+segment = st.sampled_from(["a", "b", "ab", "a.py", "b.txt", "x.py", ".h", "abab", "aab.py", "baa"])
+pattern_segment = st.sampled_from(
+    ["a", "*", "*.py", "a*", "?", "**", "b.txt", "[ab]", "[!a]*", "*a*", "*a*b", "a*b*", "*a*a*", "*[ab]*b*", "?*a*"]
+)
 
 
 @given(st.lists(pattern_segment, min_size=1, max_size=4), st.lists(segment, min_size=1, max_size=4))
@@ -49,3 +60,34 @@ def test_literal_prefix() -> None:
     assert literal_prefix("src/a/**/*.py") == "src/a"
     assert literal_prefix("**/*.py") == ""
     assert literal_prefix("*.py") == ""
+
+
+@pytest.mark.parametrize(
+    ("pattern", "miss", "hit"),
+    [
+        # 3 s at 8 stars and 40 a's before; hours at 20
+        ("*a" * 20 + "*b", "a" * 200, "a" * 199 + "b"),
+        ("**/a/" * 12 + "**/b", "a/" * 100 + "x", "a/" * 100 + "b"),
+        ("**/*a*a*a*a*a*/**/*b*b*b*/**/c", "/".join(["a" * 16] * 60), "/".join(["a" * 16] * 60) + "/bbb/c"),
+        ("{*a,*aa}" * 4 + "b", "a" * 100, "a" * 99 + "b"),
+    ],
+    ids=["stars in a name", "globstars", "both", "braces"],
+)
+def test_no_pattern_takes_more_than_linear_time(pattern: str, miss: str, hit: str) -> None:
+    """A model's glob (the glob tool's pattern, grep's file_pattern) cannot make a worker
+    spin: a part between two stars is matched where it first fits, never tried again."""
+    regex = compile_glob(pattern)
+    started = time.perf_counter()
+    assert regex.match(miss) is None and regex.match(hit) is not None
+    assert time.perf_counter() - started < 0.5
+
+
+def test_braces_expand_first() -> None:
+    assert expand_braces("a.{py,pyi}") == ["a.py", "a.pyi"]
+    assert expand_braces("{a,{b,c}d}") == ["a", "bd", "cd"]
+    assert expand_braces("{a,b") == ["a", "b"]  # an unclosed brace closes at the end
+    assert expand_braces("[{]x,\\{y\\}") == ["[{]x,\\{y\\}"]  # in a class, escaped, or a lone comma: characters
+    assert matches("{**,x}/a.py", "d/e/a.py")  # ** in an alternative is ** once expanded
+    with pytest.raises(GlobTooComplex):
+        compile_glob("{a,b}" * 9)  # 512 alternatives
+    assert len(expand_braces("{a,b}" * 8)) == MAX_ALTERNATIVES

@@ -27,7 +27,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from .. import regexguard
 from ..errors import ToolError, bad_args
-from ..globmatch import compile_glob
+from ..globmatch import GlobTooComplex, compile_glob
 from ..sandbox import Sandbox
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import GrepData
@@ -74,6 +74,10 @@ class Grep(Tool[GrepArgs]):
             re.compile(args.pattern)
         except re.error as exc:
             raise bad_args(f"invalid regular expression: {exc}") from None
+        try:
+            _file_filter(args.file_pattern)
+        except GlobTooComplex as exc:
+            raise bad_args(f"file_pattern: {exc}") from None
 
     def paths(self, args: GrepArgs) -> list[str]:
         return [args.path]
