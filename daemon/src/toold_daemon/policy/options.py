@@ -225,8 +225,12 @@ def _git_hazards(args: list[str]) -> Iterator[Hazard]:
 
 # ---- scripts given as text ------------------------------------------------------------------
 
+# Linear whatever the script: in a regex between delimiters a backslash always escapes the
+# next character, and the runs are possessive (``*+``). Letting a backslash also stand for
+# itself made each run of them match in 2^n ways: 40 backslashes held the daemon for hours.
 _SED_ADDRESS = re.compile(
-    r"^\s*(?:\d+|\$|/(?:[^/\\]|\\.)*/|\\(.)(?:(?!\1).|\\.)*\1)?(?:\s*,\s*(?:\d+|\$|/(?:[^/\\]|\\.)*/))?\s*!?\s*"
+    r"^\s*+(?:\d++|\$|/(?:[^/\\]|\\.)*+/|\\(.)(?:\\.|(?!\1)[^\\])*+\1)?"
+    r"(?:\s*+,\s*+(?:\d++|\$|/(?:[^/\\]|\\.)*+/))?\s*+!?\s*+"
 )
 
 
@@ -297,8 +301,10 @@ def _substitution_flags(command: str) -> str:
     return ""
 
 
+# Possessive runs of blanks (``\s*+``): two runs that may trade blanks (``\s*&?\s*``)
+# took time quadratic in them, seconds for a program of 64 KB of blanks.
 _AWK_HAZARDS = re.compile(
-    r"\bsystem\s*\(|\|\s*&?\s*getline|\|\s*\"|\|\s*[A-Za-z_]|>\s*\"|>\s*[A-Za-z_$(]|\bfflush\b|@load|@include"
+    r"\bsystem\s*+\(|\|\s*+&?\s*+getline|\|\s*+\"|\|\s*+[A-Za-z_]|>\s*+\"|>\s*+[A-Za-z_$(]|\bfflush\b|@load|@include"
 )
 
 
