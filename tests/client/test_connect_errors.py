@@ -97,6 +97,60 @@ def refusing_peer(tmp_path: Path) -> Iterator[str]:
         ctx.term()
 
 
+@pytest.fixture
+def slow_to_admit_peer(tmp_path: Path) -> Iterator[str]:
+    """A ZeroMQ ROUTER that answers pings, but whose ZAP handler first stalls for 1.5 s
+    (as a daemon's event loop held by one long call would), with a handshake time of
+    0.3 s: the first handshakes end unfinished, closed by the peer, until it admits."""
+    import toold_protocol as p
+
+    ctx = zmq.Context()
+    zap = ctx.socket(zmq.REP)
+    zap.bind("inproc://zeromq.zap.01")
+    router = ctx.socket(zmq.ROUTER)
+    router.zap_domain = b"toold"
+    router.setsockopt(zmq.HANDSHAKE_IVL, 300)
+    endpoint = f"ipc://{tmp_path}/slow.sock"
+    router.bind(endpoint)
+    stop = threading.Event()
+
+    def serve() -> None:
+        stalled_until = time.monotonic() + 1.5
+        poller = zmq.Poller()
+        poller.register(zap, zmq.POLLIN)
+        poller.register(router, zmq.POLLIN)
+        while not stop.is_set():
+            ready = dict(poller.poll(20))
+            if zap in ready and time.monotonic() > stalled_until:
+                request = zap.recv_multipart()
+                zap.send_multipart([request[0], request[1], b"200", b"OK", b"", b""])
+            if router in ready:
+                peer, frame = router.recv_multipart()
+                message = p.decode_client_message(frame)
+                assert isinstance(message, p.Ping)
+                router.send_multipart([peer, p.encode(p.Pong(id=message.id))])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield endpoint
+    finally:
+        stop.set()
+        thread.join()
+        router.close(0)
+        zap.close(0)
+        ctx.term()
+
+
+def test_a_daemon_too_busy_to_admit_a_client_at_once_is_waited_for_not_called_a_refusal(
+    slow_to_admit_peer: str,
+) -> None:
+    """A handshake the daemon closed unfinished (its loop busy past the handshake time)
+    was read as a refusal: Refused, for good, though the next try was admitted."""
+    with Client(slow_to_admit_peer, timeout=10) as client:
+        assert client.ping(timeout=10) < 5
+
+
 def test_refused_by_the_daemons_authentication(refusing_peer: str) -> None:
     message, took = failure(refusing_peer)
     assert "refused this client" in message and took < 1.5, message

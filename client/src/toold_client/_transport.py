@@ -56,6 +56,7 @@ class ZmqTransport:
         self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self._refused = ""  # why the daemon turned this client away, once it has
         self._down = False  # disconnected, and not connected again since
+        self._unfinished = False  # a handshake failed without a word: see _disconnected
         self._monitor: zmq.Socket[bytes] | None = self._sock.get_monitor_socket(_WATCHED_EVENTS)
         self._endpoint = endpoint
         try:
@@ -135,7 +136,12 @@ class ZmqTransport:
 
     def _disconnected(self) -> bool:
         """Read the monitor's pending events: was the connection closed, or refused by
-        the daemon's authentication (then ``_refused`` says so, for good)?"""
+        the daemon's authentication (then ``_refused`` says so, for good)?
+
+        A handshake that did not finish (``HANDSHAKE_FAILED_NO_DETAIL``, then a
+        disconnect) is neither: a daemon too busy to authenticate a new connection within
+        its handshake time closes it, and ZeroMQ connects again. It counts as closed only
+        when nothing listens on the socket any more."""
         assert self._monitor is not None
         closed = False
         while _has_input(self._monitor):  # cheaper than poll(0), which builds a poller
@@ -145,11 +151,22 @@ class ZmqTransport:
                     f"the daemon at {self._endpoint} refused this client: its authentication turned "
                     "this user away (the daemon's allowed_uids / allowed_gids, or a tool process's socket)"
                 )
-            if event == zmq.EVENT_CONNECTED:
+            if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self._unfinished = True
+            elif event == zmq.EVENT_CONNECTED:
                 self._down = False
             elif event == zmq.EVENT_DISCONNECTED or event in _REFUSALS:
-                closed = self._down = True
+                self._down = True
+                closed = closed or self._refused != "" or not self._unfinished or not self._listening()
+                self._unfinished = False
         return closed
+
+    def _listening(self) -> bool:
+        try:
+            _probe(self._endpoint)
+        except DaemonUnavailable:
+            return False
+        return True
 
     def _forget_old_disconnects(self) -> None:
         if self._monitor is not None:
@@ -167,12 +184,9 @@ class ZmqTransport:
                 os.close(fd)
 
 
-_REFUSALS = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-)
-_WATCHED_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | sum(_REFUSALS)
+#: For good: the daemon's authentication said no (AUTH), or the peer speaks something else.
+_REFUSALS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+_WATCHED_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | sum(_REFUSALS)
 
 
 def _probe(endpoint: str) -> None:
