@@ -164,6 +164,8 @@ def operations(paths: st.SearchStrategy[str]) -> st.SearchStrategy[list[CallSpec
             lambda p, t: CallSpec("write_file", {"path": p + ".txt", "content": t, "overwrite": True}), paths, CONTENT
         ),
         st.builds(lambda p: CallSpec("delete_file", {"path": p, "recursive": True}), paths),
+        # a file where a directory may be (after its delete): a path below a file is not there
+        st.builds(lambda p, t: CallSpec("write_file", {"path": p, "content": t, "overwrite": True}), paths, CONTENT),
         st.builds(lambda p: CallSpec("delete_file", {"path": p + ".txt"}), paths),
         st.builds(lambda s, d: CallSpec("move_file", {"source": s, "destination": d}), paths, PATHS),
         st.builds(lambda s, d: CallSpec("move_file", {"source": s + ".txt", "destination": d + ".txt"}), paths, PATHS),
