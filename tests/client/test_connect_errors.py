@@ -13,7 +13,8 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -64,28 +65,27 @@ def test_permission_denied_on_the_daemons_socket(tmp_path: Path) -> None:
     assert "permission denied" in message and took < 1, message
 
 
-@pytest.fixture
-def refusing_peer(tmp_path: Path) -> Iterator[str]:
-    """A ZeroMQ ROUTER whose ZAP handler refuses every peer, as the daemon's refuses a
-    tool process."""
+@contextmanager
+def zap_peer(
+    endpoint: str, serve: Callable[[zmq.Socket[bytes], zmq.Socket[bytes]], None], **options: int
+) -> Iterator[str]:
+    """A ZeroMQ ROUTER at ``endpoint`` with a ZAP handler bound, both served by
+    ``serve(zap, router)`` on a thread, called again and again until the block ends."""
     ctx = zmq.Context()
     zap = ctx.socket(zmq.REP)
     zap.bind("inproc://zeromq.zap.01")
     router = ctx.socket(zmq.ROUTER)
     router.zap_domain = b"toold"
-    endpoint = f"ipc://{tmp_path}/refusing.sock"
+    for option, value in options.items():
+        router.setsockopt(getattr(zmq, option), value)
     router.bind(endpoint)
     stop = threading.Event()
 
-    def answer() -> None:
-        poller = zmq.Poller()
-        poller.register(zap, zmq.POLLIN)
+    def run() -> None:
         while not stop.is_set():
-            if poller.poll(50):
-                request = zap.recv_multipart()
-                zap.send_multipart([request[0], request[1], b"400", b"not you", b"", b""])
+            serve(zap, router)
 
-    thread = threading.Thread(target=answer, daemon=True)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
         yield endpoint
@@ -95,6 +95,20 @@ def refusing_peer(tmp_path: Path) -> Iterator[str]:
         router.close(0)
         zap.close(0)
         ctx.term()
+
+
+@pytest.fixture
+def refusing_peer(tmp_path: Path) -> Iterator[str]:
+    """A ZeroMQ ROUTER whose ZAP handler refuses every peer, as the daemon's refuses a
+    tool process."""
+
+    def refuse(zap: zmq.Socket[bytes], router: zmq.Socket[bytes]) -> None:
+        if zap.poll(50):
+            request = zap.recv_multipart()
+            zap.send_multipart([request[0], request[1], b"400", b"not you", b"", b""])
+
+    with zap_peer(f"ipc://{tmp_path}/refusing.sock", refuse) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -104,42 +118,20 @@ def slow_to_admit_peer(tmp_path: Path) -> Iterator[str]:
     0.3 s: the first handshakes end unfinished, closed by the peer, until it admits."""
     import toold_protocol as p
 
-    ctx = zmq.Context()
-    zap = ctx.socket(zmq.REP)
-    zap.bind("inproc://zeromq.zap.01")
-    router = ctx.socket(zmq.ROUTER)
-    router.zap_domain = b"toold"
-    router.setsockopt(zmq.HANDSHAKE_IVL, 300)
-    endpoint = f"ipc://{tmp_path}/slow.sock"
-    router.bind(endpoint)
-    stop = threading.Event()
+    stalled_until = time.monotonic() + 1.5
 
-    def serve() -> None:
-        stalled_until = time.monotonic() + 1.5
-        poller = zmq.Poller()
-        poller.register(zap, zmq.POLLIN)
-        poller.register(router, zmq.POLLIN)
-        while not stop.is_set():
-            ready = dict(poller.poll(20))
-            if zap in ready and time.monotonic() > stalled_until:
-                request = zap.recv_multipart()
-                zap.send_multipart([request[0], request[1], b"200", b"OK", b"", b""])
-            if router in ready:
-                peer, frame = router.recv_multipart()
-                message = p.decode_client_message(frame)
-                assert isinstance(message, p.Ping)
-                router.send_multipart([peer, p.encode(p.Pong(id=message.id))])
+    def admit_late(zap: zmq.Socket[bytes], router: zmq.Socket[bytes]) -> None:
+        if zap.poll(10) and time.monotonic() > stalled_until:
+            request = zap.recv_multipart()
+            zap.send_multipart([request[0], request[1], b"200", b"OK", b"", b""])
+        if router.poll(10):
+            peer, frame = router.recv_multipart()
+            message = p.decode_client_message(frame)
+            assert isinstance(message, p.Ping)
+            router.send_multipart([peer, p.encode(p.Pong(id=message.id))])
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
+    with zap_peer(f"ipc://{tmp_path}/slow.sock", admit_late, HANDSHAKE_IVL=300) as endpoint:
         yield endpoint
-    finally:
-        stop.set()
-        thread.join()
-        router.close(0)
-        zap.close(0)
-        ctx.term()
 
 
 def test_a_daemon_too_busy_to_admit_a_client_at_once_is_waited_for_not_called_a_refusal(

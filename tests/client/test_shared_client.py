@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, module_daemon, start_daemon
 
 CONFIG = '[tools.approval]\nallowlist = ["shell"]\n'
 
@@ -89,15 +89,9 @@ print(json.dumps(report))
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    tmp = tmp_path_factory.mktemp("shared")
-    root = tmp / "root"
-    root.mkdir()
-    (root / "f.txt").write_text("shared\n")
-    d = start_daemon(tmp, root, config=CONFIG)
-    try:
+    with module_daemon(tmp_path_factory, "shared", CONFIG) as d:
+        (d.root / "f.txt").write_text("shared\n")
         yield d
-    finally:
-        d.stop()
 
 
 def scenario(daemon: DaemonProcess, name: str) -> dict[str, object]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, module_daemon
 from toold_client import Client
 from toold_daemon.policy import options, shell
 
@@ -42,15 +42,9 @@ def test_reading_the_command_takes_time_linear_in_it(command: str) -> None:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    tmp = tmp_path_factory.mktemp("policy-reads")
-    root = tmp / "root"
-    root.mkdir()
-    (root / "f").write_text("x\n")
-    d = start_daemon(tmp, root, config=CONFIG)
-    try:
+    with module_daemon(tmp_path_factory, "policy-reads", CONFIG) as d:
+        (d.root / "f").write_text("x\n")
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.mark.parametrize("command", ATTACKS.values(), ids=ATTACKS.keys())
