@@ -44,3 +44,22 @@ def test_a_patch_the_disk_has_no_room_for_changes_nothing(small_disk: Path) -> N
     assert sorted(os.listdir(small_disk)) == ["f1.txt", "f2.txt"]  # nothing created, no temp file left
     assert [(small_disk / n).read_text() for n in ("f1.txt", "f2.txt")] == ["f1.txt\n", "f2.txt\n"]
     assert shutil.disk_usage(small_disk).free == free
+
+
+def test_a_write_the_disk_has_no_room_for_leaves_no_directory_it_made(small_disk: Path) -> None:
+    """The directories made for a new file are removed again when its write fails; a
+    failed patch or write_file left them behind, empty."""
+    ws = Workspace(small_disk)
+    free = shutil.disk_usage(small_disk).free
+    patch = (
+        "*** Begin Patch\n*** Add File: new/deeper/small.txt\n+small\n*** Add File: big.txt\n+"
+        + "x" * (free + 4096)
+        + "\n*** End Patch\n"
+    )
+    assert "No space left on device" in ws.error("apply_patch", patch=patch).message
+    error = ws.error("write_file", path="made/for/it.txt", content="y" * (free + 4096), create_dirs=True)
+    assert "No space left on device" in error.message
+    assert os.listdir(small_disk) == []
+    (small_disk / "kept").mkdir()  # a directory that was there stays
+    ws.error("write_file", path="kept/sub/it.txt", content="y" * (free + 4096), create_dirs=True)
+    assert sorted(p.name for p in small_disk.rglob("*")) == ["kept"]

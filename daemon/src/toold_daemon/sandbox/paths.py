@@ -345,15 +345,18 @@ class Sandbox:
         return self.open(path, os.O_RDONLY | os.O_DIRECTORY, display=display)
 
 
-def open_beneath(root: str, parts: Sequence[str], *, create: bool = False) -> int:
+def open_beneath(
+    root: str, parts: Sequence[str], *, create: bool = False, made: list[tuple[str, ...]] | None = None
+) -> int:
     """The directory ``root/parts...`` opened one component at a time with ``O_NOFOLLOW``
     (a symlink anywhere on the way is ``ELOOP``/``ENOTDIR``, never followed), creating
-    missing ones when ``create``. Every fd but the returned one is closed, also on error."""
+    missing ones when ``create`` (each one this call made is added to ``made``, as its
+    parts below ``root``). Every fd but the returned one is closed, also on error."""
     if UNCHECKED_FOR_TESTS and not create:
         return os.open(os.path.join(root, *parts), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     fd = os.open(root, _DIR_FLAGS)
     try:
-        for part in parts:
+        for depth, part in enumerate(parts):
             try:
                 next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -361,6 +364,8 @@ def open_beneath(root: str, parts: Sequence[str], *, create: bool = False) -> in
                     raise
                 try:
                     os.mkdir(part, 0o777, dir_fd=fd)
+                    if made is not None:
+                        made.append(tuple(parts[: depth + 1]))
                 except FileExistsError:
                     pass
                 next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)

@@ -52,7 +52,10 @@ class Existing(msgspec.Struct, frozen=True):
 
 @contextmanager
 def parent_dir(sandbox: Sandbox, path: Path, *, create: bool = False, shown: str = "") -> Iterator[tuple[int, str]]:
-    """Yield (fd of the parent directory, last component) for validated ``path``."""
+    """Yield (fd of the parent directory, last component) for validated ``path``. With
+    ``create``, missing directories on the way are made; should the block fail, those it
+    made are removed again when they are still empty (a write that did not happen leaves
+    no directory behind)."""
     shown = shown or str(path)
     root = sandbox.root_of(path)
     if root is None:
@@ -60,16 +63,40 @@ def parent_dir(sandbox: Sandbox, path: Path, *, create: bool = False, shown: str
     relative = path.relative_to(root).parts
     if not relative:
         raise ToolError(ToolErrorType.SANDBOX_VIOLATION, "ROOT_ITSELF", f"{shown} is a sandbox root itself")
+    made: list[tuple[str, ...]] = []
     try:
-        fd = open_beneath(str(root), relative[:-1], create=create)
+        fd = open_beneath(str(root), relative[:-1], create=create, made=made)
     except OSError as exc:
+        _remove_empty(str(root), made)
         raise from_os_error(exc, shown) from None
     try:
         yield fd, relative[-1]
-    except OSError as exc:
-        raise from_os_error(exc, shown) from None
-    finally:
+    except BaseException as exc:
         os.close(fd)
+        fd = -1
+        _remove_empty(str(root), made)
+        if isinstance(exc, OSError):
+            raise from_os_error(exc, shown) from None
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _remove_empty(root: str, made: list[tuple[str, ...]]) -> None:
+    """Remove the directories ``made`` below ``root``, deepest first, each only while it
+    is empty (rmdir), reached a name at a time as they were made."""
+    for parts in reversed(made):
+        try:
+            parent = open_beneath(root, parts[:-1])
+        except OSError:
+            continue
+        try:
+            os.rmdir(parts[-1], dir_fd=parent)
+        except OSError:
+            pass  # not empty (something was put there meanwhile), or gone already
+        finally:
+            os.close(parent)
 
 
 def read_existing(dir_fd: int, name: str, *, shown: str, sandbox: Sandbox) -> Existing | None:
