@@ -69,3 +69,23 @@ def test_another_client_is_answered_while_such_a_command_is_judged(daemon: Daemo
     assert judged and judged[0] < 2.0, judged
     assert max(pings) < 0.5, max(pings)
     assert daemon.proc.poll() is None
+
+
+def test_a_glob_of_many_long_alternatives_is_judged_at_once_and_compiled_within_a_bound() -> None:
+    """Tool arguments are validated in the daemon too: the glob tool compiled its pattern
+    there, and 900 characters before eight braces (256 alternatives of ~1 KB) took a
+    second. Validation now only expands the braces, and their total size is bounded."""
+    from toold_daemon.errors import ToolError
+    from toold_daemon.globmatch import compile_glob
+    from toold_daemon.tools.glob import Glob, GlobArgs
+
+    refused = GlobArgs(pattern="x" * 900 + "{a,b}" * 8 + "*c")
+    started = time.perf_counter()
+    with pytest.raises(ToolError) as info:
+        Glob().validate(refused)
+    assert info.value.code == "BAD_ARGS" and time.perf_counter() - started < 0.05
+    largest = "x" * 50 + "{a,b}" * 8 + "*c*d*e"  # 16 KB expanded: admitted
+    Glob().validate(GlobArgs(pattern=largest))
+    started = time.perf_counter()
+    compile_glob(largest)  # in the worker
+    assert time.perf_counter() - started < 0.5

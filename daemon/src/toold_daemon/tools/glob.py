@@ -9,7 +9,7 @@ from msgspec import Meta
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError, bad_args
-from ..globmatch import GlobTooComplex, compile_glob, literal_prefix
+from ..globmatch import GlobTooComplex, compile_glob, expand_braces, literal_prefix
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import GlobData
 from ._walk import Walker
@@ -42,8 +42,8 @@ class Glob(Tool[GlobArgs]):
     def validate(self, args: GlobArgs) -> None:
         if args.pattern.startswith("/") or ".." in args.pattern.split("/"):
             raise bad_args("pattern must be relative and must not contain '..'")
-        try:
-            compile_glob(args.pattern, case_sensitive=args.case_sensitive)
+        try:  # expanding is cheap; compiling is the worker's (validate runs in the daemon)
+            expand_braces(args.pattern)
         except GlobTooComplex as exc:
             raise bad_args(str(exc)) from None
 

@@ -27,7 +27,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from .. import regexguard
 from ..errors import ToolError, bad_args
-from ..globmatch import GlobTooComplex, compile_glob
+from ..globmatch import GlobTooComplex, compile_glob, expand_braces
 from ..sandbox import Sandbox
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import GrepData
@@ -74,8 +74,9 @@ class Grep(Tool[GrepArgs]):
             re.compile(args.pattern)
         except re.error as exc:
             raise bad_args(f"invalid regular expression: {exc}") from None
-        try:
-            _file_filter(args.file_pattern)
+        try:  # expanding is cheap; compiling is the worker's (validate runs in the daemon)
+            if isinstance(args.file_pattern, str):
+                expand_braces(args.file_pattern)
         except GlobTooComplex as exc:
             raise bad_args(f"file_pattern: {exc}") from None
 
