@@ -142,7 +142,7 @@ def _could_match(sandbox: Sandbox, absolute: str) -> str | None:
     for pattern, example in _examples(sandbox.denied_patterns):
         if example.startswith(".") and not name.startswith("."):
             continue
-        if fnmatch.fnmatchcase(example, name):
+        if fnmatch.fnmatchcase(example.casefold(), name.casefold()):  # as the sandbox: whatever the case
             return pattern
     return None
 

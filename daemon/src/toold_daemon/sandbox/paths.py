@@ -31,6 +31,18 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
 
 
+def _folded_glob(pattern: str) -> re.Pattern[str]:
+    """Denied and protected patterns match names whatever their case: they are compiled
+    casefolded, and a path is casefolded before it is matched. A directory may fold case
+    (ext4 and tmpfs ``casefold``, vfat, exfat, a host folder shared into a VM): there
+    ``.ENV`` opens ``.env``, ``.GIT/hooks`` is ``.git/hooks``, and Unicode folds more
+    onto ASCII (KELVIN SIGN to ``k``, LONG S and ``ß`` to ``s``). Nothing the daemon can
+    ask cheaply says which directories fold; refusing ``.ENV`` where it is a file of its
+    own is the price. (``casefold`` then a plain match costs a walk ~60 ns a name, where
+    ``re.IGNORECASE`` cost 360 and misses ``ß``.)"""
+    return compile_glob(pattern.casefold())
+
+
 def _alternation(patterns: list[tuple[str, re.Pattern[str]]]) -> re.Pattern[str] | None:
     """One regex answering "does any of these match?" in a single pass."""
     if not patterns:
@@ -44,7 +56,7 @@ def _names_first(patterns: Iterable[str]) -> re.Pattern[str] | None:
     names = [last_name_glob(p) for p in patterns]
     if not names or any(name is None for name in names):
         return None
-    return re.compile("|".join(f"(?:{compile_glob(name).pattern})" for name in names if name), re.DOTALL)
+    return re.compile("|".join(f"(?:{_folded_glob(name).pattern})" for name in names if name), re.DOTALL)
 
 
 def _canonical(path: str) -> str:
@@ -140,10 +152,10 @@ class Sandbox:
         self.denied_patterns: tuple[str, ...] = tuple(dict.fromkeys(denied_patterns))
         # Absolute patterns ("/srv/secrets/**") match the absolute path; the others match the
         # path relative to its root, which is shorter and so cheaper to match on every call.
-        self._denied_abs = [(p, compile_glob(p.lstrip("/"))) for p in self.denied_patterns if p.startswith("/")]
-        self._denied_rel = [(p, compile_glob(p)) for p in self.denied_patterns if not p.startswith("/")]
+        self._denied_abs = [(p, _folded_glob(p.lstrip("/"))) for p in self.denied_patterns if p.startswith("/")]
+        self._denied_rel = [(p, _folded_glob(p)) for p in self.denied_patterns if not p.startswith("/")]
         self.protected_patterns: tuple[str, ...] = tuple(dict.fromkeys(protected_patterns))
-        self._protected = [(p, compile_glob(p)) for p in self.protected_patterns]
+        self._protected = [(p, _folded_glob(p)) for p in self.protected_patterns]
         self._protected_any = _alternation(self._protected)
         #: Dot-entries directly in any home directory are protected too (``HOME_DOTFILES``).
         self.protect_homes = protect_homes
@@ -154,7 +166,7 @@ class Sandbox:
         for root in self.roots:
             # Relative patterns see paths relative to the root, so a root *inside* a denied
             # location (say ~/.ssh) would escape them: refuse such a root outright.
-            inside = (root / "probe").as_posix().lstrip("/")
+            inside = (root / "probe").as_posix().lstrip("/").casefold()
             hit = next((p for p, regex in self._denied_rel if regex.match(inside)), None)
             if hit is not None:
                 raise ValueError(f"sandbox root {root} lies inside a location denied by pattern {hit}")
@@ -225,7 +237,7 @@ class Sandbox:
         can be denied: the check a walk makes on every entry before building its path."""
         if not self.denied_patterns:
             return False
-        return self._denied_names is None or self._denied_names.match(name) is not None
+        return self._denied_names is None or self._denied_names.match(name.casefold()) is not None
 
     def may_be_protected(self, name: str) -> bool:
         """As ``may_be_denied``, for the protected patterns and a home's dot-entries."""
@@ -233,7 +245,7 @@ class Sandbox:
             return True
         if not self.protected_patterns:
             return False
-        return self._protected_names is None or self._protected_names.match(name) is not None
+        return self._protected_names is None or self._protected_names.match(name.casefold()) is not None
 
     def name_screen(self, *, protected: bool) -> Callable[[str], object] | None:
         """One test a walk makes on each entry's name: falsy when neither ``may_be_denied``
@@ -252,7 +264,8 @@ class Sandbox:
             screens.append(r"\.")
         if not screens:
             return lambda name: False
-        return re.compile("|".join(f"(?:{screen})" for screen in screens), re.DOTALL).match
+        match = re.compile("|".join(f"(?:{screen})" for screen in screens), re.DOTALL).match
+        return lambda name: match(name.casefold())
 
     def denied_pattern(self, path: Path | str) -> str | None:
         """The first denied pattern matching canonical ``path``, or None."""
@@ -264,8 +277,8 @@ class Sandbox:
             else text.lstrip("/")
         )
         for candidates, combined, subject in (
-            (self._denied_rel, self._denied_rel_any, rel),
-            (self._denied_abs, self._denied_abs_any, text.lstrip("/")),
+            (self._denied_rel, self._denied_rel_any, rel.casefold()),
+            (self._denied_abs, self._denied_abs_any, text.lstrip("/").casefold()),
         ):
             if combined is not None and combined.match(subject):
                 return next(p for p, regex in candidates if regex.match(subject))
@@ -293,7 +306,7 @@ class Sandbox:
             return None
         if self.protect_homes and home_dotfile(text, home_directories()) is not None:
             return HOME_DOTFILES
-        rel = text[len(self._root_prefixes[index][1]) :]
+        rel = text[len(self._root_prefixes[index][1]) :].casefold()
         if self._protected_any is None or not self._protected_any.match(rel):
             return None
         return next((p for p, regex in self._protected if regex.match(rel)), None)

@@ -192,8 +192,8 @@ def _ripgrep_run(rg: str, target: Path, args: GrepArgs, ctx: ToolContext, *, sor
     if isinstance(args.file_pattern, str) and "/" not in args.file_pattern.strip("/") and ":" not in args.file_pattern:
         # A file type, not --glob: rg's --glob whitelists and so overrides hidden and .gitignore rules.
         cmd += ["--type-add", f"toold:{args.file_pattern.strip('/')}", "--type", "toold"]
-    for pattern in sandbox.denied_patterns:
-        cmd += ["--glob", "!" + pattern]
+    for pattern in sandbox.denied_patterns:  # whatever their case, as the sandbox matches them
+        cmd += ["--iglob", "!" + pattern]
     cmd += ["--regexp", args.pattern, "--", rel]
     proc = subprocess.Popen(
         cmd,
@@ -241,7 +241,7 @@ def _ripgrep_run(rg: str, target: Path, args: GrepArgs, ctx: ToolContext, *, sor
     if not sort:
         hits = _first_matches(_in_path_order(hits), args.max_results)
     root_text = str(root)
-    return [_relative_to_workspace(h, sandbox, root_text) for h in _without_denied_links(hits, sandbox, root)]
+    return [_relative_to_workspace(h, sandbox, root_text) for h in _without_denied(hits, sandbox, root)]
 
 
 def _in_path_order(hits: list[Hit]) -> list[Hit]:
@@ -264,14 +264,18 @@ def _first_matches(hits: list[Hit], max_results: int) -> list[Hit]:
     return hits
 
 
-def _without_denied_links(hits: list[Hit], sandbox: Sandbox, root: Path) -> list[Hit]:
-    """ripgrep opens files itself: drop hits in hard links to denied files, which the
-    ``--glob`` exclusions cannot see (the Python engine opens through the sandbox).
-    Without denied patterns nothing is denied, and no file is looked at again."""
+def _without_denied(hits: list[Hit], sandbox: Sandbox, root: Path) -> list[Hit]:
+    """ripgrep's ``--iglob`` exclusions keep it from reading most denied files; drop
+    what they cannot see: a name the sandbox matches and ripgrep's globs do not (KELVIN
+    SIGN for ``k``), and hard links to denied files (the Python engine opens through the
+    sandbox). Without denied patterns nothing is denied, and no file is looked at again."""
     if not sandbox.denied_patterns:
         return hits
     refused: dict[str, bool] = {}
     for path in {h.path for h in hits}:
+        if sandbox.denied_pattern(os.path.join(root, path.removeprefix("./"))) is not None:
+            refused[path] = True
+            continue
         try:
             sandbox.refuse_denied_link(os.lstat(root / path), path)
             refused[path] = False
