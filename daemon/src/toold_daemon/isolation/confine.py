@@ -24,6 +24,7 @@ from ..sandbox.denied_tree import Found, find_denied
 from ..sandbox.homes import home_directories, homes_within
 from ..sandbox.paths import Sandbox
 from . import cgroup, kernel
+from .other_spellings import identities, partial_because_folded, reached_by_other_spelling
 from .wire import Limits, SpawnRequest
 
 
@@ -303,11 +304,15 @@ def _mount_views(request: SpawnRequest, readonly: list[str], *, new_user_namespa
     found = _find_below_roots(request)
     layers = {"denied_files": _hide_denied(request, found), "protected_paths": _protect(request, found, readonly)}
     if readonly:
+        before = identities(readonly)
         try:
             for path in readonly:
                 kernel.bind_read_only(path)
             names = sorted({os.path.basename(p) for p in readonly})
             layers["readonly_paths"] = f"on ({', '.join(names)} read-only for commands)"
+            reached = reached_by_other_spelling(before)
+            if reached:
+                layers["readonly_paths"] = partial_because_folded(reached, f"of {len(readonly)} are writable,")
         except OSError as exc:
             layers["readonly_paths"] = f"off: read-only paths for commands refused ({exc.strerror})"
     return layers
@@ -364,6 +369,7 @@ def _hide_denied(request: SpawnRequest, found: Found) -> str:
         return "off: no denied patterns"
     if not request.roots:
         return "off: no roots"
+    before = identities([*found.files, *found.directories])
     try:
         for path in found.files:
             kernel.hide_file(path)
@@ -372,6 +378,9 @@ def _hide_denied(request: SpawnRequest, found: Found) -> str:
     except OSError as exc:
         return f"off: a denied file could not be covered ({exc.strerror})"
     count = len(found.files) + len(found.directories)
+    reached = reached_by_other_spelling(before)
+    if reached:
+        return partial_because_folded(reached, f"of {count} denied entries are")
     if not found.complete:
         return f"partial: {count} hidden; stopped after {request.hide_max_entries} entries (hide_denied_max_entries)"
     return f"on ({count} hidden when commands started)"
@@ -385,6 +394,9 @@ def _protect(request: SpawnRequest, found: Found, readonly: list[str]) -> str:
         return "off: no protected locations"
     homes = homes_within(request.roots, home_directories()) if request.protect_homes else []
     covered = {*found.files, *found.directories}
+    skip = set(readonly)
+    shown = [p for p in found.protected if p not in skip and p not in covered]
+    before = identities(shown)
     try:
         for home in homes:
             kernel.bind_read_only(home)
@@ -394,12 +406,13 @@ def _protect(request: SpawnRequest, found: Found, readonly: list[str]) -> str:
                         continue
                     if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
                         kernel.bind_writable(entry.path)
-        skip = set(readonly)
-        shown = [p for p in found.protected if p not in skip and p not in covered]
         for path in shown:
             kernel.bind_read_only(path)
     except OSError as exc:
         return f"off: protected locations could not be made read-only ({exc.strerror})"
+    reached = reached_by_other_spelling(before)
+    if reached:
+        return partial_because_folded(reached, f"of {len(shown)} protected entries are writable,")
     partial = "" if found.complete else f"; the search stopped after {request.hide_max_entries} entries"
     return f"on ({len(homes)} home(s) and {len(shown)} protected entries read-only for commands{partial})"
 

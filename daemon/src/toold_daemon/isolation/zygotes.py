@@ -118,6 +118,18 @@ def kind_of(request: SpawnRequest) -> Kind:
     )
 
 
+#: The layers a zygote builds from what lies below the roots (the probe at start cannot
+#: know them): a workspace's own state, worth a warning when one of them holds only in part.
+_VIEW_LAYERS = ("denied_files", "protected_paths", "readonly_paths")
+
+
+def _warn_of_partial_views(layers: dict[str, str]) -> None:
+    for name in _VIEW_LAYERS:
+        state = layers.get(name, "")
+        if state.startswith("partial"):
+            log.warning("commands' isolation layer %s: %s", name, state)
+
+
 class Leaving(msgspec.Struct, frozen=True, eq=False):
     """A zygote on its way out of the cgroup of a command it started: its pid (which that
     call's kill spares meanwhile), and ``done``, set once it is out."""
@@ -401,6 +413,7 @@ class Zygotes:
             self._retire_zygote(zygote)
             raise ZygoteUnavailable(ready.error_message)
         zygote.layers = dict(ready.layers)
+        _warn_of_partial_views(zygote.layers)
         if fds:  # proxy mode: the link to the zygote's egress process
             zygote.egress = trio.socket.from_stdlib_socket(socket.socket(fileno=fds[0]))
             for extra in fds[1:]:
