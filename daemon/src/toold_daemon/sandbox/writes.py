@@ -41,6 +41,10 @@ _NO_UNNAMED = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT, errno
 #: What linking an unnamed file in through /proc fails with where that cannot be done (no
 #: /proc, a kernel or security module that refuses it): the file is then copied to a named
 #: temp file instead, and this process stages named temp files from then on.
+#: What fchmod of a file of our own answers on a filesystem whose files have no modes
+#: of their own (FAT, exFAT: one mode for the whole mount): EPERM from the kernel's
+#: vfat, ENOSYS or EOPNOTSUPP from a FUSE server without chmod.
+_NO_MODES = {errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP}
 _NO_LINK = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTDIR, errno.ELOOP}
 _unnamed = [bool(_O_TMPFILE)]
 
@@ -154,7 +158,7 @@ def stage(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) 
         while view:
             view = view[os.write(fd, view) :]
         if mode is not None:
-            os.fchmod(fd, mode)
+            set_mode(fd, mode)
         os.fsync(fd)
     except OSError as exc:
         os.close(fd)
@@ -221,6 +225,17 @@ def put_in_place(dir_fd: int, staged: Staged, name: str, *, shown: str) -> None:
     os.fsync(dir_fd)
 
 
+def set_mode(fd: int, mode: int) -> None:
+    """``fchmod``, where the filesystem keeps modes: on one that keeps none (a FAT or
+    exFAT disk) a file of our own has the mode every file there has, and a write or an
+    undo of a file there goes on without it (before, each failed)."""
+    try:
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        if exc.errno not in _NO_MODES or os.fstat(fd).st_uid != os.geteuid():
+            raise
+
+
 def _linked_in(dir_fd: int, fd: int, name: str, shown: str) -> str:
     """A temp name in ``dir_fd`` for the unnamed file ``fd``: linked through /proc (an
     unnamed file's only way to a name without privilege), else a copy."""
@@ -240,7 +255,7 @@ def _linked_in(dir_fd: int, fd: int, name: str, shown: str) -> str:
             view = memoryview(chunk)
             while view:
                 view = view[os.write(copy, view) :]
-        os.fchmod(copy, stat.S_IMODE(os.fstat(fd).st_mode))
+        set_mode(copy, stat.S_IMODE(os.fstat(fd).st_mode))
         os.fsync(copy)
     except OSError:
         _unlink_quietly(dir_fd, temp)

@@ -29,7 +29,7 @@ from msgspec import Meta
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError
-from ..sandbox.writes import atomic_write, clipped, delete, parent_dir, temp_prefix
+from ..sandbox.writes import atomic_write, clipped, delete, parent_dir, set_mode, temp_prefix
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
 from .images import Image, Kind, image_of, state_of
 
@@ -369,7 +369,7 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
                 if stat.S_IMODE(os.fstat(fd).st_mode) != entry.mode:  # (what is right is left alone)
-                    os.fchmod(fd, entry.mode)
+                    set_mode(fd, entry.mode)
             finally:
                 os.close(fd)
         elif entry.kind == "symlink":
