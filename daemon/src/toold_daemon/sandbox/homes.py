@@ -20,6 +20,7 @@ import pwd
 import time
 
 from ..config import HOME_DOTFILES
+from .lookups import refuse_to_wait
 
 _FRESH_SECONDS = 60.0
 _cache: dict[str, tuple[float, frozenset[str]]] = {}
@@ -31,6 +32,7 @@ def home_directories() -> frozenset[str]:
     cached = _cache.get("homes")
     if cached is not None and now - cached[0] < _FRESH_SECONDS:
         return cached[1]
+    refuse_to_wait()  # the user database and the homes (NFS, LDAP) may not answer: not on the loop
     candidates = {"/root"}
     try:
         candidates.update(entry.pw_dir for entry in pwd.getpwall())

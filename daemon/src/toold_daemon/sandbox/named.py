@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
-from .paths import Sandbox
+from .lookups import must_not_wait, refuse_to_wait
+from .paths import Sandbox, canonical
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # Bounds on the filesystem work this check does on the daemon's event loop: a command
@@ -88,7 +89,9 @@ def _denied_path(sandbox: Sandbox, absolute: str, real_dirs: dict[str, str]) -> 
 def _real_path(absolute: str, real_dirs: dict[str, str]) -> str:
     """``os.path.realpath(absolute)`` (normalised), its directory's part worked out once
     per check: a command's words mostly share a directory, and realpath costs a system
-    call for every component of it."""
+    call for every component of it. On the event loop, from the kernel's caches alone."""
+    if must_not_wait():
+        return canonical(absolute)
     directory, name = os.path.split(absolute)
     real_dir = real_dirs.get(directory)
     if real_dir is None:
@@ -118,6 +121,7 @@ def _denied_glob(sandbox: Sandbox, absolute: str, real_dirs: dict[str, str]) -> 
         return _could_match(sandbox, absolute)
     matcher = re.compile(fnmatch.translate(name))
     hidden_too = name.startswith(".")  # the shell's "*" skips dot files unless the glob starts with "."
+    refuse_to_wait()  # a listing may wait for the filesystem: not on the event loop
     try:
         with os.scandir(directory) as entries:
             for count, entry in enumerate(entries):

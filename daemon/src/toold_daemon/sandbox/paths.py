@@ -22,13 +22,13 @@ from ..errors import bad_args, from_os_error, sandbox_violation
 from ..globmatch import compile_glob, last_name_glob
 from .denied_tree import denied_inodes
 from .homes import HOME_DOTFILES, home_directories, home_dotfile
+from .lookups import open_path, refuse_to_wait
 
 # Tests only: with TOOLD_TEST_UNCHECKED_PATHS=1 in the daemon's environment, resolving
 # is lexical and opening follows symlinks, so a test can show that the kernel layer of
 # the tool workers (Landlock on the roots) holds on its own. ``toold serve`` warns loudly.
 UNCHECKED_FOR_TESTS = os.environ.get("TOOLD_TEST_UNCHECKED_PATHS") == "1"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
 
 
 def _folded_glob(pattern: str) -> re.Pattern[str]:
@@ -63,19 +63,28 @@ def _canonical(path: str) -> str:
     """The kernel's canonical name for ``path``: for an existing path, opened with O_PATH and read
     back from /proc (two syscalls); for one that is missing, its deepest existing directory's
     name with the rest appended (see ``_canonical_missing``); otherwise (or without /proc)
-    ``os.path.realpath``, which canonicalizes the deepest existing ancestor and appends the rest."""
+    ``os.path.realpath``, which canonicalizes the deepest existing ancestor and appends the rest.
+    On the event loop, lookups come from the kernel's caches or raise ``WouldBlock``."""
     try:
-        fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+        fd = open_path(path)
     except FileNotFoundError:
         return _canonical_missing(path)
     except OSError:
+        refuse_to_wait()
         return os.path.realpath(path)
     try:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
+        refuse_to_wait()
         return os.path.realpath(path)
     finally:
         os.close(fd)
+
+
+def canonical(path: str) -> str:
+    """``os.path.realpath(path)`` for an absolute ``path``, in fewer system calls, and on
+    the event loop from the kernel's caches alone (else ``WouldBlock``)."""
+    return _canonical(path)
 
 
 def _canonical_missing(path: str) -> str:
@@ -89,7 +98,7 @@ def _canonical_missing(path: str) -> str:
         head, name = os.path.split(head)
         missing.append(name)
         try:
-            fd = os.open(head, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = open_path(head, os.O_DIRECTORY)
         except FileNotFoundError:
             continue
         except OSError:
@@ -104,13 +113,14 @@ def _canonical_missing(path: str) -> str:
             os.close(fd)
         missing.reverse()
         return os.path.join(real_head, *missing)
+    refuse_to_wait()
     return os.path.realpath(path)
 
 
 def _entry_absent(dir_fd: int, name: str) -> bool:
     """No entry ``name`` in the directory (a dangling symlink is an entry)."""
     try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        os.close(open_path(name, os.O_NOFOLLOW, dir_fd=dir_fd))
     except FileNotFoundError:
         return True
     except OSError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,6 +68,7 @@ class Workspaces:
         self.config = config
         self.daemon_sandbox = daemon_sandbox
         self._sandboxes: OrderedDict[tuple[str, bool], Sandbox] = OrderedDict()
+        self._lock = threading.Lock()  # ``choose`` and ``settle`` run on threads (they look at disks)
 
     def choose(self, uid: int, workspace: str) -> Sandbox:
         """The sandbox for ``workspace`` as asked by ``uid``; raises WorkspaceRefused. An
@@ -105,14 +107,17 @@ class Workspaces:
 
     def _sandbox(self, real: str, *, verified: bool) -> Sandbox:
         key = (real, verified)
-        if key in self._sandboxes:
-            self._sandboxes.move_to_end(key)
-            return self._sandboxes[key]
+        with self._lock:
+            known = self._sandboxes.get(key)
+            if known is not None:
+                self._sandboxes.move_to_end(key)
+                return known
         try:
             sandbox = build_sandbox(self.config, [Path(real)], verified=verified)
         except (OSError, ValueError) as exc:
             raise WorkspaceRefused(str(exc)) from None
-        self._sandboxes[key] = sandbox
-        while len(self._sandboxes) > _CACHE_SIZE:
-            self._sandboxes.popitem(last=False)
+        with self._lock:
+            self._sandboxes[key] = sandbox
+            while len(self._sandboxes) > _CACHE_SIZE:
+                self._sandboxes.popitem(last=False)
         return sandbox

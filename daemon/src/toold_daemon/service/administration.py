@@ -39,6 +39,7 @@ from ..policy import planner
 from ..records.journal import Journal
 from ..records.journal_writer import JournalWriteFailed
 from ..records.stored_batches import StoredBatch
+from ..sandbox.lookups import WouldBlock, on_the_event_loop
 from ..sandbox.workspaces import WorkspaceRefused
 from ..tools import Tool
 from .planning_aside import COSTLY_ARGUMENT_BYTES
@@ -310,8 +311,14 @@ class Administration:
         call = ToolCall(call_id="explain", name=message.name, arguments=message.arguments)
         explain = functools.partial(self.shared.planner_for(session).explain, call)
         if len(message.arguments) <= COSTLY_ARGUMENT_BYTES:
-            self._explained(session, message, explain())
-            return
+            try:
+                with on_the_event_loop():
+                    explained = explain()
+            except WouldBlock:  # a path the kernel has not cached: looked up on a thread
+                pass
+            else:
+                self._explained(session, message, explained)
+                return
         if self.shared.refuses_more_planning(session, message.id):
             return
 

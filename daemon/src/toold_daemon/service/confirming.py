@@ -210,10 +210,9 @@ class ConfirmationFlow:
             modified = answer.modified_arguments.get(call.call_id)
             if modified is not None:
                 replan = functools.partial(self.shared.planner_for(session).replan, call, modified)
-                if len(modified) > COSTLY_ARGUMENT_BYTES:  # as a costly batch is planned: aside
-                    await self.shared.aside.plan(batch.identity.uid, replan)
-                else:
-                    replan()
+                await self.shared.aside.plan_soon(
+                    batch.identity.uid, replan, costly=len(modified) > COSTLY_ARGUMENT_BYTES
+                )
             if answer.remember_for_session and call.denial is None:
                 key = planner.grant_key(call)
                 if key:

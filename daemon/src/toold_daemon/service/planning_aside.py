@@ -10,6 +10,11 @@ interpreter with it, but takes its turn at least every switch interval (5 ms) in
 waiting for the whole plan. Each uid plans one such batch at a time, on at most
 ``THREADS`` threads together, with at most ``WAITING_PER_UID`` waiting: a user's
 costly batches queue behind their own, not behind everyone's.
+
+A batch whose paths the kernel has not cached is planned aside too (``WouldBlock``, see
+``sandbox.lookups``): its lookups may wait for a filesystem, maybe for good (a stopped FUSE
+server, an NFS server gone). A thread waiting so holds no CPU, and each uid holds at most
+one: ``THREADS`` bounds how many users' plans run at once, not how many may wait.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from typing import TypeVar
 
 import trio
 
+from ..sandbox.lookups import WouldBlock, on_the_event_loop
+
 #: Arguments (MessagePack bytes, all calls together) past which a batch is planned aside.
 COSTLY_ARGUMENT_BYTES = 16 * 1024
-THREADS = 2
+THREADS = 8
 #: Costly batches of one uid planned or waiting to be; past it one more is refused.
 WAITING_PER_UID = 8
 
@@ -40,13 +47,26 @@ class PlanningAside:
     def waiting(self, uid: int) -> int:
         return self._waiting.get(uid, 0)
 
+    async def plan_soon(self, uid: int, plan: Callable[[], T], *, costly: bool) -> T:
+        """``plan`` here on the event loop when it is cheap and every lookup it makes is
+        in the kernel's caches, else on a thread (``plan``)."""
+        if not costly:
+            try:
+                with on_the_event_loop():
+                    return plan()
+            except WouldBlock:
+                pass
+        return await self.plan(uid, plan)
+
     async def plan(self, uid: int, plan: Callable[[], T]) -> T:
         """Run ``plan`` on a thread once it is ``uid``'s turn and a thread is free."""
         self._waiting[uid] = self._waiting.get(uid, 0) + 1
         turn = self._turns.setdefault(uid, trio.Lock())
         try:
             async with turn:
-                return await trio.to_thread.run_sync(plan, limiter=self._threads)
+                # Abandoned when cancelled (the daemon stopping): a plan changes nothing, and
+                # one waiting for a filesystem that never answers must not hold the stop.
+                return await trio.to_thread.run_sync(plan, limiter=self._threads, abandon_on_cancel=True)
         finally:
             left = self._waiting[uid] - 1
             if left:

@@ -13,6 +13,7 @@ undo, prune, policy explain and reload).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -301,12 +302,16 @@ class Service:
         """Accept ``message.workspace`` for this session or refuse it (WORKSPACE_REFUSED; the
         session then runs nothing): allowed place first, then the client's own worker must
         open it, as the client."""
+        uid, workspaces = session.identity.uid, self.shared.workspaces
         try:
-            sandbox = self.shared.workspaces.choose(session.identity.uid, message.workspace)
+            # On a thread: resolving the place asks its filesystem, which may not answer
+            # (an NFS home whose server is gone) and must not hold the event loop meanwhile.
+            sandbox = await self.shared.aside.plan(uid, functools.partial(workspaces.choose, uid, message.workspace))
             open_workspace = getattr(self.shared.executor.runner, "open_workspace", None)
             if open_workspace is not None:
                 canonical = await open_workspace(session.identity, sandbox)
-                sandbox = self.shared.workspaces.settle(session.identity.uid, sandbox, canonical or [])
+                settle = functools.partial(workspaces.settle, uid, sandbox, canonical or [])
+                sandbox = await self.shared.aside.plan(uid, settle)
         except (WorkspaceRefused, ToolError) as exc:
             reason = exc.message if isinstance(exc, ToolError) else str(exc)
             session.workspace_problem = f"workspace refused: {reason}"

@@ -36,6 +36,7 @@ from ..execution.batches import Batch, PreparedCall
 from ..records.journal import Journal
 from ..records.journal_writer import Commit, JournalWriteFailed
 from ..records.stored_batches import Submission, fingerprint
+from ..sandbox.lookups import WouldBlock, on_the_event_loop
 from .batch_ids import new_batch_id
 from .confirming import ConfirmationFlow
 from .held_accepts import HeldAccepts, SendAcceptance
@@ -142,7 +143,12 @@ class BatchRuns:
             if sum(len(call.arguments) for call in message.calls) > COSTLY_ARGUMENT_BYTES:
                 self._plan_aside(session, message, plan, trusted)
                 return
-            prepared = plan()
+            try:
+                with on_the_event_loop():
+                    prepared = plan()
+            except WouldBlock:  # a path the kernel has not cached: looked up on a thread
+                self._plan_aside(session, message, plan, trusted)
+                return
         calls = prepared
         batch_id = chosen or new_batch_id()
         if message.dry_run:

@@ -10,6 +10,7 @@ from msgspec import Meta
 
 from ..config import Config
 from ..errors import bad_args, file_not_found
+from ..sandbox.lookups import open_path
 from ..sandbox.writes import delete, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import DeleteFileData
@@ -49,7 +50,7 @@ class DeleteFile(Tool[DeleteFileArgs]):
         if path is None:
             return
         try:
-            os.lstat(path)
+            os.close(open_path(str(path), os.O_NOFOLLOW))
         except FileNotFoundError:
             raise file_not_found(args.path) from None
         except OSError:

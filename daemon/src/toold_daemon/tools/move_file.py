@@ -12,6 +12,7 @@ from msgspec import Meta
 
 from ..config import Config
 from ..errors import bad_args, file_exists, file_not_found
+from ..sandbox.lookups import lexists
 from ..sandbox.writes import move, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import MoveFileData
@@ -51,12 +52,12 @@ class MoveFile(Tool[MoveFileArgs]):
 
     def precheck(self, args: MoveFileArgs, resolved: dict[str, Path], config: Config) -> None:
         destination = resolved.get(args.destination)
-        if not args.overwrite and destination is not None and os.path.lexists(destination):
+        if not args.overwrite and destination is not None and lexists(str(destination)):
             raise file_exists(args.destination)
 
     def prompts(self, args: MoveFileArgs, resolved: dict[str, Path], config: Config) -> bool:
         destination = resolved.get(args.destination)
-        return destination is None or os.path.lexists(destination)  # asks only when replacing
+        return destination is None or lexists(str(destination))  # asks only when replacing
 
     def changes(self, args: MoveFileArgs, ctx: ToolContext) -> list[Path]:
         return [ctx.resolve(args.source, follow_last=False), ctx.resolve(args.destination, follow_last=False)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -14,6 +13,7 @@ from toold_protocol import ToolErrorType
 
 from ..config import Config
 from ..errors import ToolError, bad_args, file_exists
+from ..sandbox.lookups import lexists
 from ..sandbox.writes import atomic_write, parent_dir, read_existing
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import WriteFileData
@@ -56,7 +56,7 @@ class WriteFile(Tool[WriteFileArgs]):
 
     def precheck(self, args: WriteFileArgs, resolved: dict[str, Path], config: Config) -> None:
         path = resolved.get(args.path)
-        if not args.overwrite and path is not None and os.path.lexists(path):
+        if not args.overwrite and path is not None and lexists(str(path)):
             raise file_exists(args.path)
 
     def prompts(self, args: WriteFileArgs, resolved: dict[str, Path], config: Config) -> bool:

@@ -1,0 +1,37 @@
+"""Lookups on the event loop come from the kernel's caches, or say they would wait."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.folding_disk import fat_disk
+from toold_daemon.sandbox.lookups import WouldBlock, lexists, on_the_event_loop, open_path
+from toold_daemon.sandbox.paths import canonical
+
+
+def test_a_cached_path_is_looked_up_on_the_loop(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f.txt").write_text("x")
+    with on_the_event_loop():
+        os.close(open_path(str(tmp_path / "a" / "f.txt")))
+        assert lexists(str(tmp_path / "a" / "f.txt"))
+        assert canonical(str(tmp_path / "a" / "f.txt")) == str(tmp_path / "a" / "f.txt")
+
+
+def test_a_path_the_kernel_must_ask_a_disk_about_would_block_on_the_loop(tmp_path: Path) -> None:
+    """A FUSE disk's answers expire from the kernel's caches after a second: then only
+    the disk can answer, and on the loop the lookup declines instead of waiting."""
+    with fat_disk(tmp_path) as disk:
+        (disk / "f.txt").write_text("x")
+        time.sleep(2.5)
+        with on_the_event_loop(), pytest.raises(WouldBlock):
+            canonical(str(disk / "f.txt"))
+        with on_the_event_loop(), pytest.raises(WouldBlock):
+            lexists(str(disk / "f.txt"))
+        assert canonical(str(disk / "f.txt")) == str(disk / "f.txt")  # off the loop: it asks the disk
+        with on_the_event_loop():
+            assert lexists(str(disk / "f.txt"))  # and now the answer is cached

@@ -1,0 +1,149 @@
+"""Class Q: a disk that stops answering holds the calls that touch it, and nothing else.
+
+An NFS or sshfs mount whose server went away, or a FUSE server its owner stopped, makes
+every lookup on it wait, maybe for good. The daemon plans each call on its event loop,
+and planning looks paths up: one ``read_file`` there held every client's ping for as
+long as the disk stayed stopped. Here the disk is a real FUSE file system (a FAT image,
+fusefat) stopped with SIGSTOP, after the kernel's cached answers about it have expired.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DaemonProcess, start_daemon
+from tests.folding_disk import fat_disk
+from toold_client import Client
+
+EVERYTHING = """
+[tools.approval]
+preset = "all"
+"""
+#: fusefat's answers stay in the kernel's caches this long (FUSE's default, 1 s), with room.
+CACHE_EXPIRY_S = 2.5
+
+
+@dataclass
+class StoppableDisk:
+    daemon: DaemonProcess
+    server_pid: int
+
+    def stop(self) -> None:
+        os.kill(self.server_pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.server_pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[StoppableDisk]:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "here.txt").write_text("on the local disk\n")
+    with fat_disk(root) as mount:
+        for name in ("read.txt", "delete.txt", "move.txt", "shell.txt"):
+            (mount / name).write_text(f"{name} on the stopped disk\n")
+        (mount / "workspace").mkdir()
+        found = subprocess.run(["pgrep", "-f", f"fusefat.*{mount}"], capture_output=True, text=True).stdout.split()
+        (tmp_path / "daemon").mkdir()
+        daemon = start_daemon(tmp_path / "daemon", root, config=EVERYTHING)
+        held = StoppableDisk(daemon, int(found[0]))
+        try:
+            yield held
+        finally:
+            held.resume()
+            daemon.stop()
+
+
+def _in_background(work: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except Exception as exc:  # reported by the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_calls_on_a_stopped_disk_hold_nobody_else(disk: StoppableDisk) -> None:
+    daemon = disk.daemon
+    time.sleep(CACHE_EXPIRY_S)
+    disk.stop()
+
+    def call(name: str, arguments: dict[str, object]) -> Callable[[], object]:
+        def work() -> object:
+            with daemon.client(timeout=60) as c:
+                return c.call(name, arguments, timeout=60)
+
+        return work
+
+    def explain() -> object:
+        with daemon.client(timeout=60) as c:
+            return c.explain("read_file", {"path": "fat/read.txt"})
+
+    def open_workspace() -> object:
+        with Client(daemon.endpoint, timeout=60, workspace=daemon.root / "fat" / "workspace") as c:
+            return c.call("list_directory", {"path": "."}, timeout=60)
+
+    stuck = [
+        _in_background(work)
+        for work in (
+            call("read_file", {"path": "fat/read.txt"}),
+            call("write_file", {"path": "fat/new.txt", "content": "new\n"}),
+            call("delete_file", {"path": "fat/delete.txt"}),
+            call("move_file", {"source": "fat/move.txt", "destination": "fat/moved.txt"}),
+            call("shell", {"command": "cat fat/shell.txt"}),
+            explain,
+            open_workspace,
+        )
+    ]
+    time.sleep(0.5)
+    with daemon.client(timeout=5) as other:
+        for _ in range(5):
+            started = time.monotonic()
+            other.ping(timeout=2)
+            read = other.call("read_file", {"path": "here.txt"}, timeout=2)
+            assert read.ok and "local disk" in read.content
+            assert time.monotonic() - started < 1.0
+    assert all(thread.is_alive() for thread, _ in stuck)  # the disk still holds them
+
+    disk.resume()
+    for thread, _ in stuck:
+        thread.join(30)
+    outcomes = [outcome[0] if outcome else None for _, outcome in stuck]
+    for outcome in outcomes:
+        assert not isinstance(outcome, Exception) and outcome is not None, outcomes
+        assert getattr(outcome, "ok", True), outcome
+    assert (daemon.root / "fat" / "new.txt").read_text() == "new\n"
+    assert not (daemon.root / "fat" / "delete.txt").exists()
+    assert (daemon.root / "fat" / "moved.txt").exists()
+    assert "shell.txt on the stopped disk" in outcomes[4].content  # type: ignore[union-attr]
+
+
+def test_the_daemon_stops_while_a_call_waits_on_a_stopped_disk(disk: StoppableDisk) -> None:
+    daemon = disk.daemon
+    time.sleep(CACHE_EXPIRY_S)
+    disk.stop()
+
+    def read() -> object:
+        with daemon.client(timeout=60) as c:
+            return c.call("read_file", {"path": "fat/read.txt"}, timeout=60)
+
+    _in_background(read)
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert daemon.stop(timeout=10) == 0
+    assert time.monotonic() - started < 5
