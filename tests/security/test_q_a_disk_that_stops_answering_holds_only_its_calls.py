@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import DaemonProcess, start_daemon
 from tests.folding_disk import fat_disk
-from toold_client import Client
+from toold_client import CallSpec, Client
 
 EVERYTHING = """
 [tools.approval]
@@ -147,3 +147,49 @@ def test_the_daemon_stops_while_a_call_waits_on_a_stopped_disk(disk: StoppableDi
     started = time.monotonic()
     assert daemon.stop(timeout=10) == 0
     assert time.monotonic() - started < 5
+
+
+def test_resuming_a_batch_whose_workspace_is_on_a_stopped_disk_holds_nobody_else(
+    disk: StoppableDisk, tmp_path: Path
+) -> None:
+    """``toolctl recover --resume`` opens the interrupted batch's workspace again: on a
+    thread, as a session's opening does."""
+    workspace = disk.daemon.root / "fat" / "workspace"
+    calls = [
+        CallSpec("shell", {"command": "sleep 30"}),
+        CallSpec("write_file", {"path": "after.txt", "content": "resumed\n"}),
+    ]
+
+    def submit() -> object:
+        with Client(disk.daemon.endpoint, timeout=60, workspace=workspace) as c:
+            return c.submit(calls, batch_id="on-the-disk")
+
+    _in_background(submit)
+    time.sleep(2)  # the command runs: the batch is interrupted by what follows
+    disk.daemon.proc.send_signal(signal.SIGKILL)
+    disk.daemon.proc.wait()
+    disk.daemon = start_daemon(tmp_path / "daemon", disk.daemon.root, config=EVERYTHING)
+    with disk.daemon.client(timeout=10) as c:
+        assert c.get_batch("on-the-disk").state == "interrupted"
+
+    time.sleep(CACHE_EXPIRY_S)
+    disk.stop()
+
+    def resume() -> object:
+        with disk.daemon.client(timeout=60) as c:
+            return c.recover("on-the-disk", "resume")
+
+    thread, outcome = _in_background(resume)
+    time.sleep(0.5)
+    with disk.daemon.client(timeout=5) as other:
+        for _ in range(5):
+            started = time.monotonic()
+            other.ping(timeout=2)
+            assert time.monotonic() - started < 1.0
+        with pytest.raises(Exception, match="being resumed"):  # and never twice
+            other.recover("on-the-disk", "resume")
+    assert thread.is_alive()
+    disk.resume()
+    thread.join(30)
+    assert outcome and getattr(outcome[0], "state", None) == "finished", outcome
+    assert (workspace / "after.txt").read_text() == "resumed\n"

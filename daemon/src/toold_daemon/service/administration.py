@@ -54,6 +54,9 @@ class Administration:
     def __init__(self, shared: Shared, runs: BatchRuns) -> None:
         self.shared = shared
         self.runs = runs
+        #: Interrupted batches whose resumption is under way (their workspace looked at
+        #: on a thread): a second ``recover`` of one is refused, never run twice.
+        self._resuming: set[str] = set()
 
     def _journal(self, session: Session, request_id: int) -> Journal | None:
         """The journal, or None after telling the client this daemon keeps none."""
@@ -154,12 +157,14 @@ class Administration:
         if journal is None or stored is None:
             return
         live = self.shared.batches.get(stored.batch_id)
-        if stored.state != "interrupted" or (live is not None and not live.done.is_set()):
+        resuming = stored.batch_id in self._resuming
+        if stored.state != "interrupted" or (live is not None and not live.done.is_set()) or resuming:
             self.shared.error(
                 session.peer,
                 message.id,
                 ProtocolErrorCode.NOT_INTERRUPTED,
-                f"batch {message.batch_id!r} is {stored.state}, not interrupted",
+                f"batch {message.batch_id!r} is "
+                + ("being resumed" if resuming else f"{stored.state}, not interrupted"),
             )
             return
         if message.action == "discard":
@@ -167,22 +172,37 @@ class Administration:
             self.runs.forget_batch(stored.batch_id)
             self.shared.reply(session, Ack(id=message.id))
             return
-        # Planned as the batch's original owner and client, in its workspace, under today's policy.
+        self._resuming.add(stored.batch_id)
+        self.shared.answer_later(session, message.id, functools.partial(self._resume, session, message, stored))
+
+    async def _resume(self, session: Session, message: Recover, stored: StoredBatch) -> None:
+        """Plan an interrupted batch's calls as its original owner and client, in its
+        workspace, under today's policy, and run them. The workspace is looked at on a
+        thread, the plan on the loop only where the kernel has every path cached: its disk
+        may not answer (see ``sandbox.lookups``)."""
+        journal = self.shared.journal
+        assert journal is not None
+        uid = stored.identity.uid
         try:
-            sandbox = self.shared.workspaces.choose(stored.identity.uid, stored.workspace) if stored.workspace else None
-        except WorkspaceRefused as exc:
-            self.shared.error(
-                session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, f"workspace refused: {exc}"
+            try:
+                choose = functools.partial(self.shared.workspaces.choose, uid, stored.workspace)
+                sandbox = await self.shared.aside.plan(uid, choose) if stored.workspace else None
+            except WorkspaceRefused as exc:
+                self.shared.error(
+                    session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, f"workspace refused: {exc}"
+                )
+                return
+            owner = planner.Planner(
+                self.shared.registry,
+                sandbox or self.shared.sandbox,
+                self.shared.config,
+                stored.identity,
+                stored.client_name,
             )
-            return
-        owner = planner.Planner(
-            self.shared.registry,
-            sandbox or self.shared.sandbox,
-            self.shared.config,
-            stored.identity,
-            stored.client_name,
-        )
-        calls = owner.plan([c.tool_call() for c in stored.calls])
+            plan = functools.partial(owner.plan, [c.tool_call() for c in stored.calls])
+            calls = await self.shared.aside.plan_soon(uid, plan, costly=False)
+        finally:
+            self._resuming.discard(stored.batch_id)
         for call in calls:
             recorded = stored.results[call.index]
             if recorded is None and call.result is not None:
