@@ -10,7 +10,7 @@ import pytest
 
 from tests.folding_disk import fat_disk
 from toold_daemon.sandbox.lookups import WouldBlock, lexists, on_the_event_loop, open_path
-from toold_daemon.sandbox.paths import canonical
+from toold_daemon.sandbox.paths import Sandbox
 
 
 def test_a_cached_path_is_looked_up_on_the_loop(tmp_path: Path) -> None:
@@ -19,7 +19,19 @@ def test_a_cached_path_is_looked_up_on_the_loop(tmp_path: Path) -> None:
     with on_the_event_loop():
         os.close(open_path(str(tmp_path / "a" / "f.txt")))
         assert lexists(str(tmp_path / "a" / "f.txt"))
-        assert canonical(str(tmp_path / "a" / "f.txt")) == str(tmp_path / "a" / "f.txt")
+        assert Sandbox([tmp_path]).canonical(str(tmp_path / "a" / "f.txt")) == str(tmp_path / "a" / "f.txt")
+
+
+def test_a_name_never_looked_up_on_a_local_disk_is_looked_up_there(tmp_path: Path) -> None:
+    """A new file's name, a command's word: the kernel has no entry for it yet, and one
+    real lookup in a cached directory of a local disk answers (no thread needed)."""
+    (tmp_path / "a").mkdir()
+    sandbox = Sandbox([tmp_path])
+    name = f"never-looked-up-{os.getpid()}-{time.monotonic_ns()}"
+    with on_the_event_loop():
+        with pytest.raises(WouldBlock):
+            open_path(str(tmp_path / "a" / name))  # the cache alone cannot say
+        assert sandbox.canonical(str(tmp_path / "a" / name)) == str(tmp_path / "a" / name)
 
 
 def test_a_path_the_kernel_must_ask_a_disk_about_would_block_on_the_loop(tmp_path: Path) -> None:
@@ -27,11 +39,13 @@ def test_a_path_the_kernel_must_ask_a_disk_about_would_block_on_the_loop(tmp_pat
     the disk can answer, and on the loop the lookup declines instead of waiting."""
     with fat_disk(tmp_path) as disk:
         (disk / "f.txt").write_text("x")
+        on_disk, around_disk = Sandbox([disk]), Sandbox([tmp_path])  # a FUSE root; a mount below a local one
         time.sleep(2.5)
-        with on_the_event_loop(), pytest.raises(WouldBlock):
-            canonical(str(disk / "f.txt"))
+        for sandbox in (on_disk, around_disk):
+            with on_the_event_loop(), pytest.raises(WouldBlock):
+                sandbox.canonical(str(disk / "f.txt"))
         with on_the_event_loop(), pytest.raises(WouldBlock):
             lexists(str(disk / "f.txt"))
-        assert canonical(str(disk / "f.txt")) == str(disk / "f.txt")  # off the loop: it asks the disk
+        assert on_disk.canonical(str(disk / "f.txt")) == str(disk / "f.txt")  # off the loop: it asks the disk
         with on_the_event_loop():
             assert lexists(str(disk / "f.txt"))  # and now the answer is cached

@@ -19,7 +19,8 @@ from tests import link_trees
 from toold_daemon.config import Config
 from toold_daemon.policy.shell import MAX_COMMAND_CHARS, MAX_STEPS, MAX_WORDS, _check_characters, read_command
 from toold_daemon.policy.shell_parts import Unreadable
-from toold_daemon.sandbox import build_sandbox
+from toold_daemon.sandbox import Sandbox, build_sandbox
+from toold_daemon.sandbox.lookups import WouldBlock, on_the_event_loop
 from toold_daemon.sandbox.named import _real_path, denied_words
 
 
@@ -215,12 +216,20 @@ def test_real_paths_worked_out_per_directory_equal_realpath(
 ) -> None:
     base = str(tmp_path_factory.mktemp("tree"))
     link_trees.make_tree(base, drawn)
+    sandbox = Sandbox([base])
     real_dirs: dict[str, str] = {}
     for parts in asked:
         absolute = os.path.normpath(os.path.join(base, *parts))
         if _loops(absolute):
             continue  # the kernel refuses such a path (ELOOP); realpath's answer is arbitrary
-        assert _real_path(absolute, real_dirs) == os.path.realpath(absolute)
+        assert _real_path(sandbox, absolute, real_dirs) == os.path.realpath(absolute)
+        # On the event loop: the same answer, or none at all (the batch is then planned on a thread).
+        try:
+            with on_the_event_loop():
+                on_loop = _real_path(sandbox, absolute, {})
+        except WouldBlock:
+            continue
+        assert on_loop == os.path.realpath(absolute)
 
 
 def _loops(path: str) -> bool:

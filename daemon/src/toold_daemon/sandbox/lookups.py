@@ -11,7 +11,10 @@ While planning runs on the loop (``on_the_event_loop``), lookups here are made w
 ``openat2(RESOLVE_CACHED)``: answered from the kernel's caches or not at all (``EAGAIN``),
 and then ``WouldBlock`` is raised and the batch is planned again on a thread
 (``planning_aside``), where a lookup may wait. A path looked at recently is in the cache,
-so the common call stays on the loop. Elsewhere (on a thread, in a worker) these are
+so the common call stays on the loop. A name the cache does not know in a directory it
+does know, below a root on a local disk (``LocalRoot``), is looked up for real: one
+lookup there waits for that disk at most, not for another mount (a new file's name, a
+command's words; without this each sent its batch to a thread). Elsewhere (on a thread, in a worker) these are
 plain lookups. Without ``RESOLVE_CACHED`` (Linux before 5.12) lookups are plain
 everywhere, as before, and the daemon says so once in its log.
 """
@@ -22,12 +25,15 @@ import ctypes
 import errno
 import logging
 import os
+import stat
 import threading
+import weakref
 
 log = logging.getLogger(__name__)
 
 _O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
 _SYS_OPENAT2 = 437  # the same number on every architecture (Linux 5.6)
+_RESOLVE_NO_XDEV = 0x01
 _RESOLVE_CACHED = 0x20  # Linux 5.12
 _AT_FDCWD = -100
 
@@ -47,6 +53,7 @@ _syscall.restype = ctypes.c_long
 _HOW_SIZE = ctypes.c_long(ctypes.sizeof(_OpenHow))
 _AT_FDCWD_ARG = ctypes.c_long(_AT_FDCWD)
 _hows: dict[int, _OpenHow] = {}  # by flags: made once
+_hows_beneath: dict[int, _OpenHow] = {}
 _state = threading.local()
 #: False once the kernel has refused ``RESOLVE_CACHED``: lookups are plain from then on.
 _cached_lookups = [True]
@@ -106,6 +113,86 @@ def open_path(path: str, flags: int = 0, *, dir_fd: int | None = None) -> int:
         )
         return os.open(path, flags, dir_fd=dir_fd)
     raise OSError(code, os.strerror(code), path)
+
+
+#: ``statfs`` types of disks a lookup may wait for on the loop: local ones, whose
+#: answers come from this machine's own storage (not FUSE, NFS, CIFS, 9p, ...).
+LOCAL_FILESYSTEMS = frozenset(
+    {
+        0xEF53,  # ext2, ext3, ext4
+        0x58465342,  # xfs
+        0x9123683E,  # btrfs
+        0x01021994,  # tmpfs
+        0x858458F6,  # ramfs
+        0xF2F52010,  # f2fs
+        0x2FC12FC1,  # zfs
+        0xCA451A4E,  # bcachefs
+        0x794C7630,  # overlayfs (a container's root)
+    }
+)
+
+
+def filesystem_type(fd: int) -> int:
+    """``fstatfs(fd).f_type``; -1 where it cannot be told. (``os.statvfs`` has no type.)"""
+    buffer = ctypes.create_string_buffer(256)  # struct statfs, f_type first
+    if _libc.fstatfs(ctypes.c_int(fd), buffer) != 0:
+        return -1
+    return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
+
+
+class LocalRoot:
+    """A root on a local disk, held open: where a name the kernel has not cached may be
+    looked up on the loop (``canonical_below``)."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path, self.prefix, self.fd = path, path.rstrip("/") + "/", fd
+        weakref.finalize(self, os.close, fd)
+
+    def canonical_below(self, path: str) -> str:
+        """The canonical name of ``path`` (below this root) whose directory the kernel
+        has cached and whose last name it may not have: that name looked up for real, in
+        that directory only. ``WouldBlock`` for anything more (the directory not cached,
+        on another mount, or the name a symlink to follow)."""
+        parent, name = os.path.split(path[len(self.prefix) :])
+        how = _hows_beneath.get(0)
+        if how is None:
+            flags = _O_PATH | os.O_CLOEXEC | os.O_DIRECTORY
+            how = _hows_beneath[0] = _OpenHow(flags=flags, mode=0, resolve=_RESOLVE_CACHED | _RESOLVE_NO_XDEV)
+        parent_fd = _syscall(
+            _SYS_OPENAT2, ctypes.c_long(self.fd), os.fsencode(parent or "."), ctypes.byref(how), _HOW_SIZE
+        )
+        if parent_fd < 0 or not name:
+            if parent_fd >= 0:
+                os.close(parent_fd)
+            raise WouldBlock()
+        try:
+            try:
+                fd = os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+            except FileNotFoundError:
+                return os.path.join(os.readlink(f"/proc/self/fd/{parent_fd}"), name)
+            except OSError:
+                raise WouldBlock() from None
+            try:
+                if stat.S_ISLNK(os.fstat(fd).st_mode):
+                    raise WouldBlock()
+                return os.readlink(f"/proc/self/fd/{fd}")
+            finally:
+                os.close(fd)
+        finally:
+            os.close(parent_fd)
+
+
+def local_root(path: str) -> LocalRoot | None:
+    """``path`` (a canonical root) held open where it lies on a local disk, else None.
+    Made where the root may be looked at (its sandbox is built off the loop)."""
+    try:
+        fd = os.open(path, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if filesystem_type(fd) not in LOCAL_FILESYSTEMS:
+        os.close(fd)
+        return None
+    return LocalRoot(path, fd)
 
 
 def lexists(path: str, *, dir_fd: int | None = None) -> bool:

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .lookups import must_not_wait, refuse_to_wait
-from .paths import Sandbox, canonical
+from .paths import Sandbox
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # Bounds on the filesystem work this check does on the daemon's event loop: a command
@@ -80,18 +80,18 @@ def _denied_path(sandbox: Sandbox, absolute: str, real_dirs: dict[str, str]) -> 
     if pattern is not None:
         return pattern
     try:  # a symlink (or a directory on the way) that leads to a denied file
-        real = _real_path(absolute, real_dirs)
+        real = _real_path(sandbox, absolute, real_dirs)
     except (OSError, ValueError):
         return None
     return _pattern_of(sandbox, real) if real != absolute else None
 
 
-def _real_path(absolute: str, real_dirs: dict[str, str]) -> str:
+def _real_path(sandbox: Sandbox, absolute: str, real_dirs: dict[str, str]) -> str:
     """``os.path.realpath(absolute)`` (normalised), its directory's part worked out once
     per check: a command's words mostly share a directory, and realpath costs a system
     call for every component of it. On the event loop, from the kernel's caches alone."""
     if must_not_wait():
-        return canonical(absolute)
+        return sandbox.canonical(absolute)
     directory, name = os.path.split(absolute)
     real_dir = real_dirs.get(directory)
     if real_dir is None:

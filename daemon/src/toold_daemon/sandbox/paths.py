@@ -22,7 +22,7 @@ from ..errors import bad_args, from_os_error, sandbox_violation
 from ..globmatch import compile_glob, last_name_glob
 from .denied_tree import denied_inodes
 from .homes import HOME_DOTFILES, home_directories, home_dotfile
-from .lookups import open_path, refuse_to_wait
+from .lookups import LocalRoot, WouldBlock, local_root, open_path, refuse_to_wait
 
 # Tests only: with TOOLD_TEST_UNCHECKED_PATHS=1 in the daemon's environment, resolving
 # is lexical and opening follows symlinks, so a test can show that the kernel layer of
@@ -79,12 +79,6 @@ def _canonical(path: str) -> str:
         return os.path.realpath(path)
     finally:
         os.close(fd)
-
-
-def canonical(path: str) -> str:
-    """``os.path.realpath(path)`` for an absolute ``path``, in fewer system calls, and on
-    the event loop from the kernel's caches alone (else ``WouldBlock``)."""
-    return _canonical(path)
 
 
 def _canonical_missing(path: str) -> str:
@@ -154,6 +148,7 @@ class Sandbox:
                 raise ValueError(f"sandbox root is not a directory: {root}")
             canonical.append(real)
         self.roots: tuple[Path, ...] = tuple(canonical)
+        self._local_roots: list[LocalRoot | None] = [local_root(str(r)) if verified else None for r in self.roots]
         self.working_dir = self.roots[0]
         self._working_dir_str = str(self.working_dir)
         # Canonical roots compared as strings with a trailing separator: "/r/" is not a prefix of "/r-evil".
@@ -204,10 +199,10 @@ class Sandbox:
             return Path(candidate)
         try:
             if follow_last and candidate != "/":
-                resolved = _canonical(candidate)
+                resolved = self.canonical(candidate)
             else:
                 head, name = os.path.split(candidate)
-                resolved = os.path.join(_canonical(head), name) if name else _canonical(candidate)
+                resolved = os.path.join(self.canonical(head), name) if name else self.canonical(candidate)
         except OSError as exc:  # the path changed while it was being resolved (a racing rename)
             raise from_os_error(exc, raw) from None
         if self._root_of_str(resolved) is None:
@@ -226,6 +221,19 @@ class Sandbox:
                 pattern=pattern,
             )
         return Path(resolved)
+
+    def canonical(self, path: str) -> str:
+        """``os.path.realpath`` of absolute ``path``; on the event loop from the kernel's
+        caches, or with one real lookup of a name in a cached directory below a root on a
+        local disk, else ``WouldBlock`` (``sandbox.lookups``)."""
+        try:
+            return _canonical(path)
+        except WouldBlock:
+            index = self._root_index(path)
+            local = self._local_roots[index] if index is not None else None
+            if local is None or path == local.path:
+                raise
+            return local.canonical_below(path)
 
     def root_of(self, path: Path | str) -> Path | None:
         """The root that contains canonical ``path``, compared by components (``/r-evil`` is not in ``/r``)."""
