@@ -53,7 +53,10 @@ _syscall.restype = ctypes.c_long
 _HOW_SIZE = ctypes.c_long(ctypes.sizeof(_OpenHow))
 _AT_FDCWD_ARG = ctypes.c_long(_AT_FDCWD)
 _hows: dict[int, _OpenHow] = {}  # by flags: made once
-_hows_beneath: dict[int, _OpenHow] = {}
+#: A cached directory below a root, never across a mount (``LocalRoot.canonical_below``).
+_HOW_CACHED_DIRECTORY = _OpenHow(
+    flags=_O_PATH | os.O_CLOEXEC | os.O_DIRECTORY, mode=0, resolve=_RESOLVE_CACHED | _RESOLVE_NO_XDEV
+)
 _state = threading.local()
 #: False once the kernel has refused ``RESOLVE_CACHED``: lookups are plain from then on.
 _cached_lookups = [True]
@@ -154,13 +157,8 @@ class LocalRoot:
         that directory only. ``WouldBlock`` for anything more (the directory not cached,
         on another mount, or the name a symlink to follow)."""
         parent, name = os.path.split(path[len(self.prefix) :])
-        how = _hows_beneath.get(0)
-        if how is None:
-            flags = _O_PATH | os.O_CLOEXEC | os.O_DIRECTORY
-            how = _hows_beneath[0] = _OpenHow(flags=flags, mode=0, resolve=_RESOLVE_CACHED | _RESOLVE_NO_XDEV)
-        parent_fd = _syscall(
-            _SYS_OPENAT2, ctypes.c_long(self.fd), os.fsencode(parent or "."), ctypes.byref(how), _HOW_SIZE
-        )
+        how = ctypes.byref(_HOW_CACHED_DIRECTORY)
+        parent_fd = _syscall(_SYS_OPENAT2, ctypes.c_long(self.fd), os.fsencode(parent or "."), how, _HOW_SIZE)
         if parent_fd < 0 or not name:
             if parent_fd >= 0:
                 os.close(parent_fd)
@@ -173,6 +171,8 @@ class LocalRoot:
             except OSError:
                 raise WouldBlock() from None
             try:
+                # The name is on this local disk: a mount point, the one way onto another
+                # disk here, is always in the kernel's cache, so the cached open took it.
                 if stat.S_ISLNK(os.fstat(fd).st_mode):
                     raise WouldBlock()
                 return os.readlink(f"/proc/self/fd/{fd}")
