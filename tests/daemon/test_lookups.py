@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from tests.folding_disk import fat_disk
-from toold_daemon.sandbox.lookups import WouldBlock, lexists, on_the_event_loop, open_path
+from toold_daemon.sandbox.lookups import WouldBlock, from_the_caches_alone, lexists, open_path
 from toold_daemon.sandbox.paths import Sandbox
 
 
 def test_a_cached_path_is_looked_up_on_the_loop(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "f.txt").write_text("x")
-    with on_the_event_loop():
+    with from_the_caches_alone():
         os.close(open_path(str(tmp_path / "a" / "f.txt")))
         assert lexists(str(tmp_path / "a" / "f.txt"))
         assert Sandbox([tmp_path]).canonical(str(tmp_path / "a" / "f.txt")) == str(tmp_path / "a" / "f.txt")
@@ -28,7 +28,7 @@ def test_a_name_never_looked_up_on_a_local_disk_is_looked_up_there(tmp_path: Pat
     (tmp_path / "a").mkdir()
     sandbox = Sandbox([tmp_path])
     name = f"never-looked-up-{os.getpid()}-{time.monotonic_ns()}"
-    with on_the_event_loop():
+    with from_the_caches_alone():
         with pytest.raises(WouldBlock):
             open_path(str(tmp_path / "a" / name))  # the cache alone cannot say
         assert sandbox.canonical(str(tmp_path / "a" / name)) == str(tmp_path / "a" / name)
@@ -42,10 +42,10 @@ def test_a_path_the_kernel_must_ask_a_disk_about_would_block_on_the_loop(tmp_pat
         on_disk, around_disk = Sandbox([disk]), Sandbox([tmp_path])  # a FUSE root; a mount below a local one
         time.sleep(2.5)
         for sandbox in (on_disk, around_disk):
-            with on_the_event_loop(), pytest.raises(WouldBlock):
+            with from_the_caches_alone(), pytest.raises(WouldBlock):
                 sandbox.canonical(str(disk / "f.txt"))
-        with on_the_event_loop(), pytest.raises(WouldBlock):
+        with from_the_caches_alone(), pytest.raises(WouldBlock):
             lexists(str(disk / "f.txt"))
         assert on_disk.canonical(str(disk / "f.txt")) == str(disk / "f.txt")  # off the loop: it asks the disk
-        with on_the_event_loop():
+        with from_the_caches_alone():
             assert lexists(str(disk / "f.txt"))  # and now the answer is cached

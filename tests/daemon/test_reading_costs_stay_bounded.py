@@ -20,7 +20,7 @@ from toold_daemon.config import Config
 from toold_daemon.policy.shell import MAX_COMMAND_CHARS, MAX_STEPS, MAX_WORDS, _check_characters, read_command
 from toold_daemon.policy.shell_parts import Unreadable
 from toold_daemon.sandbox import Sandbox, build_sandbox
-from toold_daemon.sandbox.lookups import WouldBlock, on_the_event_loop
+from toold_daemon.sandbox.lookups import WouldBlock, from_the_caches_alone
 from toold_daemon.sandbox.named import _real_path, denied_words
 
 
@@ -225,7 +225,7 @@ def test_real_paths_worked_out_per_directory_equal_realpath(
         assert _real_path(sandbox, absolute, real_dirs) == os.path.realpath(absolute)
         # On the event loop: the same answer, or none at all (the batch is then planned on a thread).
         try:
-            with on_the_event_loop():
+            with from_the_caches_alone():
                 on_loop = _real_path(sandbox, absolute, {})
         except WouldBlock:
             continue

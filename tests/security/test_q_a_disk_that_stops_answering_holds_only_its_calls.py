@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, reachable_daemon, start_daemon
+from tests.e2e.test_identity import as_user
 from tests.folding_disk import fat_disk
 from toold_client import CallSpec, Client
+from toold_daemon.service.planning_aside import COSTLY_ARGUMENT_BYTES, THREADS
 
 EVERYTHING = """
 [tools.approval]
@@ -30,6 +32,11 @@ preset = "all"
 """
 #: fusefat's answers stay in the kernel's caches this long (FUSE's default, 1 s), with room.
 CACHE_EXPIRY_S = 2.5
+
+
+def _fusefat_serving(mount: Path) -> int:
+    found = subprocess.run(["pgrep", "-f", f"fusefat.*{mount}"], capture_output=True, text=True).stdout.split()
+    return int(found[0])
 
 
 @dataclass
@@ -53,10 +60,9 @@ def disk(tmp_path: Path) -> Iterator[StoppableDisk]:
         for name in ("read.txt", "delete.txt", "move.txt", "shell.txt"):
             (mount / name).write_text(f"{name} on the stopped disk\n")
         (mount / "workspace").mkdir()
-        found = subprocess.run(["pgrep", "-f", f"fusefat.*{mount}"], capture_output=True, text=True).stdout.split()
         (tmp_path / "daemon").mkdir()
         daemon = start_daemon(tmp_path / "daemon", root, config=EVERYTHING)
-        held = StoppableDisk(daemon, int(found[0]))
+        held = StoppableDisk(daemon, _fusefat_serving(mount))
         try:
             yield held
         finally:
@@ -193,3 +199,41 @@ def test_resuming_a_batch_whose_workspace_is_on_a_stopped_disk_holds_nobody_else
     thread.join(30)
     assert outcome and getattr(outcome[0], "state", None) == "finished", outcome
     assert (workspace / "after.txt").read_text() == "resumed\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become other users")
+def test_users_whose_disk_stopped_never_hold_another_users_large_batch(tmp_path: Path) -> None:
+    """More users than the daemon keeps threads for costly plans each read a file on the
+    stopped disk (an NFS server gone, under everyone's home): each plan waits on a thread.
+    Another user's large batch, planned on a thread too, still runs at once."""
+    with reachable_daemon(tmp_path, config=EVERYTHING) as daemon, fat_disk(daemon.root) as mount:
+        (mount / "read.txt").write_text("on the stopped disk\n")
+        server = _fusefat_serving(mount)
+        time.sleep(CACHE_EXPIRY_S)
+        os.kill(server, signal.SIGSTOP)
+        try:
+
+            def read(client: Client) -> dict[str, object]:
+                result = client.call("read_file", {"path": "fat/read.txt"}, timeout=60)
+                return {"ok": result.ok, "content": result.content}
+
+            uids = range(62000, 62000 + THREADS + 1)
+            stuck = [_in_background(lambda uid=uid: as_user(daemon.endpoint, uid, uid, read)) for uid in uids]
+            time.sleep(1.5)
+            large = "x" * (2 * COSTLY_ARGUMENT_BYTES)
+            with daemon.client(timeout=5) as other:
+                started = time.monotonic()
+                written = other.call("write_file", {"path": "large.txt", "content": large}, timeout=4)
+                took = time.monotonic() - started
+            assert written.ok, written.content
+            assert took < 2.0, took
+            assert (daemon.root / "large.txt").read_text() == large
+            assert all(thread.is_alive() for thread, _ in stuck)  # the disk still holds them
+        finally:
+            os.kill(server, signal.SIGCONT)
+        for thread, _ in stuck:
+            thread.join(30)
+        outcomes = [outcome[0] if outcome else None for _, outcome in stuck]
+        # Each got its answer once the disk answered (the worker, as that user, may not
+        # enter a FUSE disk mounted without allow_other: a refusal is an answer too).
+        assert all(isinstance(o, dict) and "ok" in o for o in outcomes), outcomes

@@ -7,15 +7,16 @@ server went away, a FUSE server that stopped answering (or was stopped by the us
 mounted it). Measured before this module: one ``read_file`` of a path on a stopped FUSE
 disk held every other client's ping for as long as the disk stayed stopped.
 
-While planning runs on the loop (``on_the_event_loop``), lookups here are made with
+While planning runs on the loop, and while a costly plan computes on a thread of the few
+kept for that (``from_the_caches_alone``), lookups here are made with
 ``openat2(RESOLVE_CACHED)``: answered from the kernel's caches or not at all (``EAGAIN``),
-and then ``WouldBlock`` is raised and the batch is planned again on a thread
-(``planning_aside``), where a lookup may wait. A path looked at recently is in the cache,
-so the common call stays on the loop. A name the cache does not know in a directory it
+and then ``WouldBlock`` is raised and the batch is planned again on a thread where a
+lookup may wait (``planning_aside``). A path looked at recently is in the cache, so the
+common call stays on the loop. A name the cache does not know in a directory it
 does know, below a root on a local disk (``LocalRoot``), is looked up for real: one
 lookup there waits for that disk at most, not for another mount (a new file's name, a
-command's words; without this each sent its batch to a thread). Elsewhere (on a thread, in a worker) these are
-plain lookups. Without ``RESOLVE_CACHED`` (Linux before 5.12) lookups are plain
+command's words; without this each sent its batch to a thread). Elsewhere (on the threads that may wait, in a worker)
+these are plain lookups. Without ``RESOLVE_CACHED`` (Linux before 5.12) lookups are plain
 everywhere, as before, and the daemon says so once in its log.
 """
 
@@ -62,27 +63,27 @@ _state = threading.local()
 _cached_lookups = [True]
 
 
-class _OnTheEventLoop:
+class _FromTheCachesAlone:
     """Lookups made by this thread meanwhile never wait for a filesystem. (A class: it is
     entered for every batch planned, and costs a third of a generator-based one.)"""
 
     def __enter__(self) -> None:
-        _state.on_loop = True
+        _state.cached_only = True
 
     def __exit__(self, *exc: object) -> None:
-        _state.on_loop = False
+        _state.cached_only = False
 
 
-_ON_THE_EVENT_LOOP = _OnTheEventLoop()
+_FROM_THE_CACHES_ALONE = _FromTheCachesAlone()
 
 
-def on_the_event_loop() -> _OnTheEventLoop:
-    return _ON_THE_EVENT_LOOP
+def from_the_caches_alone() -> _FromTheCachesAlone:
+    return _FROM_THE_CACHES_ALONE
 
 
 def must_not_wait() -> bool:
-    """Whether a lookup now may not ask a filesystem (see ``on_the_event_loop``)."""
-    return _cached_lookups[0] and getattr(_state, "on_loop", False)
+    """Whether a lookup now may not ask a filesystem (see ``from_the_caches_alone``)."""
+    return _cached_lookups[0] and getattr(_state, "cached_only", False)
 
 
 def refuse_to_wait() -> None:
@@ -96,7 +97,7 @@ def open_path(path: str, flags: int = 0, *, dir_fd: int | None = None) -> int:
     """``os.open(path, O_PATH | O_CLOEXEC | flags)``, from the kernel's caches alone where
     a lookup may not wait. Raises OSError as ``os.open`` does, or ``WouldBlock``."""
     flags |= _O_PATH | os.O_CLOEXEC
-    if not (_cached_lookups[0] and getattr(_state, "on_loop", False)):
+    if not (_cached_lookups[0] and getattr(_state, "cached_only", False)):
         return os.open(path, flags, dir_fd=dir_fd)
     how = _hows.get(flags)
     if how is None:

@@ -39,7 +39,7 @@ from ..policy import planner
 from ..records.journal import Journal
 from ..records.journal_writer import JournalWriteFailed
 from ..records.stored_batches import StoredBatch
-from ..sandbox.lookups import WouldBlock, on_the_event_loop
+from ..sandbox.lookups import WouldBlock, from_the_caches_alone
 from ..sandbox.workspaces import WorkspaceRefused
 from ..tools import Tool
 from .planning_aside import COSTLY_ARGUMENT_BYTES
@@ -186,7 +186,7 @@ class Administration:
         try:
             try:
                 choose = functools.partial(self.shared.workspaces.choose, uid, stored.workspace)
-                sandbox = await self.shared.aside.plan(uid, choose) if stored.workspace else None
+                sandbox = await self.shared.aside.plan(uid, choose, costly=False) if stored.workspace else None
             except WorkspaceRefused as exc:
                 self.shared.error(
                     session.peer, message.id, ProtocolErrorCode.WORKSPACE_REFUSED, f"workspace refused: {exc}"
@@ -330,9 +330,10 @@ class Administration:
     def explain(self, session: Session, message: ExplainPolicy) -> None:
         call = ToolCall(call_id="explain", name=message.name, arguments=message.arguments)
         explain = functools.partial(self.shared.planner_for(session).explain, call)
-        if len(message.arguments) <= COSTLY_ARGUMENT_BYTES:
+        costly = len(message.arguments) > COSTLY_ARGUMENT_BYTES
+        if not costly:
             try:
-                with on_the_event_loop():
+                with from_the_caches_alone():
                     explained = explain()
             except WouldBlock:  # a path the kernel has not cached: looked up on a thread
                 pass
@@ -343,7 +344,8 @@ class Administration:
             return
 
         async def explain_aside() -> None:
-            self._explained(session, message, await self.shared.aside.plan(session.identity.uid, explain))
+            explained = await self.shared.aside.plan(session.identity.uid, explain, costly=costly)
+            self._explained(session, message, explained)
 
         self.shared.answer_later(session, message.id, explain_aside)
 

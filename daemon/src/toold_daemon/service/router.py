@@ -306,12 +306,14 @@ class Service:
         try:
             # On a thread: resolving the place asks its filesystem, which may not answer
             # (an NFS home whose server is gone) and must not hold the event loop meanwhile.
-            sandbox = await self.shared.aside.plan(uid, functools.partial(workspaces.choose, uid, message.workspace))
+            sandbox = await self.shared.aside.plan(
+                uid, functools.partial(workspaces.choose, uid, message.workspace), costly=False
+            )
             open_workspace = getattr(self.shared.executor.runner, "open_workspace", None)
             if open_workspace is not None:
                 canonical = await open_workspace(session.identity, sandbox)
                 settle = functools.partial(workspaces.settle, uid, sandbox, canonical or [])
-                sandbox = await self.shared.aside.plan(uid, settle)
+                sandbox = await self.shared.aside.plan(uid, settle, costly=False)
         except (WorkspaceRefused, ToolError) as exc:
             reason = exc.message if isinstance(exc, ToolError) else str(exc)
             session.workspace_problem = f"workspace refused: {reason}"

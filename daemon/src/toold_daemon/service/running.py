@@ -36,7 +36,7 @@ from ..execution.batches import Batch, PreparedCall
 from ..records.journal import Journal
 from ..records.journal_writer import Commit, JournalWriteFailed
 from ..records.stored_batches import Submission, fingerprint
-from ..sandbox.lookups import WouldBlock, on_the_event_loop
+from ..sandbox.lookups import WouldBlock, from_the_caches_alone
 from .batch_ids import new_batch_id
 from .confirming import ConfirmationFlow
 from .held_accepts import HeldAccepts, SendAcceptance
@@ -141,13 +141,13 @@ class BatchRuns:
                 turn_iteration=self._count_turn(session, message.turn_id),
             )
             if sum(len(call.arguments) for call in message.calls) > COSTLY_ARGUMENT_BYTES:
-                self._plan_aside(session, message, plan, trusted)
+                self._plan_aside(session, message, plan, trusted, costly=True)
                 return
             try:
-                with on_the_event_loop():
+                with from_the_caches_alone():
                     prepared = plan()
             except WouldBlock:  # a path the kernel has not cached: looked up on a thread
-                self._plan_aside(session, message, plan, trusted)
+                self._plan_aside(session, message, plan, trusted, costly=False)
                 return
         calls = prepared
         batch_id = chosen or new_batch_id()
@@ -220,7 +220,13 @@ class BatchRuns:
             raise
 
     def _plan_aside(
-        self, session: Session, message: SubmitBatch, plan: Callable[[], list[PreparedCall]], trusted: bool
+        self,
+        session: Session,
+        message: SubmitBatch,
+        plan: Callable[[], list[PreparedCall]],
+        trusted: bool,
+        *,
+        costly: bool,
     ) -> None:
         """Plan on a thread (``planning_aside``), then submit with the plan. The session's
         later submissions wait meanwhile, so its batches are accepted in the order sent."""
@@ -231,7 +237,7 @@ class BatchRuns:
         async def plan_then_submit() -> None:
             try:
                 try:
-                    calls = await self.shared.aside.plan(session.identity.uid, plan)
+                    calls = await self.shared.aside.plan(session.identity.uid, plan, costly=costly)
                 finally:
                     session.planning -= 1
                 if self.shared.sessions.holds(session):  # else its client is gone
