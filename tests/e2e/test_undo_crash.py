@@ -5,9 +5,11 @@ exactly as before the undone batch — never half restored, with nothing left be
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import sqlite3
 import tempfile
 import threading
 import time
@@ -43,6 +45,8 @@ def crash(daemon: DaemonProcess) -> None:
 
 
 def restarted(tmp: Path, root: Path) -> DaemonProcess:
+    """A new daemon on the killed one's state; the killed one's log is kept beside."""
+    os.replace(tmp / "daemon.log", tmp / "daemon-killed.log")
     d = start_daemon(tmp, root, config=CONFIG)
     wait_ready(d)
     return d
@@ -63,6 +67,18 @@ def undos_settled(d: DaemonProcess, timeout: float = 30.0) -> list[str]:
             if time.monotonic() > deadline:
                 raise AssertionError(f"undo still running: {[u.state for u in undos]}")
             time.sleep(0.05)
+
+
+def what_is_known(tmp: Path) -> dict[str, object]:
+    """For a failure's message: the journal's batches (id, state, tools), read from its
+    file, and both daemons' logs."""
+    with contextlib.closing(sqlite3.connect(tmp / "state" / "journal.sqlite3")) as db:
+        batches = db.execute(
+            "SELECT b.batch_id, b.state, group_concat(c.tool) FROM batches b JOIN calls c USING (batch_id) "
+            "GROUP BY b.batch_id ORDER BY b.batch_id"
+        ).fetchall()
+    logs = {name: (tmp / name).read_text()[-3000:] for name in ("daemon-killed.log", "daemon.log")}
+    return {"journal": batches, "logs": logs}
 
 
 def leftovers(root: Path) -> list[Path]:
@@ -190,8 +206,8 @@ def test_an_undo_killed_at_any_point_ends_as_before_or_as_after_never_between(
             for result in (r for rs in results for r in rs):
                 assert not result.ok, result.content  # a finished undo that changed nothing failed cleanly
         else:
-            assert now == before, (states, [r.content for rs in results for r in rs])
-            assert states == ["finished"]
+            assert now == before, (states, [r.content for rs in results for r in rs], what_is_known(tmp))
+            assert states == ["finished"], (states, what_is_known(tmp))
         assert not leftovers(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
