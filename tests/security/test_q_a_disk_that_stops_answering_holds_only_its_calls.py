@@ -22,6 +22,8 @@ import pytest
 
 from tests.conftest import DaemonProcess, reachable_daemon, start_daemon
 from tests.e2e.test_identity import as_user
+from tests.e2e.test_undo_crash import crash
+from tests.e2e.test_undo_trees import tree
 from tests.folding_disk import fat_disk
 from toold_client import CallSpec, Client
 from toold_daemon.service.planning_aside import COSTLY_ARGUMENT_BYTES, THREADS
@@ -237,3 +239,62 @@ def test_users_whose_disk_stopped_never_hold_another_users_large_batch(tmp_path:
         # Each got its answer once the disk answered (the worker, as that user, may not
         # enter a FUSE disk mounted without allow_other: a refusal is an answer too).
         assert all(isinstance(o, dict) and "ok" in o for o in outcomes), outcomes
+
+
+def test_an_undo_the_daemon_died_in_on_a_stopped_disk_does_not_keep_the_next_one_from_starting(
+    disk: StoppableDisk, tmp_path: Path
+) -> None:
+    """At start the daemon finishes the undos the last one died in, before it serves. The
+    workspace of one is on the stopped disk: the daemon starts anyway, within the few
+    seconds it gives those disks, and the undo stays interrupted until its owner resumes
+    it, which then puts the tree back exactly."""
+    workspace = disk.daemon.root / "fat" / "workspace"
+    for i in range(150):
+        (workspace / "bulk" / str(i % 5)).mkdir(parents=True, exist_ok=True)
+        (workspace / "bulk" / str(i % 5) / f"f{i}.txt").write_text(f"old {i}\n")
+    before = tree(workspace)
+    with Client(disk.daemon.endpoint, timeout=60, workspace=workspace) as c:
+        deleted = c.submit([CallSpec("delete_file", {"path": "bulk", "recursive": True})])
+        assert deleted.results[0].ok, deleted.results[0].content
+    after = tree(workspace)
+
+    def undo() -> object:
+        with Client(disk.daemon.endpoint, timeout=60, workspace=workspace) as c:
+            return c.undo(deleted.batch_id)
+
+    _in_background(undo)
+    deadline = time.monotonic() + 30
+    while _tree_or_none(workspace) == after:
+        assert time.monotonic() < deadline, "the undo never began"
+        time.sleep(0.005)
+    crash(disk.daemon)
+    midway = tree(workspace)
+    assert midway not in (before, after), "the kill did not land midway; the test proves nothing"
+
+    time.sleep(CACHE_EXPIRY_S)
+    disk.stop()
+    started = time.monotonic()
+    disk.daemon = start_daemon(tmp_path / "daemon", disk.daemon.root, config=EVERYTHING)
+    assert time.monotonic() - started < 9  # the disks get 5 s, the start itself a few more
+    with disk.daemon.client(timeout=5) as c:
+        (undone,) = [b for b in c.list_batches() if b.batch_id != deleted.batch_id]
+        assert undone.state == "interrupted"
+        assert c.call("read_file", {"path": "here.txt"}, timeout=2).ok
+    assert "did not answer within 5 s" in disk.daemon.log.read_text()
+
+    disk.resume()
+    with disk.daemon.client(timeout=60) as c:
+        c.recover(undone.batch_id, "resume")
+        deadline = time.monotonic() + 60
+        while (status := c.get_batch(undone.batch_id)).state not in ("finished", "cancelled"):
+            assert time.monotonic() < deadline, status.state
+            time.sleep(0.05)
+    assert status.results[0].ok, status.results[0].content
+    assert tree(workspace) == before
+
+
+def _tree_or_none(root: Path) -> dict[str, tuple[str, int, bytes]] | None:
+    try:
+        return tree(root)
+    except FileNotFoundError:  # an entry went while the tree was read: it changed
+        return None

@@ -366,8 +366,8 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 if metrics_file:
                     every = config.daemon.metrics_interval_seconds
                     nursery.start_soon(write_metrics_forever, service.shared.metrics, Path(metrics_file), every)
+                await service.finish_interrupted_undos()
                 await nursery.start(ipc.serve, service.handle)
-                service.finish_interrupted_undos()
                 log.info("serving %s; roots: %s", endpoint, ", ".join(map(str, sandbox.roots)))
                 if ready is not None:
                     ready(endpoint)

@@ -9,6 +9,7 @@ import logging
 import os
 
 import msgspec
+import trio
 
 from toold_protocol import (
     Ack,
@@ -48,6 +49,9 @@ from .sessions import NO_PEER, Session
 from .shared import Shared, own_batch_id
 
 log = logging.getLogger(__name__)
+
+#: How long a start may wait for the disks of the undos the last daemon died in.
+FINISHING_UNDOS_SECONDS = 5
 
 
 class Administration:
@@ -199,7 +203,7 @@ class Administration:
                 stored.identity,
                 stored.client_name,
             )
-            plan = functools.partial(owner.plan, [c.tool_call() for c in stored.calls])
+            plan = functools.partial(owner.plan, [_resuming(c.tool_call()) for c in stored.calls])
             calls = await self.shared.aside.plan_soon(uid, plan, costly=False)
         finally:
             self._resuming.discard(stored.batch_id)
@@ -221,50 +225,74 @@ class Administration:
         self.shared.reply(session, BatchAccepted(id=message.id, batch_id=batch.batch_id, calls=stored.plan()))
         self.runs.start(session, batch, all_events=True)
 
-    def finish_interrupted_undos(self) -> list[str]:
+    async def finish_interrupted_undos(self) -> list[str]:
         """At start: run again every undo the last daemon died in, resuming (what it had
         put back stays, the rest is put back, what it had set aside is removed), as the
         undo's owner in its workspace, with no client to tell. Its result, like any
         other, is journaled: ``journal show`` says it finished after a restart, or why
-        it could not. Returns the batch ids started."""
+        it could not. Returns the batch ids started.
+
+        Each workspace is looked at, and each undo planned, on a thread (its disk may not
+        answer: an NFS server gone), all within ``FINISHING_UNDOS_SECONDS``, before the
+        socket serves. An undo whose disk did not answer in time stays interrupted,
+        for ``toolctl recover --resume`` (logged): one user's hung disk must not keep the
+        daemon from starting."""
         journal = self.shared.journal
         if journal is None:
             return []
         started: list[str] = []
-        for batch_id in journal.undos_to_finish:
-            stored = journal.load(batch_id)
-            if stored is None or stored.state != "interrupted":
-                continue
-            try:
-                sandbox = (
-                    self.shared.workspaces.choose(stored.identity.uid, stored.workspace) if stored.workspace else None
-                )
-            except WorkspaceRefused as exc:
-                log.error("cannot finish undo %s: workspace refused: %s", batch_id, exc)
-                continue
-            owner = planner.Planner(
-                self.shared.registry, sandbox or self.shared.sandbox, self.shared.config, stored.identity, "recovery"
-            )
-            calls = owner.plan([_resuming(c.tool_call()) for c in stored.calls])
-            for call in calls:
-                call.needs_confirmation = False  # approved before the daemon stopped, and running
-            session = Session(session_id=f"recovery-{batch_id}"[:64], peer=NO_PEER, identity=stored.identity)
-            batch = Batch(
-                batch_id=stored.batch_id,
-                identity=stored.identity,
-                session_id=session.session_id,
-                calls=calls,
-                results=list(stored.results),
-                digest=stored.fingerprint,
-                sandbox=sandbox,
-            )
-            journal.set_state(stored.batch_id, "running")
-            self.runs.remember(batch)
-            self.runs.start(session, batch, all_events=False)
-            started.append(batch_id)
-            log.warning("finishing undo %s, which the daemon stopped in", batch_id)
+        waiting = list(journal.undos_to_finish)
         journal.undos_to_finish = []
+        with trio.move_on_after(FINISHING_UNDOS_SECONDS):
+            while waiting:
+                if await self._finish_undo(waiting[0]):
+                    started.append(waiting[0])
+                waiting.pop(0)
+        for batch_id in waiting:
+            log.error(
+                "cannot finish undo %s: its workspace's disk did not answer within %d s; it stays interrupted "
+                "(toolctl recover --resume %s finishes it)",
+                batch_id,
+                FINISHING_UNDOS_SECONDS,
+                batch_id,
+            )
         return started
+
+    async def _finish_undo(self, batch_id: str) -> bool:
+        journal = self.shared.journal
+        assert journal is not None
+        stored = journal.load(batch_id)
+        if stored is None or stored.state != "interrupted":
+            return False
+        uid = stored.identity.uid
+        try:
+            choose = functools.partial(self.shared.workspaces.choose, uid, stored.workspace)
+            sandbox = await self.shared.aside.plan(uid, choose, costly=False) if stored.workspace else None
+        except WorkspaceRefused as exc:
+            log.error("cannot finish undo %s: workspace refused: %s", batch_id, exc)
+            return False
+        owner = planner.Planner(
+            self.shared.registry, sandbox or self.shared.sandbox, self.shared.config, stored.identity, "recovery"
+        )
+        plan = functools.partial(owner.plan, [_resuming(c.tool_call()) for c in stored.calls])
+        calls = await self.shared.aside.plan_soon(uid, plan, costly=False)
+        for call in calls:
+            call.needs_confirmation = False  # approved before the daemon stopped, and running
+        session = Session(session_id=f"recovery-{batch_id}"[:64], peer=NO_PEER, identity=stored.identity)
+        batch = Batch(
+            batch_id=stored.batch_id,
+            identity=stored.identity,
+            session_id=session.session_id,
+            calls=calls,
+            results=list(stored.results),
+            digest=stored.fingerprint,
+            sandbox=sandbox,
+        )
+        journal.set_state(stored.batch_id, "running")
+        self.runs.remember(batch)
+        self.runs.start(session, batch, all_events=False)
+        log.warning("finishing undo %s, which the daemon stopped in", batch_id)
+        return True
 
     def undo(self, session: Session, message: UndoBatch) -> None:
         """Undo a finished batch: one ``restore_files`` call, submitted as a batch of this
@@ -399,7 +427,11 @@ class Administration:
 
 
 def _resuming(call: ToolCall) -> ToolCall:
-    """An undo's ``restore_files`` call, marked to resume."""
+    """An undo's ``restore_files`` call, marked to resume: what it had put back before it
+    was interrupted is where the undo left it, not a change made since (any other call
+    as it is)."""
+    if call.name != "restore_files":
+        return call
     arguments = msgspec.msgpack.decode(call.arguments)
     if isinstance(arguments, dict):
         arguments["resume"] = True

@@ -123,9 +123,9 @@ class Service:
         self.shared.nursery = nursery
         nursery.start_soon(self.runs.held.send_when_due)
 
-    def finish_interrupted_undos(self) -> list[str]:
-        """Finish the undos the last daemon died in (at start, once serving)."""
-        return self.admin.finish_interrupted_undos()
+    async def finish_interrupted_undos(self) -> list[str]:
+        """Finish the undos the last daemon died in (at start, before serving)."""
+        return await self.admin.finish_interrupted_undos()
 
     def reload_policy(self) -> str | None:
         """Reread ``[tools.approval]`` (SIGHUP); None, or why the old policy stays."""
