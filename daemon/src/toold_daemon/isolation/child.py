@@ -40,7 +40,7 @@ def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: in
             layers = confine(request, fds, spawner_pid, work.landlock, protected=(daemon_pid,))
         except ConfinementFailed as exc:
             if request.stdio:
-                os.write(fds[1], f"toold: {exc}\n".encode())
+                os.write(fds[1], f"toold: {exc}\n".encode(errors="surrogateescape"))
                 os._exit(0)
             write_frame(channel, failure("IsolationUnavailable", "ISOLATION_UNAVAILABLE", str(exc)))
             os._exit(0)
@@ -102,7 +102,7 @@ def exec_on_stdio(request: SpawnRequest, channel: int, stderr: int) -> None:
             os.chdir(request.cwd)
         os.execve(request.argv[0], request.argv, request.env)  # noqa: S606 -- argv, never a shell
     except OSError as exc:
-        os.write(2, f"toold: cannot start {request.argv[0]}: {exc.strerror}\n".encode())
+        os.write(2, f"toold: cannot start {request.argv[0]}: {exc.strerror}\n".encode(errors="surrogateescape"))
     os._exit(127)
 
 

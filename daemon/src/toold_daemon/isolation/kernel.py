@@ -10,6 +10,8 @@ import platform
 import stat
 from typing import Any, Literal
 
+from ..sandbox.long_paths import reachable
+
 _libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter is linked with
 _libc.syscall.restype = ctypes.c_long
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
@@ -129,8 +131,8 @@ _KEPT_MOUNT_FLAGS = {
 def mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str | None = None) -> None:
     _check(
         _libc.mount(
-            source.encode() if source else None,
-            target.encode(),
+            os.fsencode(source) if source else None,  # (a name need not be UTF-8)
+            os.fsencode(target),
             fstype.encode() if fstype else None,
             ctypes.c_ulong(flags),
             data.encode() if data else None,
@@ -159,38 +161,44 @@ def make_mounts_private() -> None:
 
 def bind_read_only(path: str) -> None:
     """Make ``path`` (and everything below it) read-only in this mount namespace."""
-    mount(path, path, MS_BIND | MS_REC)
+    with reachable(path) as target:
+        mount(target, target, MS_BIND | MS_REC)
     _remount_read_only(path)
 
 
 def bind_writable(path: str) -> None:
     """Make ``path`` writable again below a read-only bind (its submounts keep their own
     flags: a read-only ``.git`` inside stays read-only)."""
-    mount(path, path, MS_BIND | MS_REC)
-    kept = os.statvfs(path).f_flag
-    flags = MS_BIND | MS_REMOUNT | sum(ms for st, ms in _KEPT_MOUNT_FLAGS.items() if kept & st)
-    mount(None, path, flags)
+    with reachable(path) as target:
+        mount(target, target, MS_BIND | MS_REC)
+    with reachable(path) as target:  # (found again: now the new mount)
+        kept = os.statvfs(target).f_flag
+        flags = MS_BIND | MS_REMOUNT | sum(ms for st, ms in _KEPT_MOUNT_FLAGS.items() if kept & st)
+        mount(None, target, flags)
 
 
 def _remount_read_only(path: str) -> None:
     """Make the bind mount at ``path`` read-only, keeping the flags the kernel locked on it
     (a user namespace may not clear nosuid, nodev, …)."""
-    kept = os.statvfs(path).f_flag
-    flags = MS_BIND | MS_REMOUNT | MS_RDONLY
-    flags |= sum(ms for st, ms in _KEPT_MOUNT_FLAGS.items() if kept & st)
-    mount(None, path, flags)
+    with reachable(path) as target:  # (found again: the mount just made there)
+        kept = os.statvfs(target).f_flag
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        flags |= sum(ms for st, ms in _KEPT_MOUNT_FLAGS.items() if kept & st)
+        mount(None, target, flags)
 
 
 def hide_file(path: str) -> None:
     """Show ``path`` (a regular file) as ``/dev/null`` in this mount namespace: reads find
     nothing, writes go nowhere, the file on disk is untouched."""
-    mount("/dev/null", path, MS_BIND)
+    with reachable(path) as target:
+        mount("/dev/null", target, MS_BIND)
     _remount_read_only(path)
 
 
 def hide_directory(path: str) -> None:
     """Show ``path`` (a directory) as an empty, read-only one in this mount namespace."""
-    mount("toold-hidden", path, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "tmpfs", "size=4k,mode=0555")
+    with reachable(path) as target:
+        mount("toold-hidden", target, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "tmpfs", "size=4k,mode=0555")
 
 
 def landlock_abi() -> int:

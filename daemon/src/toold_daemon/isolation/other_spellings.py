@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from ..sandbox import long_paths
+
 Identity = os.stat_result
 
 
@@ -22,7 +24,7 @@ def identities(paths: Iterable[str]) -> dict[str, Identity]:
     found: dict[str, Identity] = {}
     for path in paths:
         try:
-            found[path] = os.stat(path, follow_symlinks=False)
+            found[path] = long_paths.lstat(path)
         except OSError:
             continue
     return found

@@ -141,8 +141,33 @@ def failure(type_: str, code: str, message: str, **details: Any) -> Outcome:
 
 
 def frame(message: msgspec.Struct) -> bytes:
-    body = _encoder.encode(message)
+    try:
+        body = _encoder.encode(message)
+    except UnicodeEncodeError:  # (rare: a name that is not UTF-8)
+        body = _encoder.encode(_in_utf8(message))
     return _HEADER.pack(len(body)) + body
+
+
+def _in_utf8(message: msgspec.Struct) -> msgspec.Struct:
+    """``message`` with every text in it made UTF-8. A file name that is not UTF-8
+    (``bad\\xff.txt``) comes from the system as text holding lone surrogates, which no
+    frame can carry: a tool listing a directory with one such name failed whole. Each
+    such byte is shown as U+FFFD, as ripgrep and ls show it."""
+    return msgspec.convert(_mended(msgspec.to_builtins(message, builtin_types=(bytes,))), type(message))
+
+
+def _mended(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            raw = value.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate no byte stands for
+            raw = value.encode("utf-8", "replace")
+        return raw.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [_mended(item) for item in value]
+    if isinstance(value, dict):
+        return {_mended(key): _mended(item) for key, item in value.items()}
+    return value
 
 
 def write_frame(fd: int, message: msgspec.Struct) -> None:

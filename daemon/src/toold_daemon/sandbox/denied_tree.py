@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
+
+from . import long_paths
 
 
 class Patterns(Protocol):
@@ -97,7 +100,7 @@ def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False)
     while pending:
         directory, inside_denied, inside_protected = pending.pop()
         try:
-            with os.scandir(directory) as entries:
+            with _entries_of(directory) as entries:
                 for entry in entries:
                     budget -= 1
                     if budget < 0:
@@ -182,6 +185,47 @@ def _consider(
             pass
 
 
+class _FarEntry:
+    """An entry of a directory whose path is too long for the kernel (``long_paths``),
+    listed from its descriptor: the entry, with the whole path the walk goes by."""
+
+    __slots__ = ("_entry", "name", "path")
+
+    def __init__(self, entry: os.DirEntry[str], directory: str) -> None:
+        self._entry, self.name, self.path = entry, entry.name, directory + "/" + entry.name
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        return self._entry.is_file(follow_symlinks=follow_symlinks)
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        return self._entry.is_dir(follow_symlinks=follow_symlinks)
+
+    def inode(self) -> int:
+        return self._entry.inode()
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        return self._entry.stat(follow_symlinks=follow_symlinks)  # relative to the open directory
+
+
+def _entries_of(directory: str) -> AbstractContextManager[Iterator[Any]]:
+    """``os.scandir(directory)``; where its path is too long for the kernel, the
+    directory opened in pieces and listed from its descriptor (a tree may nest past
+    PATH_MAX, and a command reaches what is there one directory at a time)."""
+    if long_paths.too_long(directory):
+        return _far_entries(directory)
+    return os.scandir(directory)
+
+
+@contextmanager
+def _far_entries(directory: str) -> Iterator[Iterator[_FarEntry]]:
+    fd = long_paths.open_in_pieces(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with os.scandir(fd) as entries:
+            yield (_FarEntry(entry, directory) for entry in entries)
+    finally:
+        os.close(fd)
+
+
 def _add_inode(found: Found, entry: os.DirEntry[str]) -> None:
     try:
         st = entry.stat(follow_symlinks=False)
@@ -196,7 +240,7 @@ def _with_other_names(found: Found) -> Found:
     for device, inode in found.inodes:
         for path in found.files_numbered(inode):
             try:
-                st = os.stat(path, follow_symlinks=False)
+                st = long_paths.lstat(path)
             except OSError:
                 continue
             if (st.st_dev, st.st_ino) == (device, inode):

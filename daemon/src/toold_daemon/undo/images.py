@@ -97,7 +97,19 @@ def _below(path: Path, denied: Callable[[str], bool]) -> list[Image]:
 def _image_unless_denied(path: str, denied: Callable[[str], bool]) -> Image:
     if denied(path):
         return Image(path=path, kind="unknown", note="a denied file: its content is not kept")
+    if not _named_in_utf8(path):
+        # Its name reaches the daemon with each such byte as U+FFFD: put back by that
+        # name, it would be another file.
+        return Image(path=path, kind="unknown", note="its name is not UTF-8: it cannot be put back by name")
     return image_of(path)
+
+
+def _named_in_utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def image_of(path: str) -> Image:

@@ -1,0 +1,63 @@
+"""Paths past PATH_MAX are opened in pieces; short ones are passed through untouched."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from toold_daemon.sandbox import long_paths
+
+
+def _deep_file(root: Path, depth: int, name: str = "n" * 200) -> str:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir(name, dir_fd=fd)
+        inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    out = os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+    os.write(out, b"leaf\n")
+    os.close(out)
+    os.close(fd)
+    return "/".join([str(root), *[name] * depth, "leaf.txt"])
+
+
+def test_a_path_past_path_max_is_opened_statted_and_reached_in_pieces(tmp_path: Path) -> None:
+    path = _deep_file(tmp_path, 45)  # ~9 KB: three pieces
+    assert len(os.fsencode(path)) > 2 * long_paths.PIECE_BYTES
+    with pytest.raises(OSError) as whole:
+        os.stat(path)
+    assert whole.value.errno == errno.ENAMETOOLONG
+    assert long_paths.too_long(path)
+    fd = long_paths.open_in_pieces(path, os.O_RDONLY)
+    try:
+        assert os.read(fd, 100) == b"leaf\n"
+        assert long_paths.lstat(path).st_ino == os.fstat(fd).st_ino
+        with long_paths.reachable(path) as target:
+            assert target.startswith("/proc/self/fd/")
+            assert os.stat(target).st_ino == os.fstat(fd).st_ino
+    finally:
+        os.close(fd)
+
+
+def test_a_short_path_is_used_as_it_is(tmp_path: Path) -> None:
+    path = _deep_file(tmp_path, 2)
+    assert not long_paths.too_long(path)
+    with long_paths.reachable(path) as target:
+        assert target == path
+    assert long_paths.lstat(path).st_size == 5
+
+
+def test_a_symlink_at_the_end_of_a_piece_is_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    path = _deep_file(tmp_path / "real", 30)
+    pieces = list(long_paths._pieces(os.fsencode(os.path.dirname(path))))
+    first = os.fsdecode(pieces[0])
+    os.rename(first, first + ".moved")
+    os.symlink(os.path.basename(first) + ".moved", first)  # the same tree, through a symlink
+    with pytest.raises(OSError) as refused:
+        long_paths.open_in_pieces(path, os.O_RDONLY)
+    assert refused.value.errno in (errno.ELOOP, errno.ENOTDIR)
