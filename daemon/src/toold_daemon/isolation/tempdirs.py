@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import tempfile
+
+from ..sandbox.trees import remove_tree
 
 POOL_PER_UID = 16
 
@@ -60,11 +61,11 @@ class TempDirs:
         try:
             os.rmdir(temp)  # most calls leave it empty: a tenth of rmtree's cost
         except OSError:
-            shutil.rmtree(temp, ignore_errors=True)
+            remove_tree(temp, ignore_errors=True)
 
     def close(self) -> None:
         self._pool.clear()
-        shutil.rmtree(self.base, ignore_errors=True)
+        remove_tree(self.base, ignore_errors=True)
 
 
 def remove_stale_bases(euid: int) -> list[str]:
@@ -81,7 +82,7 @@ def remove_stale_bases(euid: int) -> list[str]:
         path = os.path.join(parent, name)
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == euid:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path, ignore_errors=True)
             removed.append(path)
     return removed
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ import msgspec
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError, file_exists, from_os_error, sandbox_violation
+from . import trees
 from .paths import Sandbox, open_beneath
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -305,7 +305,7 @@ def delete(dir_fd: int, name: str, *, recursive: bool, shown: str, prefix: str) 
         )
     listed = _list_tree(dir_fd, name, prefix)
     try:
-        shutil.rmtree(name, dir_fd=dir_fd)  # fd-based on Linux: does not follow symlinks
+        trees.remove_tree(name, dir_fd=dir_fd)  # fd-based: does not follow symlinks
     except OSError as exc:
         raise from_os_error(exc, shown) from None
     os.fsync(dir_fd)
@@ -313,20 +313,25 @@ def delete(dir_fd: int, name: str, *, recursive: bool, shown: str, prefix: str) 
 
 
 def _list_tree(dir_fd: int, name: str, prefix: str, limit: int = 1000) -> list[str]:
+    """Up to ``limit`` of the paths below directory ``name`` (shown under ``prefix``), and
+    it: each directory's entries before the directory itself, as they are removed."""
     top = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    listed: list[str] = []
+    blocks: list[list[str]] = []
+    count = 0
     try:
-        for dirpath, dirnames, filenames, walk_fd in os.fwalk(".", dir_fd=top, topdown=False):
-            base = prefix if dirpath == "." else f"{prefix}/{dirpath[2:]}"
-            links = [d for d in dirnames if stat.S_ISLNK(os.stat(d, dir_fd=walk_fd, follow_symlinks=False).st_mode)]
-            for entry in [*filenames, *links]:
-                if len(listed) < limit:
-                    listed.append(f"{base}/{entry}")
-            if len(listed) < limit:
-                listed.append(base)
+        start = f"/proc/self/fd/{top}"
+        for directory, dirs, files in trees.walk(start):
+            below = os.path.relpath(directory, start)
+            base = prefix if below == "." else f"{prefix}/{below}"
+            links = [d for d in dirs if os.path.islink(os.path.join(directory, d))]
+            block = [*(f"{base}/{entry}" for entry in [*files, *links]), base]
+            blocks.append(block)
+            count += len(block)
+            if count >= limit:
+                break
     finally:
         os.close(top)
-    return listed
+    return [path for block in reversed(blocks) for path in block][:limit]
 
 
 def move(

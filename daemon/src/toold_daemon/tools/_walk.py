@@ -32,6 +32,9 @@ from ._base import ToolContext
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_GITIGNORE_BYTES = 1 << 20
+#: Directories a walk enters below its start, at most: each is open while the walk is
+#: below it, and a tool's process may hold 1,024 descriptors (no project nests so deep).
+DEEPEST = 256
 
 
 class Entry(msgspec.Struct, frozen=True):
@@ -81,53 +84,80 @@ class Walker:
         self.include_hidden = include_hidden
         self.respect_gitignore = respect_gitignore
         self.max_depth = max_depth
+        self.too_deep = 0  # directories past DEEPEST, not entered
 
     def walk(self, start: Path) -> Iterator[Entry]:
-        """Entries below canonical directory ``start``, depth first, sorted by name in each directory."""
+        """Entries below canonical directory ``start``, depth first, sorted by name in
+        each directory. Without recursion, and at most ``DEEPEST`` directories down
+        (each one open meanwhile): ``too_deep`` counts the directories not entered."""
         fd = self.sandbox.open_dir(start, display=self.sandbox.display(start))
         ignores = self._ancestor_ignores(start) if self.respect_gitignore else []
+        # One frame per directory being read: its fd, path, relative path, depth, the
+        # .gitignore files in force there, and its entries not yet looked at.
+        stack = [self._frame(fd, start, "", 1, ignores)]
         try:
-            yield from self._walk_dir(fd, start, "", 1, ignores)
+            while stack:
+                fd, path, rel, depth, ignores, entries = stack[-1]
+                entry = next(entries, None)
+                if entry is None:
+                    stack.pop()
+                    os.close(fd)
+                    continue
+                found = self._consider(entry, path, rel, depth, ignores)
+                if found is None:
+                    continue
+                yield found
+                if found.kind != "dir" or (self.max_depth is not None and depth >= self.max_depth):
+                    continue
+                if depth >= DEEPEST:
+                    self.too_deep += 1
+                    continue
+                try:
+                    child_fd = os.open(found.name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue  # vanished or swapped for a symlink: not followed
+                stack.append(self._frame(child_fd, found.path, found.rel, depth + 1, ignores))
         finally:
-            os.close(fd)
+            for frame in stack:
+                os.close(frame[0])
 
-    def _walk_dir(self, fd: int, path: Path, rel: str, depth: int, ignores: list[_IgnoreFile]) -> Iterator[Entry]:
+    def _frame(
+        self, fd: int, path: Path, rel: str, depth: int, ignores: list[_IgnoreFile]
+    ) -> tuple[int, Path, str, int, list[_IgnoreFile], Iterator[os.DirEntry[str]]]:
+        """A directory to read: its entries sorted by name, and its .gitignore in force."""
         if self.ctx is not None:
             self.ctx.check_cancelled()
         try:
             with os.scandir(fd) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError:
-            return
+            entries = []
         if self.respect_gitignore and any(e.name == ".gitignore" for e in entries):
             spec = _read_gitignore(fd)
             if spec is not None:
                 ignores = [*ignores, _IgnoreFile(spec, base=rel)]
-        for entry in entries:
-            name = entry.name
-            if name == ".git" or (not self.include_hidden and name.startswith(".")):
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            kind = _kind(st.st_mode)
-            child_rel = f"{rel}/{name}" if rel else name
-            if ignores and _ignored(ignores, child_rel, kind == "dir"):
-                continue
-            child = path / name
-            if self.sandbox.denied_pattern(child) is not None:
-                continue
-            yield Entry(child, child_rel, name, kind, st.st_size, st.st_mtime, depth)
-            if kind == "dir" and (self.max_depth is None or depth < self.max_depth):
-                try:
-                    child_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                except OSError:
-                    continue  # vanished or swapped for a symlink: not followed
-                try:
-                    yield from self._walk_dir(child_fd, child, child_rel, depth + 1, ignores)
-                finally:
-                    os.close(child_fd)
+        return fd, path, rel, depth, ignores, iter(entries)
+
+    def _consider(
+        self, entry: os.DirEntry[str], path: Path, rel: str, depth: int, ignores: list[_IgnoreFile]
+    ) -> Entry | None:
+        """``entry`` as the walk reports it, or None where it is not shown (hidden,
+        ignored, denied, gone)."""
+        name = entry.name
+        if name == ".git" or (not self.include_hidden and name.startswith(".")):
+            return None
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return None
+        kind = _kind(st.st_mode)
+        child_rel = f"{rel}/{name}" if rel else name
+        if ignores and _ignored(ignores, child_rel, kind == "dir"):
+            return None
+        child = path / name
+        if self.sandbox.denied_pattern(child) is not None:
+            return None
+        return Entry(child, child_rel, name, kind, st.st_size, st.st_mtime, depth)
 
     def _ancestor_ignores(self, start: Path) -> list[_IgnoreFile]:
         """``.gitignore`` files from the sandbox root down to ``start``'s parent, rebased on ``start``."""
@@ -150,6 +180,12 @@ class Walker:
                 # Paths below start are matched as "<rest of start>/<rel>" from this directory.
                 found.append(_IgnoreFile(spec, prefix="/".join(rel_parts[depth:])))
         return found
+
+
+def not_entered(directories: int) -> str:
+    """What a tool says of the directories its walk did not enter (``DEEPEST``)."""
+    counted = f"{directories} director{'y' if directories == 1 else 'ies'}"
+    return f"[{counted} nested more than {DEEPEST} levels down not entered]"
 
 
 def _ignored(ignores: list[_IgnoreFile], rel: str, is_dir: bool) -> bool:

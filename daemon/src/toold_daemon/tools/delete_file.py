@@ -11,6 +11,7 @@ from msgspec import Meta
 from ..config import Config
 from ..errors import bad_args, file_not_found
 from ..sandbox.lookups import open_path
+from ..sandbox.trees import walk
 from ..sandbox.writes import delete, parent_dir
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import DeleteFileData
@@ -73,7 +74,7 @@ class DeleteFile(Tool[DeleteFileArgs]):
             raise bad_args(f"{args.path} is a directory: deleting it needs recursive=true")
         found = [args.path.rstrip("/") + "/"]
         hidden = 0  # denied entries are counted, never named: a dry run must not list secrets
-        for directory, dirs, files in os.walk(path):
+        for directory, dirs, files in walk(path):
             dirs.sort()
             for name in sorted(files) + dirs:
                 full = os.path.join(directory, name)

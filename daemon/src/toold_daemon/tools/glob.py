@@ -12,7 +12,7 @@ from ..errors import ToolError, bad_args
 from ..globmatch import GlobTooComplex, compile_glob, expand_braces, literal_prefix
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import GlobData
-from ._walk import Walker
+from ._walk import Walker, not_entered
 
 
 class GlobArgs(ToolArgs, frozen=True):
@@ -84,12 +84,14 @@ class Glob(Tool[GlobArgs]):
                     truncated = True
                     break
                 matches.append(sandbox.display(entry.path))
-        return _result(matches, truncated, args)
+        return _result(matches, truncated, args, walker.too_deep)
 
 
-def _result(matches: list[str], truncated: bool, args: GlobArgs) -> ToolOutput:
+def _result(matches: list[str], truncated: bool, args: GlobArgs, too_deep: int = 0) -> ToolOutput:
     data = {"matches": matches, "count": len(matches), "truncated": truncated}
     text = "\n".join(matches) if matches else f"No files match {args.pattern}"
     if truncated:
         text += f"\n[stopped at max_results={args.max_results}]"
+    if too_deep:
+        text += f"\n{not_entered(too_deep)}"
     return ToolOutput(text, text, data)

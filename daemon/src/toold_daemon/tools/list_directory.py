@@ -13,7 +13,7 @@ from msgspec import UNSET, Meta, UnsetType
 from ..sandbox import Sandbox
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import ListDirectoryData
-from ._walk import Walker
+from ._walk import Walker, not_entered
 
 
 class ListDirectoryArgs(ToolArgs, frozen=True):
@@ -83,6 +83,8 @@ class ListDirectory(Tool[ListDirectoryArgs]):
         ]
         if truncated:
             lines.append(f"[stopped at max_entries={args.max_entries}]")
+        if walker.too_deep:
+            lines.append(not_entered(walker.too_deep))
         return ToolOutput(json.dumps(data, ensure_ascii=False), "\n".join(lines), data)
 
 

@@ -19,8 +19,14 @@ from typing import Literal
 
 import msgspec
 
+from ..sandbox.trees import walk
+
 Kind = Literal["file", "absent", "dir", "symlink", "unknown"]
 MAX_ENTRIES = 10_000  # below one path (a recursive delete): more are "not undoable"
+#: Directories brought below a new one get a tree hash of their own down to this depth.
+#: Each hash lists a whole subtree: one per directory of a chain a thousand deep took
+#: half a million listings, past any call's time limit (the hashes above cover the rest).
+TREE_HASH_DEPTH = 8
 
 
 class Image(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -85,7 +91,7 @@ def _below(path: Path, denied: Callable[[str], bool]) -> list[Image]:
     if first.kind != "dir":
         return [first]
     found = [first]
-    for directory, dirs, files in os.walk(path, followlinks=False):
+    for directory, dirs, files in walk(path):
         dirs.sort()
         for name in [*sorted(files), *dirs]:
             if len(found) >= MAX_ENTRIES:
@@ -149,7 +155,8 @@ def tree_digest(path: str) -> str:
     """One hash of a directory tree: each entry's relative path, kind, mode and content."""
     h = hashlib.sha256()
     count = 0
-    for directory, dirs, files in os.walk(path, followlinks=False):
+    cut = len(os.path.join(path, ""))  # (a canonical path: its entries' paths start so)
+    for directory, dirs, files in walk(path):
         dirs.sort()
         for name in [*sorted(files), *dirs]:
             count += 1
@@ -157,7 +164,7 @@ def tree_digest(path: str) -> str:
                 return ""
             full = os.path.join(directory, name)
             entry = image_of(full)
-            h.update(f"{os.path.relpath(full, path)}\0{entry.kind}\0{entry.mode}\0{entry.hash}\n".encode())
+            h.update(f"{full[cut:]}\0{entry.kind}\0{entry.mode}\0{entry.hash}\n".encode())
     return h.hexdigest()
 
 
@@ -180,7 +187,7 @@ def _brought_below(path: str, known: set[str]) -> list[Change]:
     """A change (absent before) for each entry below ``path`` not already known; none
     past ``MAX_ENTRIES`` (the directory's tree hash still covers them)."""
     brought: list[Change] = []
-    for directory, dirs, files in os.walk(path, followlinks=False):
+    for directory, dirs, files in walk(path):
         dirs.sort()
         for name in [*sorted(files), *dirs]:
             full = os.path.join(directory, name)
@@ -189,6 +196,10 @@ def _brought_below(path: str, known: set[str]) -> list[Change]:
             if len(brought) >= MAX_ENTRIES:
                 return []
             known.add(full)
-            kind, hash_ = state_of(full)
+            if full.count("/", len(path)) <= TREE_HASH_DEPTH:
+                kind, hash_ = state_of(full)
+            else:
+                image = image_of(full)  # a directory: no tree hash, the ones above cover it
+                kind, hash_ = image.kind, image.hash
             brought.append(Change(before=Image(path=full, kind="absent"), after_kind=kind, after_hash=hash_))
     return brought

@@ -29,6 +29,7 @@ from msgspec import Meta
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError
+from ..sandbox.trees import walk
 from ..sandbox.writes import atomic_write, clipped, delete, parent_dir, set_mode, temp_prefix
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
 from .images import Image, Kind, image_of, state_of
@@ -305,7 +306,7 @@ def _holds_only(path: str, shown: str, planned: set[str]) -> bool:
     """Whether everything below directory ``path`` (shown as ``shown``) is in ``planned``."""
     top = shown.rstrip("/")
     unreadable: list[OSError] = []
-    for parent, dirs, files in os.walk(path, onerror=unreadable.append):  # symlinks are listed, never followed
+    for parent, dirs, files in walk(path, onerror=unreadable.append):  # symlinks are listed, never followed
         below = os.path.relpath(parent, path)
         base = top if below == "." else f"{top}/{below}"
         if any(f"{base}/{name}" not in planned for name in (*dirs, *files)):
