@@ -4,6 +4,7 @@ that shortcut must never skip an entry the full patterns would catch."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,36 @@ def test_every_other_name_of_a_denied_file_is_found(tmp_path: Path) -> None:
         os.link(root / "a" / "plain.txt", other.with_name("plain-" + other.name))
     found = find_denied(build_sandbox(Config(), [root]), max_entries=10_000)
     assert set(found.files) == {str(root / "a" / ".env"), *map(str, others)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to walk as another user")
+def test_a_directory_that_may_be_passed_through_but_not_listed_is_reported() -> None:
+    """A command can open ``passable/.env`` by name in a directory it may not list
+    (mode 0311): the walk cannot see the file to cover it, so it names the directory."""
+    with tempfile.TemporaryDirectory() as tmp:  # (pytest's own are closed to other users)
+        os.chmod(tmp, 0o755)
+        _walk_as_nobody(Path(tmp))
+
+
+def _walk_as_nobody(tmp_path: Path) -> None:
+    (tmp_path / "passable").mkdir(mode=0o311)
+    (tmp_path / "closed").mkdir(mode=0o300)
+    (tmp_path / "passable" / ".env").write_text("SECRET=1\n")
+    os.chmod(tmp_path / "passable", 0o311)  # (mkdir's mode passes through the umask)
+    os.chmod(tmp_path / "closed", 0o300)
+    sandbox = Sandbox([tmp_path], denied_patterns=list(DEFAULT_DENIED_PATTERNS), verified=False)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the walk runs as the user, as in a zygote
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            found = find_denied(sandbox, max_entries=1000)
+            os.write(write, "\n".join(["files:", *found.files, "unlisted:", *found.unlisted]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as reported:
+        lines = reported.read().splitlines()
+    os.waitpid(pid, 0)
+    assert lines == ["files:", "unlisted:", str(tmp_path / "passable")]  # not "closed": no passing through

@@ -383,6 +383,11 @@ def _hide_denied(request: SpawnRequest, found: Found) -> str:
         return partial_because_folded(reached, f"of {count} denied entries are")
     if not found.complete:
         return f"partial: {count} hidden; stopped after {request.hide_max_entries} entries (hide_denied_max_entries)"
+    if found.unlisted:
+        return (
+            f"partial: {count} hidden; {len(found.unlisted)} directories may be passed through but not listed "
+            f"(such as {found.unlisted[0]}): a denied file in them is not covered"
+        )
     return f"on ({count} hidden when commands started)"
 
 

@@ -65,6 +65,8 @@ class Found(msgspec.Struct):
     more_by_inode: dict[int, list[str]] = msgspec.field(default_factory=dict)
     #: With ``protected``: the outermost files and directories matching a protected pattern.
     protected: list[str] = msgspec.field(default_factory=list)
+    #: Directories that may be passed through but not listed: what is in them is not known.
+    unlisted: list[str] = msgspec.field(default_factory=list)
 
     def note_file(self, inode: int, path: str) -> None:
         """A regular file with inode number ``inode``, where another name of a denied file may be."""
@@ -125,8 +127,13 @@ def find_denied(sandbox: Patterns, *, max_entries: int, protected: bool = False)
                         may_be_denied=may_be_denied,
                         may_be_protected=may_be_protected,
                     )
+        except PermissionError:
+            # Unreadable for this user; its commands cannot list it either, but where they
+            # may pass through it they can open a name they guess (``d/.env``).
+            if os.access(directory, os.X_OK):
+                found.unlisted.append(directory)
         except OSError:
-            continue  # unreadable for this user: its commands cannot read it either
+            continue
     return _with_other_names(found)
 
 
