@@ -18,17 +18,14 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
-
-if TYPE_CHECKING:  # imported lazily: pathspec costs tens of ms at daemon start
-    import pathspec
 
 from ..errors import ToolError
 from ..sandbox import Sandbox
 from ..sandbox.reads import read_at_most
 from ._base import ToolContext
+from ._gitignore import GitIgnore
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_GITIGNORE_BYTES = 1 << 20
@@ -55,7 +52,7 @@ class _IgnoreFile(msgspec.Struct, frozen=True):
     relative to that ancestor (put in front of paths).
     """
 
-    spec: pathspec.GitIgnoreSpec
+    spec: GitIgnore
     base: str = ""
     prefix: str = ""
 
@@ -194,15 +191,16 @@ def _ignored(ignores: list[_IgnoreFile], rel: str, is_dir: bool) -> bool:
         local = ignore.local(rel)
         if local is None:
             continue
-        result = ignore.spec.check_file(local + "/" if is_dir else local)
-        if result.include is not None:
-            return bool(result.include)
+        decided = ignore.spec.decides(local, is_dir=is_dir)
+        if decided is not None:
+            return decided
     return False
 
 
-def _read_gitignore(dir_fd: int) -> pathspec.GitIgnoreSpec | None:
+def _read_gitignore(dir_fd: int) -> GitIgnore | None:
     try:
-        fd = os.open(".gitignore", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        # (O_NONBLOCK: a FIFO named .gitignore would hold the open until a writer came)
+        fd = os.open(".gitignore", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -212,10 +210,7 @@ def _read_gitignore(dir_fd: int) -> pathspec.GitIgnoreSpec | None:
         data = read_at_most(fd, _MAX_GITIGNORE_BYTES, st.st_size)
     finally:
         os.close(fd)
-    import pathspec
-
-    lines = data.decode("utf-8", "replace").splitlines()
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+    return GitIgnore(data.decode("utf-8", "replace").splitlines())
 
 
 def _kind(mode: int) -> str:

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -353,10 +354,12 @@ def _file_filter(file_pattern: str | UnsetType) -> Callable[[str], bool] | None:
 
 def _search_file(path: Path, regex: re.Pattern[str], context: int, sandbox: Sandbox) -> Iterator[Hit]:
     try:
-        fd = sandbox.open(path)
+        fd = sandbox.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (swapped for a FIFO since the walk)
     except ToolError:
         return
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
         data = f.read()
     if b"\x00" in data[:_SNIFF]:
         return

@@ -1,0 +1,63 @@
+"""Class H: what a workspace holds cannot hold a call. Anyone who may write the workspace
+(the model, with one command) can plant either of these, and both held every ``glob``
+and ``list_directory`` below them until the call's time limit, for good:
+
+- a FIFO named ``.gitignore``: opening a FIFO for reading waits for a writer;
+- a ``.gitignore`` line built to backtrack (``**/a*a*a*…*b``) beside a long name: the
+  usual compilation of the line tries exponentially many ways to match it.
+
+(ripgrep opens a FIFO named ``.gitignore`` too, and the tool's confinement gives no
+view of /proc to tell it waits there: ``grep`` below one still runs to its time limit.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import DaemonProcess, module_daemon
+
+EVERYTHING = """
+[tools.approval]
+preset = "all"
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with module_daemon(tmp_path_factory, "special", EVERYTHING) as d:
+        piped = d.root / "piped"
+        (piped / "inner").mkdir(parents=True)
+        os.mkfifo(piped / ".gitignore")
+        os.mkfifo(piped / "inner" / "fifo.txt")
+        (piped / "inner" / "plain.txt").write_text("needle\n")
+        backtracking = d.root / "backtracking"
+        backtracking.mkdir()
+        (backtracking / ".gitignore").write_text("**/a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b\n")
+        (backtracking / ("a" * 60)).write_text("needle\n")
+        (backtracking / "plain.txt").write_text("needle\n")
+        yield d
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("glob", {"pattern": "**/*.txt", "path": "piped"}),
+        ("list_directory", {"path": "piped", "recursive": True}),
+        ("grep", {"pattern": "needle", "path": "backtracking"}),
+        ("read_many_files", {"paths": ["piped/**/*.txt"]}),
+        ("glob", {"pattern": "**/*.txt", "path": "backtracking"}),
+        ("list_directory", {"path": "backtracking"}),
+    ],
+)
+def test_a_planted_file_holds_no_call(daemon: DaemonProcess, tool: str, arguments: dict[str, object]) -> None:
+    with daemon.client(timeout=30) as c:
+        started = time.monotonic()
+        result = c.call(tool, arguments, timeout=25)
+        took = time.monotonic() - started
+    assert result.ok, result.content
+    assert "plain.txt" in result.content, result.content
+    assert took < 5, took
