@@ -91,13 +91,26 @@ def _below(path: Path, denied: Callable[[str], bool]) -> list[Image]:
     if first.kind != "dir":
         return [first]
     found = [first]
-    for directory, dirs, files in walk(path):
+    unread: list[OSError] = []
+    for directory, dirs, files in walk(path, onerror=unread.append):
         dirs.sort()
         for name in [*sorted(files), *dirs]:
             if len(found) >= MAX_ENTRIES:
-                return [*found, Image(path=str(path), kind="unknown", note=f"more than {MAX_ENTRIES} entries below")]
+                return _not_whole(found, f"more than {MAX_ENTRIES} entries below")
             found.append(_image_unless_denied(os.path.join(directory, name), denied))
+    if unread:  # (a directory below that may not be listed, or past PATH_MAX)
+        error = unread[0]
+        count = f"{len(unread)} director{'y' if len(unread) == 1 else 'ies'}"
+        return _not_whole(found, f"{count} below could not be read ({error.strerror or error}: {error.filename})")
     return found
+
+
+def _not_whole(found: list[Image], why: str) -> list[Image]:
+    """The images of a tree not all of whose entries were taken: its top is marked not
+    undoable, with why, so the undo says so; the entries taken are still put back. (A
+    marker beside the top's own image was dropped as a second image of the same path,
+    and such an undo put back part of the tree and called itself complete.)"""
+    return [Image(path=found[0].path, kind="unknown", note=why), *found[1:]]
 
 
 def _image_unless_denied(path: str, denied: Callable[[str], bool]) -> Image:

@@ -1,0 +1,51 @@
+"""A recursive delete of a tree the undo data cannot hold whole (a directory nested past
+PATH_MAX: every name short, the whole path too long to read by path) is undone as far
+as it can be, and the undo says what it could not put back. Before, the part it could
+not read was dropped in silence: the undo put back the rest and called itself done."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import DaemonProcess, module_daemon
+from toold_client import CallSpec
+
+EVERYTHING = """
+[tools.approval]
+preset = "all"
+"""
+
+
+@pytest.fixture
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with module_daemon(tmp_path_factory, "not-whole", EVERYTHING) as d:
+        try:
+            yield d
+        finally:
+            subprocess.run(["rm", "-rf", str(d.root / "tree")], check=False)
+
+
+def test_the_undo_of_a_tree_nested_past_path_max_says_it_is_not_whole(daemon: DaemonProcess) -> None:
+    tree = daemon.root / "tree"
+    tree.mkdir()
+    (tree / "shallow.txt").write_text("kept\n")
+    fd = os.open(tree, os.O_RDONLY)
+    for _ in range(20):
+        os.mkdir("d" * 250, dir_fd=fd)
+        inner = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    with daemon.client(timeout=60) as c:
+        deleted = c.submit([CallSpec("delete_file", {"path": "tree", "recursive": True})])
+        assert deleted.results[0].ok, deleted.results[0].content
+        assert "could not be read" in deleted.results[0].content, deleted.results[0].content
+        assert not tree.exists()
+        undone = c.undo(deleted.batch_id).results[0]
+    assert undone.ok, undone.content
+    assert "Not undoable: tree (" in undone.content and "could not be read" in undone.content, undone.content
+    assert (tree / "shallow.txt").read_text() == "kept\n"
