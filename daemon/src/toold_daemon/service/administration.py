@@ -35,11 +35,12 @@ from toold_protocol import (
 from ..config import ConfigError
 from ..config.loading import load_file
 from ..egress.rules import NETWORKED_TOOLS, network_summary
-from ..execution.batches import Batch
+from ..execution.batches import Batch, PreparedCall
 from ..policy import planner
 from ..records.journal import Journal
 from ..records.journal_writer import JournalWriteFailed
 from ..records.stored_batches import StoredBatch
+from ..sandbox import Sandbox
 from ..sandbox.lookups import WouldBlock, from_the_caches_alone
 from ..sandbox.workspaces import WorkspaceRefused
 from ..tools import Tool
@@ -211,6 +212,23 @@ class Administration:
             recorded = stored.results[call.index]
             if recorded is None and call.result is not None:
                 journal.result(stored.batch_id, call.index, call.result)  # refused by today's checks
+        self._run_again(session, stored, calls, sandbox, all_events=True)
+        # (the batch's task has not run yet: its first event follows this reply)
+        self.shared.reply(session, BatchAccepted(id=message.id, batch_id=stored.batch_id, calls=stored.plan()))
+
+    def _run_again(
+        self,
+        session: Session,
+        stored: StoredBatch,
+        calls: list[PreparedCall],
+        sandbox: Sandbox | None,
+        *,
+        all_events: bool,
+    ) -> None:
+        """Run the calls of ``stored`` left to run, planned anew as ``calls``, in a task
+        of ``session``'s; the journal says it runs again."""
+        journal = self.shared.journal
+        assert journal is not None
         batch = Batch(
             batch_id=stored.batch_id,
             identity=stored.identity,
@@ -222,8 +240,7 @@ class Administration:
         )
         journal.set_state(stored.batch_id, "running")
         self.runs.remember(batch)
-        self.shared.reply(session, BatchAccepted(id=message.id, batch_id=batch.batch_id, calls=stored.plan()))
-        self.runs.start(session, batch, all_events=True)
+        self.runs.start(session, batch, all_events=all_events)
 
     async def finish_interrupted_undos(self) -> list[str]:
         """At start: run again every undo the last daemon died in, resuming (what it had
@@ -279,18 +296,7 @@ class Administration:
         for call in calls:
             call.needs_confirmation = False  # approved before the daemon stopped, and running
         session = Session(session_id=f"recovery-{batch_id}"[:64], peer=NO_PEER, identity=stored.identity)
-        batch = Batch(
-            batch_id=stored.batch_id,
-            identity=stored.identity,
-            session_id=session.session_id,
-            calls=calls,
-            results=list(stored.results),
-            digest=stored.fingerprint,
-            sandbox=sandbox,
-        )
-        journal.set_state(stored.batch_id, "running")
-        self.runs.remember(batch)
-        self.runs.start(session, batch, all_events=False)
+        self._run_again(session, stored, calls, sandbox, all_events=False)
         log.warning("finishing undo %s, which the daemon stopped in", batch_id)
         return True
 
