@@ -6,8 +6,8 @@ and ``list_directory`` below them until the call's time limit, for good:
 - a ``.gitignore`` line built to backtrack (``**/a*a*a*…*b``) beside a long name: the
   usual compilation of the line tries exponentially many ways to match it.
 
-(ripgrep opens a FIFO named ``.gitignore`` too, and the tool's confinement gives no
-view of /proc to tell it waits there: ``grep`` below one still runs to its time limit.)
+ripgrep opens a FIFO so named too, and waits; the grep tool frees it once it has been
+silent a second (``tools/_fifo_ignores``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     [
         ("glob", {"pattern": "**/*.txt", "path": "piped"}),
         ("list_directory", {"path": "piped", "recursive": True}),
+        ("grep", {"pattern": "needle", "path": "piped"}),
         ("grep", {"pattern": "needle", "path": "backtracking"}),
         ("read_many_files", {"paths": ["piped/**/*.txt"]}),
         ("glob", {"pattern": "**/*.txt", "path": "backtracking"}),

@@ -19,6 +19,8 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -30,6 +32,7 @@ from .. import regexguard
 from ..errors import ToolError, bad_args
 from ..globmatch import GlobTooComplex, compile_glob, expand_braces
 from ..sandbox import Sandbox
+from . import _fifo_ignores
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import GrepData
 from ._walk import Walker
@@ -209,8 +212,12 @@ def _ripgrep_run(rg: str, target: Path, args: GrepArgs, ctx: ToolContext, *, sor
     matches = 0
     too_many = False
     assert proc.stdout is not None and proc.stderr is not None
+    last_output = [time.monotonic()]
+    ran = threading.Event()
+    _fifo_ignores.watch(str(root), str(target), lambda: last_output[0], ran)
     try:
         for raw in proc.stdout:
+            last_output[0] = time.monotonic()
             if ctx.cancelled.is_set():
                 break
             hit = _parse_rg_line(raw, rel)
@@ -225,6 +232,7 @@ def _ripgrep_run(rg: str, target: Path, args: GrepArgs, ctx: ToolContext, *, sor
                 too_many = True
                 break
     finally:
+        ran.set()
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,85 @@
+"""Freeing a ripgrep run that waits to open a FIFO named like an ignore file.
+
+ripgrep reads every ``.gitignore``, ``.ignore`` and ``.rgignore`` it meets, and opening
+a FIFO for reading waits until someone opens it for writing: a FIFO so named (anyone who
+may write the workspace can make one) held every search below it until the call's time
+limit. The tool's process has no view of /proc (its Landlock rules) to see where
+ripgrep waits. So while ripgrep is silent, this looks for FIFOs with those names where
+ripgrep reads them (the searched tree, and the directories from its root down to it)
+and opens each for writing without waiting: that succeeds only while a reader waits,
+and closed at once it gives that reader the end of the file, an empty ignore file. The
+daemon's own walk passes such a FIFO over too, so both see no rules in it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+IGNORE_FILES = frozenset({".gitignore", ".ignore", ".rgignore"})
+#: Silence from ripgrep after which the FIFOs are looked for, and between two looks.
+SILENT_SECONDS = 1.0
+
+
+def watch(root: str, searched: str, last_output: Callable[[], float], done: threading.Event) -> None:
+    """On a thread of its own until ``done``: free ripgrep (searching ``searched``, a
+    directory or file below ``root``) when it has been silent for ``SILENT_SECONDS``
+    (``last_output``: the ``time.monotonic()`` of its last line). A look walks the tree:
+    while none frees anything (a search that is slow, not held), the next comes twice as
+    late, so a long quiet search pays a few walks, not one a second."""
+
+    def run() -> None:
+        pause = SILENT_SECONDS
+        while not done.wait(SILENT_SECONDS / 2):
+            if time.monotonic() - last_output() >= SILENT_SECONDS:
+                pause = SILENT_SECONDS if release(root, searched) else pause * 2
+                if done.wait(pause):
+                    return
+
+    threading.Thread(target=run, name="rg-fifo-release", daemon=True).start()
+
+
+def release(root: str, searched: str) -> int:
+    """Open for writing, without waiting, each FIFO named like an ignore file that
+    ripgrep may be waiting on; how many had a reader waiting."""
+    released = 0
+    for fifo in _fifo_ignore_files(root, searched):
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # ENXIO: nobody waits on it
+            continue
+        os.close(fd)
+        released += 1
+    return released
+
+
+def _fifo_ignore_files(root: str, searched: str) -> Iterator[str]:
+    # The directories from the root down to the searched one (ripgrep reads their ignore
+    # files too), then everything below it; symlinks are never followed.
+    top = searched if os.path.isdir(searched) else os.path.dirname(searched)
+    above = os.path.relpath(top, root).split(os.sep) if top != root else []
+    directories = [os.path.join(root, *above[:depth]) for depth in range(len(above))]
+    for directory in directories:
+        yield from _fifos_in(directory)
+    pending = [top]
+    while pending:
+        directory = pending.pop()
+        yield from _fifos_in(directory)
+        try:
+            with os.scandir(directory) as entries:
+                pending += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+
+
+def _fifos_in(directory: str) -> Iterator[str]:
+    for name in IGNORE_FILES:
+        path = os.path.join(directory, name)
+        try:
+            if stat.S_ISFIFO(os.stat(path, follow_symlinks=False).st_mode):
+                yield path
+        except OSError:
+            continue

@@ -1,0 +1,44 @@
+"""A reader waiting to open a FIFO named like an ignore file is given an empty file;
+nothing else is touched."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from toold_daemon.tools import _fifo_ignores
+
+
+def _reading(path: Path) -> tuple[threading.Thread, list[bytes]]:
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(path, "rb") as f:  # waits for a writer
+            got.append(f.read())
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, got
+
+
+def test_a_reader_held_by_a_fifo_ignore_file_is_freed_and_nothing_else_is_touched(tmp_path: Path) -> None:
+    (tmp_path / "above" / "searched" / "deeper").mkdir(parents=True)
+    held = tmp_path / "above" / "searched" / "deeper" / ".gitignore"
+    parent = tmp_path / "above" / ".ignore"  # in a directory between the root and the searched one
+    idle = tmp_path / "above" / "searched" / ".rgignore"  # nobody reads it
+    other = tmp_path / "above" / "searched" / "pipe"  # not an ignore file's name
+    for fifo in (held, parent, idle, other):
+        os.mkfifo(fifo)
+    readers = [_reading(held), _reading(parent), _reading(other)]
+    for thread, _ in readers:
+        thread.join(0.2)
+        assert thread.is_alive()  # waiting for a writer
+    assert _fifo_ignores.release(str(tmp_path), str(tmp_path / "above" / "searched")) == 2
+    for thread, got in readers[:2]:
+        thread.join(5)
+        assert got == [b""]  # an empty ignore file
+    assert readers[2][0].is_alive()  # the FIFO of another name is left alone
+    fd = os.open(other, os.O_WRONLY | os.O_NONBLOCK)  # (let the test's reader go)
+    os.close(fd)
+    readers[2][0].join(5)
