@@ -4,8 +4,8 @@ Every name in a tree may be short while the path of an entry deep in it is not: 
 command reaches such an entry by changing directory one name at a time, but ``open``,
 ``stat`` or ``mount`` of its whole path fail with ``ENAMETOOLONG``. What must see every
 entry below the roots (the denied-file walk, the views mounted over what it finds) opens
-such a path in pieces, each below the limit and each relative to the directory the last
-one opened. A short path is used as it is: nothing changes for it, and nothing is spent.
+such a path a name at a time, each relative to the directory before, following no
+symlink. A short path is used as it is: nothing changes for it, and nothing is spent.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-#: Bytes of a path opened at once: below PATH_MAX (4096) with room for one more name.
+#: Past this many bytes a path is opened a name at a time (PATH_MAX is 4096).
 PIECE_BYTES = 3800
 _O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
 
@@ -26,25 +26,27 @@ def too_long(path: str) -> bool:
 
 
 def open_in_pieces(path: str, flags: int) -> int:
-    """``os.open(path, flags | O_CLOEXEC)`` for a path of any length. The directories
-    on the way are opened ``PIECE_BYTES`` at a time; the end of each piece is never a
-    symlink followed (``O_NOFOLLOW``), as no entry the walk found was one."""
+    """``os.open(path, flags | O_CLOEXEC)`` for a path of any length. A path too long
+    for the kernel is opened a name at a time, each relative to the directory before,
+    and no symlink on the way is followed (``O_NOFOLLOW`` at every name): the walk found
+    each of these names as a directory, and one swapped for a symlink since must not
+    lead it elsewhere."""
     flags |= os.O_CLOEXEC
     data = os.fsencode(path)
     if len(data) <= PIECE_BYTES:
         return os.open(data, flags)
-    head, _, last = data.rpartition(b"/")
-    fd = -1
+    *directories, last = data.split(b"/")
+    fd = os.open(b"/" if data.startswith(b"/") else b".", _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for piece in _pieces(head):
-            opened = os.open(piece, _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=_at(fd))
-            if fd >= 0:
-                os.close(fd)
-            fd = opened
-        return os.open(last, flags, dir_fd=_at(fd))
-    finally:
-        if fd >= 0:
+        for name in directories:
+            if not name:  # (the root's empty name, or a doubled slash)
+                continue
+            inner = os.open(name, _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
+            fd = inner
+        return os.open(last, flags, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def lstat(path: str) -> os.stat_result:
@@ -71,23 +73,3 @@ def reachable(path: str) -> Iterator[str]:
         yield f"/proc/self/fd/{fd}"
     finally:
         os.close(fd)
-
-
-def _pieces(head: bytes) -> Iterator[bytes]:
-    """``head`` (an absolute directory path) cut at slashes into pieces of at most
-    ``PIECE_BYTES``: the first absolute, the others relative to the one before."""
-    names = head.split(b"/")
-    piece: list[bytes] = [b""]  # the root: the first piece starts with "/"
-    size = 0
-    for name in names[1:]:
-        if size + len(name) + 1 > PIECE_BYTES:
-            yield b"/".join(piece) or b"/"
-            piece, size = [], 0
-        piece.append(name)
-        size += len(name) + 1
-    if piece and piece != [b""]:
-        yield b"/".join(piece)
-
-
-def _at(fd: int) -> int | None:
-    return fd if fd >= 0 else None
