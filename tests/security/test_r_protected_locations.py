@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, module_daemon, start_daemon
 from toold_client import DENY_ALL
 from toold_daemon.sandbox.homes import home_directories, home_dotfile, homes_within
 
@@ -171,3 +172,29 @@ def test_homes_are_found_and_matched_as_paths() -> None:
     assert homes_within(["/srv/users/bob"], homes) == ["/srv/users/bob"]
     assert homes_within(["/home/alice/src"], homes) == []
     assert "/root" in home_directories() and "/" not in home_directories()
+
+
+PAST_THE_SEARCH = """
+[tools.approval]
+preset = "all"
+
+[tools.sandbox]
+hide_denied_max_entries = 50
+"""
+
+
+def test_protected_entries_past_the_search_make_the_layer_partial(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The search that finds protected entries (to show them read-only to commands) is
+    bounded; one past it stays writable, so the layer says partial rather than "on" (a
+    layer an administrator requires then refuses commands)."""
+    with module_daemon(tmp_path_factory, "past-the-search", PAST_THE_SEARCH) as d:
+        for i in range(200):
+            (d.root / f"f{i:03}.txt").write_text("x\n")
+        (d.root / "zz" / ".git" / "hooks").mkdir(parents=True)
+        with d.client(timeout=30) as c:
+            assert "hi" in c.call("shell", {"command": "echo hi"}).content
+        deadline = time.monotonic() + 10
+        while "protected_paths: partial" not in d.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "protected_paths: partial:" in d.log.read_text()
+        assert "the search stopped after 50 entries" in d.log.read_text()

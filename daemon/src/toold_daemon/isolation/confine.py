@@ -418,8 +418,15 @@ def _protect(request: SpawnRequest, found: Found, readonly: list[str]) -> str:
     reached = reached_by_other_spelling(before)
     if reached:
         return partial_because_folded(reached, f"of {len(shown)} protected entries are writable,")
-    partial = "" if found.complete else f"; the search stopped after {request.hide_max_entries} entries"
-    return f"on ({len(homes)} home(s) and {len(shown)} protected entries read-only for commands{partial})"
+    done = f"{len(homes)} home(s) and {len(shown)} protected entries read-only for commands"
+    if not found.complete:  # a protected entry past the search is writable
+        return f"partial: {done}; the search stopped after {request.hide_max_entries} entries (hide_denied_max_entries)"
+    if found.unlisted:
+        return (
+            f"partial: {done}; {len(found.unlisted)} directories may be passed through but not listed "
+            f"(such as {found.unlisted[0]}): a protected entry in them stays writable"
+        )
+    return f"on ({done})"
 
 
 def _cut_network(request: SpawnRequest) -> str:
