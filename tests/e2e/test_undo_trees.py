@@ -346,3 +346,29 @@ def test_a_stranger_file_in_a_moved_directory_is_still_a_conflict(undoing: Daemo
     assert not result.ok and result.error.code == "UNDO_CONFLICT", result.content
     assert "b/stranger.txt" in result.content
     assert tree(root) == after
+
+
+def test_a_file_the_batch_made_then_deleted_with_its_directory_now_a_file_is_left_absent(
+    undoing: DaemonProcess,
+) -> None:
+    """Found by the property test: a/a.txt made, a deleted with everything in it, a file
+    written where a was. Taking a/a.txt away (it is absent already) made the undo look for
+    a directory a, a file by then: the undo failed whole, "Not a directory"."""
+    root = undoing.root
+    shutil.rmtree(root)
+    (root / "a" / "a").mkdir(parents=True)
+    (root / "a" / "a" / "a.txt").write_text("")
+    os.chmod(root / "a" / "a" / "a.txt", 0o600)
+    before = tree(root)
+    with undoing.client(timeout=60) as c:
+        outcome = c.submit(
+            [
+                CallSpec("write_file", {"path": "a/a.txt", "content": "", "overwrite": True}, "w1"),
+                CallSpec("delete_file", {"path": "a", "recursive": True}, "d"),
+                CallSpec("write_file", {"path": "a", "content": "", "overwrite": True}, "w2"),
+            ]
+        )
+        assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
+        (result,) = c.undo(outcome.batch_id).results
+    assert result.ok, result.content
+    assert tree(root) == before

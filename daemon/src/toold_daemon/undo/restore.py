@@ -349,6 +349,10 @@ def _is_dir(path: Path) -> bool:
 
 def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
     path = ctx.resolve(entry.path, follow_last=False)
+    if entry.kind == "absent" and image_of(str(path)).kind == "absent":
+        # Nothing to take away; and its parent may be a file now (a directory the batch
+        # deleted, then wrote a file in its place), where no directory is to be made.
+        return
     with parent_dir(ctx.sandbox, path, create=True, shown=entry.path) as (dir_fd, name):
         current = _lstat(dir_fd, name)
         if entry.kind == "absent":
