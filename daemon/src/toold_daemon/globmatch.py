@@ -171,7 +171,8 @@ def _segments(pattern: str) -> list[list[str]]:
             negate = body[:1] in ("!", "^")
             if negate:
                 body = body[1:]
-            body = body.replace("\\", "\\\\").replace("/", "")
+            # (a "]" first in the class is one of its characters: escaped, as "[" is)
+            body = body.replace("\\", "\\\\").replace("/", "").replace("]", "\\]").replace("[", "\\[")
             tokens.append(f"[^/{body}]" if negate else f"[{body}]")
             i = end
         elif ch == "\\" and i + 1 < n:
@@ -203,6 +204,44 @@ def _segment_regex(tokens: list[str]) -> str:
         return "[^/]*".join(fixed)
     head, *middle, tail = fixed
     return head + "".join(f"(?>[^/]*?{part})" for part in middle) + "[^/]*" + tail
+
+
+def braces_literal(pattern: str) -> str:
+    """``pattern`` with its braces and commas taken as themselves (for syntaxes that have
+    no braces, such as ``.gitignore``): escaped, but inside a ``[...]`` class, where an
+    escape would add a backslash to the class."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if ch == "[" and (end := _class_end(pattern, i)) >= 0:
+            out.append(pattern[i : end + 1])
+            i = end + 1
+            continue
+        out.append("\\" + ch if ch in "{}," else ch)
+        i += 1
+    return "".join(out)
+
+
+def has_unclosed_class(pattern: str) -> bool:
+    """Whether an unescaped ``[`` in ``pattern`` opens no class (git's matching then
+    matches nothing; ours would take the ``[`` as itself)."""
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            i += 2
+            continue
+        if pattern[i] == "[":
+            end = _class_end(pattern, i)
+            if end < 0:
+                return True
+            i = end
+        i += 1
+    return False
 
 
 def _class_end(pattern: str, start: int) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from ..globmatch import GlobTooComplex, compile_glob
+from ..globmatch import GlobTooComplex, braces_literal, compile_glob, has_unclosed_class
 
 
 class _Rule:
@@ -87,10 +87,10 @@ def _rule(line: str) -> _Rule | None:
         line = line[1:]
     dir_only = line.endswith("/") and not line.endswith("\\/")
     line = line[:-1] if dir_only else line
-    if not line.strip("/") or "//" in line:  # (an empty name between slashes matches nothing)
-        return None
+    if not line.strip("/") or "//" in line or has_unclosed_class(line):
+        return None  # (git matches nothing with an empty name between slashes, or a lone "[")
     anchored = "/" in line
-    glob = _braces_literal(line[1:] if line.startswith("/") else line if anchored else "**/" + line)
+    glob = braces_literal(line[1:] if line.startswith("/") else line if anchored else "**/" + line)
     try:
         regex = compile_glob(glob)
         # "dir/**" names what is in dir, and dir itself is then left out with it
@@ -105,18 +105,3 @@ def _without_trailing_spaces(line: str) -> str:
     if stripped.endswith("\\") and len(stripped) < len(line):
         return stripped + " "  # an escaped space is kept (its backslash escapes it)
     return stripped
-
-
-def _braces_literal(glob: str) -> str:
-    """``glob`` with ``{``, ``}`` and ``,`` escaped: git knows no braces."""
-    out: list[str] = []
-    i = 0
-    while i < len(glob):
-        ch = glob[i]
-        if ch == "\\" and i + 1 < len(glob):
-            out.append(glob[i : i + 2])
-            i += 2
-            continue
-        out.append("\\" + ch if ch in "{}," else ch)
-        i += 1
-    return "".join(out)
