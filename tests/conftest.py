@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -79,8 +80,26 @@ def start_daemon(
     environ = {k: v for k, v in os.environ.items() if k != "TOOLD_ENDPOINT"} | (env or {})
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=environ)
     daemon = DaemonProcess(endpoint, root, sock, proc, log)
-    wait_ready(daemon)
+    try:
+        wait_ready(daemon)
+    except BaseException:
+        _kill_with_children(proc.pid)  # a daemon that never became ready is not left running
+        proc.wait(timeout=10)
+        raise
     return daemon
+
+
+def _kill_with_children(pid: int) -> None:
+    try:
+        top = psutil.Process(pid)
+        processes = [top, *top.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 @contextmanager
