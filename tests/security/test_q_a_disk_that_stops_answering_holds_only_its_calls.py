@@ -70,6 +70,7 @@ def disk(tmp_path: Path) -> Iterator[StoppableDisk]:
         finally:
             held.resume()
             daemon.stop()
+            held.daemon.stop()  # the one a test started in its place, if it did
 
 
 def _in_background(work: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
