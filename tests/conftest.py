@@ -83,23 +83,26 @@ def start_daemon(
     try:
         wait_ready(daemon)
     except BaseException:
-        _kill_with_children(proc.pid)  # a daemon that never became ready is not left running
+        kill_process_tree(proc.pid)  # a daemon that never became ready is not left running
         proc.wait(timeout=10)
         raise
     return daemon
 
 
-def _kill_with_children(pid: int) -> None:
+def kill_process_tree(pid: int, *, freeze_first: bool = False) -> None:
+    """SIGKILL ``pid`` and everything it started; with ``freeze_first``, all of them are
+    stopped first, so that none acts after another is gone (a power cut, for the files)."""
     try:
         top = psutil.Process(pid)
         processes = [top, *top.children(recursive=True)]
     except psutil.NoSuchProcess:
         return
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
+    for act in ("suspend", "kill") if freeze_first else ("kill",):
+        for process in processes:
+            try:
+                getattr(process, act)()
+            except psutil.NoSuchProcess:
+                pass
 
 
 @contextmanager

@@ -8,20 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.deep_trees import nested, write_at
 from toold_daemon.sandbox import long_paths
 
 
 def _deep_file(root: Path, depth: int, name: str = "n" * 200) -> str:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(depth):
-        os.mkdir(name, dir_fd=fd)
-        inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = inner
-    out = os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
-    os.write(out, b"leaf\n")
-    os.close(out)
-    os.close(fd)
+    with nested(root, name, depth) as bottom:
+        write_at(bottom, "leaf.txt", "leaf\n", 0o600)
     return "/".join([str(root), *[name] * depth, "leaf.txt"])
 
 

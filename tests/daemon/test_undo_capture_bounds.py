@@ -4,11 +4,11 @@ which tree it could not put back whole, rather than put back part and call it do
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.deep_trees import nested
 from toold_daemon.undo import images
 
 
@@ -31,13 +31,8 @@ def test_a_tree_past_the_bound_is_marked_at_its_top(tmp_path: Path, monkeypatch:
 def test_a_tree_with_a_directory_past_path_max_is_marked_at_its_top(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "shallow.txt").write_text("kept\n")
-    fd = os.open(tmp_path / "t", os.O_RDONLY)
-    for _ in range(20):
-        os.mkdir("d" * 250, dir_fd=fd)
-        inner = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = inner
-    os.close(fd)
+    with nested(tmp_path / "t", "d" * 250, 20):
+        pass
     taken = _capture(tmp_path / "t")
     assert taken[0].kind == "unknown" and "could not be read" in taken[0].note, taken[0]
     assert "File name too long" in taken[0].note

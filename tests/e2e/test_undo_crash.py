@@ -8,39 +8,23 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import sqlite3
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import psutil
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import DaemonProcess, start_daemon, wait_ready
+from tests.conftest import DaemonProcess, kill_process_tree, start_daemon, wait_ready
 from tests.e2e.test_undo_trees import CONFIG, OPERATIONS, flat, tree
 from toold_client import CallSpec
 
 
 def crash(daemon: DaemonProcess) -> None:
     """Freeze the daemon and everything it started, then SIGKILL them all at once."""
-    try:
-        top = psutil.Process(daemon.proc.pid)
-        processes = [top, *top.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for process in processes:
-        try:
-            process.suspend()
-        except psutil.NoSuchProcess:
-            pass
-    for process in processes:
-        try:
-            process.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+    kill_process_tree(daemon.proc.pid, freeze_first=True)
     daemon.proc.wait(timeout=10)
 
 

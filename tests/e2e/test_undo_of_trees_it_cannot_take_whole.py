@@ -5,13 +5,13 @@ not read was dropped in silence: the undo put back the rest and called itself do
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import DaemonProcess, module_daemon
+from tests.deep_trees import nested
 from toold_client import CallSpec
 
 EVERYTHING = """
@@ -33,13 +33,8 @@ def test_the_undo_of_a_tree_nested_past_path_max_says_it_is_not_whole(daemon: Da
     tree = daemon.root / "tree"
     tree.mkdir()
     (tree / "shallow.txt").write_text("kept\n")
-    fd = os.open(tree, os.O_RDONLY)
-    for _ in range(20):
-        os.mkdir("d" * 250, dir_fd=fd)
-        inner = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = inner
-    os.close(fd)
+    with nested(tree, "d" * 250, 20):
+        pass
     with daemon.client(timeout=60) as c:
         deleted = c.submit([CallSpec("delete_file", {"path": "tree", "recursive": True})])
         assert deleted.results[0].ok, deleted.results[0].content

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DaemonProcess, module_daemon
+from tests.deep_trees import nested, write_at
 
 YOLO = """
 [tools.approval]
@@ -34,28 +35,12 @@ def _make_deep(root: Path) -> None:
     secret under an innocent name, and a git directory; made one level at a time (the
     whole path is too long for any one system call)."""
     (root / ".env").write_text("TOP_SECRET=also-not\n")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(DEPTH):
-            os.mkdir(NAME, dir_fd=fd)
-            inner = os.open(NAME, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-        _write_at(fd, ".env", SECRET + "\n")
-        _write_at(fd, "readme.txt", "public\n")
-        os.link(root / ".env", "innocent.txt", dst_dir_fd=fd)
-        os.mkdir(".git", dir_fd=fd)
-        os.mkdir(".git/hooks", dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def _write_at(fd: int, name: str, text: str) -> None:
-    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=fd)
-    try:
-        os.write(out, text.encode())
-    finally:
-        os.close(out)
+    with nested(root, NAME, DEPTH) as bottom:
+        write_at(bottom, ".env", SECRET + "\n")
+        write_at(bottom, "readme.txt", "public\n")
+        os.link(root / ".env", "innocent.txt", dst_dir_fd=bottom)
+        os.mkdir(".git", dir_fd=bottom)
+        os.mkdir(".git/hooks", dir_fd=bottom)
 
 
 def _deep_command(body: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DaemonProcess, module_daemon, start_daemon
+from tests.deep_trees import nested, write_at
 from toold_client import CallSpec
 
 EVERYTHING = """
@@ -28,20 +29,10 @@ preset = "all"
 DEPTH = 1300
 
 
-def _nest(directory: Path, depth: int = DEPTH) -> None:
-    """``directory``/a/a/.../a (``depth`` levels) holding one file, made a level at a time."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(depth):
-            os.mkdir("a", dir_fd=fd)
-            inner = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-        out = os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
-        os.write(out, b"at the bottom\n")
-        os.close(out)
-    finally:
-        os.close(fd)
+def _nest(directory: Path) -> None:
+    """``directory``/a/a/.../a (``DEPTH`` levels) holding one file."""
+    with nested(directory, "a", DEPTH) as bottom:
+        write_at(bottom, "bottom.txt", "at the bottom\n")
 
 
 @pytest.fixture(scope="module")
