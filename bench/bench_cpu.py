@@ -69,12 +69,14 @@ def serving_processes(endpoint: str) -> dict[str, list[psutil.Process]]:
     is missed: list them again each round."""
     serving = [p for p in psutil.process_iter(["cmdline"]) if endpoint in (p.info["cmdline"] or [])]
     protocol = [p for p in serving if p.num_threads() > 1]
-    below: list[psutil.Process] = []
+    below: dict[int, psutil.Process] = {}
     for spawner in (p for p in serving if p not in protocol):
-        below.append(spawner)
+        below[spawner.pid] = spawner
         with contextlib.suppress(psutil.Error):
-            below += spawner.children(recursive=True)
-    return {"protocol": protocol, "workers": below}
+            below.update((child.pid, child) for child in spawner.children(recursive=True))
+    # Keyed by pid: a worker is forked from the spawner and so carries the daemon's command
+    # line too; listed both as served and as a child, it would be counted twice.
+    return {"protocol": protocol, "workers": list(below.values())}
 
 
 #: What ``--against`` measures: a 4 KB read, or ``shell true`` (a command through a zygote).
