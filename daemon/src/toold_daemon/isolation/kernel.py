@@ -128,6 +128,32 @@ _KEPT_MOUNT_FLAGS = {
 }  # fmt: skip
 
 
+def unshare_as_same_uid(flags: int) -> None:
+    """Unshare ``flags`` inside a new user namespace that maps only our own uid and gid,
+    so files keep their owner and nothing gains a privilege outside."""
+    uid, gid = os.getuid(), os.getgid()
+    unshare(CLONE_NEWUSER | flags)
+    # A process that is not dumpable (the daemon's hardening, inherited; or the kernel's
+    # rule after setuid) finds /proc/self owned by root and may not write its own maps:
+    # the namespace would stay unmapped and everything in it would run as the overflow
+    # uid. Dumpable only while the maps are written.
+    prctl(PR_SET_DUMPABLE, 1)
+    try:
+        _write_text("/proc/self/setgroups", "deny")
+        _write_text("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write_text("/proc/self/gid_map", f"{gid} {gid} 1")
+    finally:
+        prctl(PR_SET_DUMPABLE, 0)
+
+
+def _write_text(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str | None = None) -> None:
     _check(
         _libc.mount(

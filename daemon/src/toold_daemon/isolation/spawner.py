@@ -31,10 +31,11 @@ from . import kernel
 from .admission import Admission, Refused, check_cgroups, enable_credentials, receive_checked
 from .cgroup import call_bases_of
 from .child import run_child
-from .confine import guarded_pids, hide_other_users_processes
+from .confine import guarded_pids
 from .prepare import Preparer
 from .spawner_socket import accept_daemon
 from .tempdirs import TempDirs
+from .views import hide_other_users_processes
 from .wire import Spawned, SpawnerMessage, SpawnRequest, TempDone, TempWanted, close_fds, frame
 
 _request_decoder = msgspec.msgpack.Decoder(SpawnerMessage)
