@@ -118,9 +118,9 @@ def test_schema_and_lock_guards(tmp_path: Path) -> None:
         Journal.open_in(tmp_path)
     journal.close()
     db = sqlite3.connect(tmp_path / "journal.sqlite3")
-    db.execute("PRAGMA user_version = 8")
+    db.execute("PRAGMA user_version = 9")
     db.close()
-    with pytest.raises(JournalError, match="schema version 8"):
+    with pytest.raises(JournalError, match="schema version 9"):
         Journal.open_in(tmp_path)
     with pytest.raises(JournalError, match="does not exist"):
         Journal.open_in(tmp_path / "missing")
@@ -183,7 +183,8 @@ def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path
 
 
 def _back_to_schema_5(db: sqlite3.Connection) -> None:
-    """What schemas 6 and 7 added, taken away again (a journal written before them)."""
+    """What schemas 6 to 8 added, taken away again (a journal written before them)."""
+    db.execute("ALTER TABLE changes DROP COLUMN after_mode")
     db.execute("DROP INDEX batches_by_uid_newest")
     db.execute("DROP INDEX batches_by_uid_age")
     db.execute("ALTER TABLE batches DROP COLUMN bytes")
@@ -358,4 +359,26 @@ async def test_a_users_prune_reads_only_their_own_batches(tmp_path: Path) -> Non
     query = next(q for q in captured if q.startswith("SELECT batch_id, uid, bytes FROM batches"))
     plan = " ".join(row[-1] for row in journal._db.execute(f"EXPLAIN QUERY PLAN {query}"))
     assert "batches_by_uid_age (uid=? AND finished<?)" in plan, plan
+    journal.close()
+
+
+def test_a_journal_of_schema_7_keeps_its_changes_with_no_mode_to_compare(tmp_path: Path) -> None:
+    """Changes recorded before the journal kept the modes a batch left read back as -1,
+    which an undo does not compare; new ones keep the mode."""
+    journal = Journal.open_in(tmp_path)
+    record(journal, "old", 1)
+    made = Change(before=Image(path="f", kind="absent"), after_kind="file", after_hash="h", after_mode=0o640)
+    journal.result("old", 0, ok("c0"), changes=[made])
+    assert [c.after_mode for c in journal.changes("old")] == [0o640]
+    journal.close()
+    db = sqlite3.connect(tmp_path / "journal.sqlite3")
+    db.execute("ALTER TABLE changes DROP COLUMN after_mode")
+    db.execute("PRAGMA user_version = 7")
+    db.commit()
+    db.close()
+    journal = Journal.open_in(tmp_path)
+    assert [(c.path, c.after_hash, c.after_mode) for c in journal.changes("old")] == [("f", "h", -1)]
+    record(journal, "new", 1)
+    journal.result("new", 0, ok("c0"), changes=[made])
+    assert [c.after_mode for c in journal.changes("new")] == [0o640]
     journal.close()

@@ -121,6 +121,43 @@ def test_a_file_added_to_a_directory_an_earlier_call_made_is_a_conflict(tmp_path
     assert tree(root) == after
 
 
+MODE_CHANGED_SINCE = {
+    # (the batch, the path someone chmods after it)
+    "a file the batch overwrote": (
+        [CallSpec("write_file", {"path": "src/pkg/a.py", "content": "a = 2\n", "overwrite": True}, "w")],
+        "src/pkg/a.py",
+    ),
+    "a file the batch made": ([CallSpec("write_file", {"path": "run.sh", "content": "echo\n"}, "w")], "run.sh"),
+    "a directory the batch made": (BATCHES["write into directories that did not exist"], "new/a"),
+    "a directory the batch moved": (BATCHES["move a directory"], "lib/pkg"),
+}
+
+
+@pytest.mark.parametrize("name", MODE_CHANGED_SINCE)
+def test_a_mode_changed_since_is_a_conflict(tmp_path: Path, root: Path, name: str) -> None:
+    """A chmod after the batch is a change as new contents are: the undo changes nothing
+    and names the path; forced, it puts everything back, the mode included."""
+    seed(root)
+    before = tree(root)
+    calls, chmodded = MODE_CHANGED_SINCE[name]
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=60) as c:
+            outcome = c.submit(calls, batch_id=f"mode-{len(name)}")
+            assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
+            os.chmod(root / chmodded, 0o700 if (root / chmodded).is_dir() else 0o755)
+            after = tree(root)
+            (result,) = c.undo(outcome.batch_id).results
+            assert not result.ok and result.error.code == "UNDO_CONFLICT", result.content
+            assert chmodded in result.content
+            assert tree(root) == after
+            (forced,) = c.undo(outcome.batch_id, force=True).results
+            assert forced.ok, forced.content
+    finally:
+        d.stop()
+    assert tree(root) == before
+
+
 def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, root: Path) -> None:
     """The saved bytes of one file are gone when the undo runs: it fails on that file,
     after it had already taken away a file and a tree the batch made. Both come back:

@@ -396,6 +396,7 @@ class Journal:
                 c.before.note,
                 c.after_kind,
                 c.after_hash,
+                c.after_mode,
             )
             for c in changes
         ]
@@ -407,7 +408,7 @@ class Journal:
                 first = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM changes WHERE batch_id = ?", (batch_id,))
                 start = int(first.fetchone()[0])
                 db.executemany(
-                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(batch_id, start + n, *row) for n, row in enumerate(change_rows)],
                 )
             if final_state is not None:
@@ -450,7 +451,7 @@ class Journal:
         return [
             StoredChange(*row)
             for row in self._db.execute(
-                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash FROM changes "
+                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash, after_mode FROM changes "
                 "WHERE batch_id = ? ORDER BY seq",
                 (batch_id,),
             )

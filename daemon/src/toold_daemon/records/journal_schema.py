@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -107,6 +107,9 @@ MIGRATIONS: dict[int, str] = {
     # they like) through an index: sorting all of the uid's rows took 62 ms of the loop
     # at 33,000 batches.
     7: "CREATE INDEX batches_by_uid_newest ON batches(uid, submitted)",
+    # Each path's permission bits as the batch left it, so that an undo sees a mode
+    # changed since (a chmod) as a change, as it sees new contents (-1: not recorded).
+    8: "ALTER TABLE changes ADD COLUMN after_mode INTEGER NOT NULL DEFAULT -1",
 }
 
 

@@ -34,6 +34,7 @@ class StoredChange(msgspec.Struct, frozen=True):
     note: str
     after_kind: str
     after_hash: str
+    after_mode: int = -1  # the permission bits the batch left (-1: none recorded)
 
 
 class StoredCall(msgspec.Struct, frozen=True):

@@ -47,6 +47,8 @@ class Change(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     before: Image
     after_kind: Kind
     after_hash: str = ""
+    #: Its permission bits after (files and directories; -1: none to compare).
+    after_mode: int = -1
 
 
 def digest(data: bytes) -> str:
@@ -158,10 +160,19 @@ def image_of(path: str) -> Image:
 def state_of(path: str) -> tuple[Kind, str]:
     """A path's kind and content hash now; a directory's hash covers the names, kinds and
     contents of everything below it ("" past ``MAX_ENTRIES``: not compared)."""
+    kind, hash_, _mode = state_and_mode_of(path)
+    return kind, hash_
+
+
+def state_and_mode_of(path: str) -> tuple[Kind, str, int]:
+    """``state_of`` and the path's own permission bits (-1 for what has none to compare:
+    a symlink, or nothing there). A directory's tree hash covers the modes below it, not
+    its own."""
     image = image_of(path)
+    mode = image.mode if image.kind in ("file", "dir") else -1
     if image.kind == "dir":
-        return "dir", tree_digest(path)
-    return image.kind, image.hash
+        return "dir", tree_digest(path), mode
+    return image.kind, image.hash, mode
 
 
 def tree_digest(path: str) -> str:
@@ -189,8 +200,8 @@ def changes_after(before: list[Image]) -> list[Change]:
     changed: list[Change] = []
     known = {image.path for image in before}
     for image in before:
-        after_kind, after_hash = state_of(image.path)
-        changed.append(Change(before=image, after_kind=after_kind, after_hash=after_hash))
+        after_kind, after_hash, after_mode = state_and_mode_of(image.path)
+        changed.append(Change(before=image, after_kind=after_kind, after_hash=after_hash, after_mode=after_mode))
         if image.kind == "absent" and after_kind == "dir":
             changed += _brought_below(image.path, known)
     return changed
@@ -210,9 +221,10 @@ def _brought_below(path: str, known: set[str]) -> list[Change]:
                 return []
             known.add(full)
             if full.count("/", len(path)) <= TREE_HASH_DEPTH:
-                kind, hash_ = state_of(full)
+                kind, hash_, mode = state_and_mode_of(full)
             else:
                 image = image_of(full)  # a directory: no tree hash, the ones above cover it
-                kind, hash_ = image.kind, image.hash
-            brought.append(Change(before=Image(path=full, kind="absent"), after_kind=kind, after_hash=hash_))
+                kind, hash_, mode = image.kind, image.hash, image.mode if image.kind in ("file", "dir") else -1
+            absent = Image(path=full, kind="absent")
+            brought.append(Change(before=absent, after_kind=kind, after_hash=hash_, after_mode=mode))
     return brought

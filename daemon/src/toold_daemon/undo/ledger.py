@@ -72,6 +72,7 @@ class UndoLedger:
                 "path": path,
                 "expect_kind": last[path].after_kind,
                 "expect_hash": "" if path in stale else last[path].after_hash,
+                "expect_mode": last[path].after_mode,
                 "kind": "absent" if path in born else first[path].kind,
                 "mode": first[path].mode,
                 "hash": "" if path in born else first[path].hash,

@@ -32,7 +32,7 @@ from ..errors import ToolError
 from ..sandbox.trees import walk
 from ..sandbox.writes import atomic_write, clipped, delete, parent_dir, set_mode, temp_prefix
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
-from .images import Image, Kind, image_of, state_of
+from .images import Image, Kind, image_of, state_and_mode_of, state_of
 
 
 class Entry(ToolArgs, frozen=True):
@@ -40,6 +40,7 @@ class Entry(ToolArgs, frozen=True):
     expect_kind: Kind  # what the undone batch left there
     kind: Kind  # what to put back
     expect_hash: str = ""
+    expect_mode: int = -1  # its permission bits as the batch left them (-1: not compared)
     mode: int = 0
     hash: str = ""
     note: str = ""  # why it cannot be put back ("" when it can)
@@ -172,10 +173,13 @@ def _unplanned_contents(entries: list[Entry], ctx: ToolContext) -> list[str]:
 
 
 def _changed_since(entry: Entry, ctx: ToolContext) -> bool:
-    """Whether the path is no longer as the undone batch left it (a directory: anything
-    below it too, when the batch's record has its tree's hash)."""
-    kind, digest = state_of(str(ctx.resolve(entry.path, follow_last=False)))
+    """Whether the path is no longer as the undone batch left it: another kind, other
+    contents, other permission bits (a directory: anything below it too, when the
+    batch's record has its tree's hash)."""
+    kind, digest, mode = state_and_mode_of(str(ctx.resolve(entry.path, follow_last=False)))
     if kind != entry.expect_kind:
+        return True
+    if entry.expect_mode >= 0 and mode >= 0 and mode != entry.expect_mode:
         return True
     if kind == "dir":
         return bool(entry.expect_hash) and digest != entry.expect_hash
