@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import os
 import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -304,6 +305,107 @@ def test_a_patch_whose_later_step_fails_puts_back_the_files_it_changed(open_tmp:
     assert (root / "a.txt").read_text() == "a\n" and (root / "d/b.txt").read_text() == "b\n"
     assert stat.S_IMODE(os.stat(root / "a.txt").st_mode) == 0o640  # its mode too
     assert sorted(os.listdir(root)) == ["a.txt", "d"]
+
+
+#: A POSIX ACL as the kernel stores it: its owner rw, uid 4243 r, its group r, mask r, others nothing.
+ACL = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", tag, perm, ident)
+    for tag, perm, ident in [
+        (1, 6, 0xFFFFFFFF),
+        (2, 4, 4243),
+        (4, 4, 0xFFFFFFFF),
+        (0x10, 4, 0xFFFFFFFF),
+        (0x20, 0, 0xFFFFFFFF),
+    ]
+)
+#: File capabilities (CAP_NET_BIND_SERVICE permitted), which new contents must not keep.
+CAPABILITY = struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)
+
+
+def dressed(path: Path) -> dict[str, bytes]:
+    """Give ``path`` another group, an ACL, a user attribute and file capabilities; what
+    a write over it must keep (all but the capabilities)."""
+    os.chown(path, -1, 4242)
+    try:
+        os.setxattr(path, "system.posix_acl_access", ACL)
+        os.setxattr(path, "user.origin", b"https://example.com/f")
+        os.setxattr(path, "security.capability", CAPABILITY)
+    except OSError as exc:
+        pytest.skip(f"this filesystem keeps no such attributes: {exc.strerror}")
+    return {name: os.getxattr(path, name) for name in ("system.posix_acl_access", "user.origin")}
+
+
+def attributes(path: Path) -> tuple[int, int, dict[str, bytes]]:
+    st = path.stat()
+    return st.st_gid, stat.S_IMODE(st.st_mode), {name: os.getxattr(path, name) for name in os.listxattr(path)}
+
+
+def _write(ws: Workspace) -> str:
+    ws.call("write_file", path="f.txt", content="new\n", overwrite=True)
+    return "f.txt"
+
+
+def _edit(ws: Workspace) -> str:
+    ws.call("edit_file", path="f.txt", edits=[{"target": "old", "replacement": "new"}])
+    return "f.txt"
+
+
+def _patch(ws: Workspace) -> str:
+    ws.call("apply_patch", patch="LP1\nF f.txt\nR\nold\n.\nnew\n.\nEND\n")
+    return "f.txt"
+
+
+def _patch_moving(ws: Workspace) -> str:
+    patch = "*** Begin Patch\n*** Update File: f.txt\n*** Move to: g.txt\n@@\n-old\n+new\n*** End Patch\n"
+    ws.call("apply_patch", patch=patch)
+    return "g.txt"
+
+
+def _move_over(ws: Workspace) -> str:
+    (ws.root / "g.txt").write_text("new\n")
+    ws.call("move_file", source="g.txt", destination="f.txt", overwrite=True)
+    return "f.txt"
+
+
+#: Each writes "new" over (or from) f.txt, which held "old", and names what it wrote.
+WRITES_OVER_A_FILE: dict[str, Callable[[Workspace], str]] = {
+    "write_file": _write,
+    "edit_file": _edit,
+    "apply_patch": _patch,
+    "apply_patch, moved": _patch_moving,
+    "move_file over another": _move_over,
+}
+
+
+@pytest.mark.parametrize("how", WRITES_OVER_A_FILE)
+def test_a_write_keeps_the_group_and_attributes_of_the_file_it_replaces(ws: Workspace, how: str) -> None:
+    """A write is a new file renamed over the old: it keeps the old file's group, ACL and
+    extended attributes (before, the writer's group and none of them), never its file
+    capabilities (the kernel drops those when a file is written to)."""
+    target = ws.root / "f.txt"
+    target.write_text("old\n")
+    os.chmod(target, 0o640)
+    kept = dressed(target) if how != "move_file over another" else {}
+    read_then(ws, "f.txt")
+    written = ws.root / WRITES_OVER_A_FILE[how](ws)
+    assert written.read_text() == "new\n"
+    gid, mode, now = attributes(written)
+    if how == "move_file over another":  # a move brings its source as it was: nothing of what it replaced
+        assert gid == 0 and now == {}
+        return
+    assert gid == 4242 and mode == 0o640 and now == kept
+
+
+def test_a_move_across_filesystems_keeps_its_attributes(ws: Workspace) -> None:
+    with small_tmpfs(ws.root / "mnt", "size=1m") as mount:
+        source = ws.root / "a.txt"
+        source.write_text("across")
+        os.chmod(source, 0o640)
+        kept = dressed(source)
+        ws.call("move_file", source="a.txt", destination="mnt/a.txt")
+        gid, mode, now = attributes(mount / "a.txt")
+        assert (mount / "a.txt").read_text() == "across" and not source.exists()
+        assert gid == 4242 and mode == 0o640 and now == kept
 
 
 def test_patch_applies_across_files_and_refreshes_reads(ws: Workspace) -> None:

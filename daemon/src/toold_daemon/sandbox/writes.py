@@ -8,7 +8,8 @@ walk fail with ``ELOOP``/``ENOTDIR`` instead of leading out of the roots, and a 
 at the target itself is never followed (it is replaced or refused, not written through).
 
 Writes go to a file of their own in the same directory, are fsynced, take the
-original's permission bits, are renamed over the target, and the directory is fsynced.
+original's permission bits, group and extended attributes (its ACLs among them) as far
+as the writer may, are renamed over the target, and the directory is fsynced.
 That file has no name while its bytes are written (``O_TMPFILE``): a writer killed then
 leaves nothing behind. It is linked in under a temp name just before the rename. Where
 the filesystem has no unnamed files (or the writer no file descriptor to spare), it is a
@@ -130,10 +131,14 @@ def exists(dir_fd: int, name: str) -> bool:
     return True
 
 
-def atomic_write(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) -> None:
+def atomic_write(
+    dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str, like: tuple[int, str] | None = None
+) -> None:
     """Write ``data`` to ``name`` in ``dir_fd`` atomically: a file of its own, fsync,
-    rename, fsync dir. ``mode`` None means a new file (0666 minus umask)."""
-    put_in_place(dir_fd, stage(dir_fd, name, data, mode=mode, shown=shown), name, shown=shown)
+    rename, fsync dir. ``mode`` None means a new file (0666 minus umask); otherwise it
+    keeps the group and extended attributes of what it replaces, or of ``like``."""
+    staged = stage(dir_fd, name, data, mode=mode, shown=shown, like=like)
+    put_in_place(dir_fd, staged, name, shown=shown)
 
 
 class Staged:
@@ -147,9 +152,12 @@ class Staged:
         self.temp = temp
 
 
-def stage(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) -> Staged:
-    """The first half of ``atomic_write``: ``data`` in a new file beside ``name``,
-    fsynced. Where the bytes need room (a full disk fails here), so that a writer of
+def stage(
+    dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str, like: tuple[int, str] | None = None
+) -> Staged:
+    """The first half of ``atomic_write``: ``data`` in a new file beside ``name``, with
+    the group and extended attributes of the file it replaces (of ``like``, a directory
+    fd and name, when given), fsynced. Where the bytes need room (a full disk fails here), so that a writer of
     several files can stage them all before it changes any. Nothing is left behind on
     failure, nor, for an unnamed file, when the writer is killed."""
     fd, temp = _open_staged(dir_fd, name, shown)
@@ -158,6 +166,7 @@ def stage(dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str) 
         while view:
             view = view[os.write(fd, view) :]
         if mode is not None:
+            take_over(*(like or (dir_fd, name)), fd)
             set_mode(fd, mode)
         os.fsync(fd)
     except OSError as exc:
@@ -225,6 +234,50 @@ def put_in_place(dir_fd: int, staged: Staged, name: str, *, shown: str) -> None:
     os.fsync(dir_fd)
 
 
+#: Never carried over to new contents: the kernel drops a file's capabilities when it is
+#: written to, so that changed code does not keep the privileges granted to the old.
+_NOT_TAKEN_OVER = frozenset({"security.capability"})
+
+
+def take_over(dir_fd: int, name: str, fd: int) -> None:
+    """Give the new file ``fd`` the group and the extended attributes (POSIX ACLs among
+    them) of the regular file ``name`` (the one it is about to replace, or a moved file's
+    source), as far as the writer may: a replacement is a new file, which would otherwise
+    have the writer's group and none of them. Before the mode is set: a change of group
+    clears setgid bits."""
+    try:
+        old = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return  # nothing there yet, or nothing the writer may read: nothing to keep
+    try:
+        if stat.S_ISREG(os.fstat(old).st_mode):
+            _carry_over(old, fd)
+    finally:
+        os.close(old)
+
+
+def _carry_over(old: int, new: int) -> None:
+    """``old``'s group and extended attributes onto ``new``; a group the writer is not in,
+    or an attribute only a privileged writer may set, is left as it is."""
+    gid = os.fstat(old).st_gid
+    if gid != os.fstat(new).st_gid:
+        try:
+            os.fchown(new, -1, gid)
+        except OSError:
+            pass  # not a member of that group (or a filesystem without owners)
+    try:
+        names = os.listxattr(old)
+    except OSError:
+        return  # a filesystem without extended attributes
+    for attribute in names:
+        if attribute in _NOT_TAKEN_OVER:
+            continue
+        try:
+            os.setxattr(new, attribute, os.getxattr(old, attribute))
+        except OSError:
+            pass  # one only a privileged writer may set (trusted.*, security.*)
+
+
 def set_mode(fd: int, mode: int) -> None:
     """``fchmod``, where the filesystem keeps modes: on one that keeps none (a FAT or
     exFAT disk) a file of our own has the mode every file there has, and a write or an
@@ -255,6 +308,7 @@ def _linked_in(dir_fd: int, fd: int, name: str, shown: str) -> str:
             view = memoryview(chunk)
             while view:
                 view = view[os.write(copy, view) :]
+        _carry_over(fd, copy)
         set_mode(copy, stat.S_IMODE(os.fstat(fd).st_mode))
         os.fsync(copy)
     except OSError:
@@ -368,7 +422,7 @@ def _copy_across(
     if existing is None:
         raise ToolError(ToolErrorType.FILE_NOT_FOUND, "FILE_NOT_FOUND", f"File not found: {shown_src}")
     replaced = _kept(dst_dir, dst_name)
-    atomic_write(dst_dir, dst_name, existing.data, mode=existing.mode, shown=shown_dst)
+    atomic_write(dst_dir, dst_name, existing.data, mode=existing.mode, shown=shown_dst, like=(src_dir, src_name))
     try:
         os.unlink(src_name, dir_fd=src_dir)
     except OSError as exc:

@@ -234,7 +234,8 @@ def _stage(changes: list[patches.FileChange], dirs: dict[str, tuple[Path, int, s
             target = change.move_to or change.path
             _, target_fd, target_name = dirs[target]
             data = change.after.encode()
-            staged[index] = (target_fd, stage(target_fd, target_name, data, mode=mode, shown=target), data)
+            like = (dir_fd, name) if change.action == "update" else None  # a moved file keeps its own
+            staged[index] = (target_fd, stage(target_fd, target_name, data, mode=mode, shown=target, like=like), data)
     except BaseException:
         _discard(staged)
         raise
