@@ -184,7 +184,8 @@ def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path
 
 def _back_to_schema_5(db: sqlite3.Connection) -> None:
     """What schemas 6 to 8 added, taken away again (a journal written before them)."""
-    db.execute("ALTER TABLE changes DROP COLUMN after_mode")
+    for column in ("after_mode", "gid", "xattrs"):
+        db.execute(f"ALTER TABLE changes DROP COLUMN {column}")
     db.execute("DROP INDEX batches_by_uid_newest")
     db.execute("DROP INDEX batches_by_uid_age")
     db.execute("ALTER TABLE batches DROP COLUMN bytes")
@@ -363,22 +364,27 @@ async def test_a_users_prune_reads_only_their_own_batches(tmp_path: Path) -> Non
 
 
 def test_a_journal_of_schema_7_keeps_its_changes_with_no_mode_to_compare(tmp_path: Path) -> None:
-    """Changes recorded before the journal kept the modes a batch left read back as -1,
-    which an undo does not compare; new ones keep the mode."""
+    """Changes recorded before the journal kept the modes a batch left, and the group and
+    attributes a path had, read back as -1 and none (an undo neither compares nor gives
+    them back); new ones keep them."""
     journal = Journal.open_in(tmp_path)
     record(journal, "old", 1)
-    made = Change(before=Image(path="f", kind="absent"), after_kind="file", after_hash="h", after_mode=0o640)
+    acl = {"system.posix_acl_access": b"\x02\x00\x00\x00", "user.origin": b"\xffhere"}
+    before = Image(path="f", kind="file", mode=0o640, hash="was", gid=4242, xattrs=acl)
+    made = Change(before=before, after_kind="file", after_hash="h", after_mode=0o640)
     journal.result("old", 0, ok("c0"), changes=[made])
-    assert [c.after_mode for c in journal.changes("old")] == [0o640]
+    assert [(c.after_mode, c.gid, c.xattrs) for c in journal.changes("old")] == [(0o640, 4242, acl)]
     journal.close()
     db = sqlite3.connect(tmp_path / "journal.sqlite3")
-    db.execute("ALTER TABLE changes DROP COLUMN after_mode")
+    for column in ("after_mode", "gid", "xattrs"):
+        db.execute(f"ALTER TABLE changes DROP COLUMN {column}")
     db.execute("PRAGMA user_version = 7")
     db.commit()
     db.close()
     journal = Journal.open_in(tmp_path)
-    assert [(c.path, c.after_hash, c.after_mode) for c in journal.changes("old")] == [("f", "h", -1)]
+    old = [(c.path, c.after_hash, c.after_mode, c.gid, c.xattrs) for c in journal.changes("old")]
+    assert old == [("f", "h", -1, -1, {})]
     record(journal, "new", 1)
     journal.result("new", 0, ok("c0"), changes=[made])
-    assert [c.after_mode for c in journal.changes("new")] == [0o640]
+    assert [(c.after_mode, c.gid, c.xattrs) for c in journal.changes("new")] == [(0o640, 4242, acl)]
     journal.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,6 +157,64 @@ def test_a_mode_changed_since_is_a_conflict(tmp_path: Path, root: Path, name: st
     finally:
         d.stop()
     assert tree(root) == before
+
+
+#: POSIX ACLs as the kernel stores them: an access ACL giving uid 4243 read, and (for a
+#: directory) a default one its new files inherit.
+ACL = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", tag, perm, ident)
+    for tag, perm, ident in [
+        (1, 7, 0xFFFFFFFF),
+        (2, 5, 4243),
+        (4, 5, 0xFFFFFFFF),
+        (0x10, 5, 0xFFFFFFFF),
+        (0x20, 0, 0xFFFFFFFF),
+    ]
+)
+
+
+def owners_and_attributes(root: Path) -> dict[str, tuple[int, dict[str, bytes]]]:
+    """Every file's and directory's group and extended attributes below ``root``."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_symlink():
+            xattrs = {name: os.getxattr(path, name) for name in os.listxattr(path)}
+            found[str(path.relative_to(root))] = (path.stat().st_gid, xattrs)
+    return found
+
+
+def dress(root: Path) -> None:
+    """Groups, ACLs and a user attribute on part of the seeded tree."""
+    try:
+        for path, gid in (("old", 4242), ("old/gone.txt", 4243), ("old/inner", 4244), ("src/pkg/a.py", 4245)):
+            os.chown(root / path, -1, gid)
+            os.setxattr(root / path, "user.origin", f"made by {gid}".encode())
+        os.setxattr(root / "old", "system.posix_acl_default", ACL)
+        os.setxattr(root / "old/inner", "system.posix_acl_access", ACL)
+        os.setxattr(root / "old/gone.txt", "system.posix_acl_access", ACL)
+    except OSError as exc:
+        pytest.skip(f"this filesystem keeps no such attributes: {exc.strerror}")
+
+
+@pytest.mark.parametrize("name", ["delete a tree", "move a directory", "all of them"])
+def test_undo_gives_back_groups_acls_and_attributes(tmp_path: Path, root: Path, name: str) -> None:
+    """A deleted tree comes back with each file's and directory's group, POSIX ACLs
+    (a directory's default ACL too) and extended attributes, not the undoer's group and
+    none of them."""
+    seed(root)
+    dress(root)
+    before, dressed = tree(root), owners_and_attributes(root)
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=60) as c:
+            outcome = c.submit(BATCHES[name], batch_id=f"attributes-{len(name)}")
+            assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
+            (undone,) = c.undo(outcome.batch_id).results
+            assert undone.ok, undone.content
+    finally:
+        d.stop()
+    assert tree(root) == before
+    assert owners_and_attributes(root) == dressed
 
 
 def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, root: Path) -> None:

@@ -31,11 +31,11 @@ def escape_command(marker: str) -> str:
     ``/proc/1/root``; a process per target writes its own pid there and, if taken, stays."""
     return (
         "paths='/sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs'; "
-        "while IFS=: read -r n ctrl path; do c=${ctrl#name=}; [ -z \"$c\" ] && c=unified; "
+        'while IFS=: read -r n ctrl path; do c=${ctrl#name=}; [ -z "$c" ] && c=unified; '
         'paths="$paths /sys/fs/cgroup/$c/cgroup.procs /sys/fs/cgroup/$c${path%/*}/cgroup.procs"; '
         "done < /proc/self/cgroup; tried=0; "
         'for f in $paths; do for route in "" /proc/self/root /proc/1/root; do tried=$((tried+1)); '
-        f"sh -c 'echo $$ > \"$1\" 2>/dev/null && echo \"MOVED $1\" && exec sleep {marker}' escapee \"$route$f\" & "
+        f'sh -c \'echo $$ > "$1" 2>/dev/null && echo "MOVED $1" && exec sleep {marker}\' escapee "$route$f" & '
         'done; done; sleep 0.5; echo "tried $tried"'
     )
 

@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import trio
 
 from toold_protocol import (
@@ -397,6 +398,8 @@ class Journal:
                 c.after_kind,
                 c.after_hash,
                 c.after_mode,
+                c.before.gid,
+                msgspec.msgpack.encode(c.before.xattrs) if c.before.xattrs else None,
             )
             for c in changes
         ]
@@ -408,7 +411,7 @@ class Journal:
                 first = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM changes WHERE batch_id = ?", (batch_id,))
                 start = int(first.fetchone()[0])
                 db.executemany(
-                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(batch_id, start + n, *row) for n, row in enumerate(change_rows)],
                 )
             if final_state is not None:
@@ -449,10 +452,10 @@ class Journal:
         """What the batch's calls did to each path, in the order they did it."""
         self.flush()
         return [
-            StoredChange(*row)
+            _stored_change(row)
             for row in self._db.execute(
-                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash, after_mode FROM changes "
-                "WHERE batch_id = ? ORDER BY seq",
+                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash, after_mode, gid, xattrs "
+                "FROM changes WHERE batch_id = ? ORDER BY seq",
                 (batch_id,),
             )
         ]
@@ -569,3 +572,15 @@ class Journal:
 
 def _nothing(db: sqlite3.Connection) -> None:
     """A write that writes nothing: committed after every write queued before it."""
+
+
+def _stored_change(row: tuple[Any, ...]) -> StoredChange:
+    index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, gid, xattrs = row
+    return StoredChange(
+        index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, gid, _attributes(xattrs)
+    )
+
+
+def _attributes(stored: bytes | None) -> dict[str, bytes]:
+    """A change's extended attributes as the journal keeps them (MessagePack; NULL: none)."""
+    return msgspec.msgpack.decode(stored, type=dict[str, bytes]) if stored else {}

@@ -132,12 +132,20 @@ def exists(dir_fd: int, name: str) -> bool:
 
 
 def atomic_write(
-    dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str, like: tuple[int, str] | None = None
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    *,
+    mode: int | None,
+    shown: str,
+    like: tuple[int, str] | None = None,
+    attributes: Attributes | None = None,
 ) -> None:
     """Write ``data`` to ``name`` in ``dir_fd`` atomically: a file of its own, fsync,
     rename, fsync dir. ``mode`` None means a new file (0666 minus umask); otherwise it
-    keeps the group and extended attributes of what it replaces, or of ``like``."""
-    staged = stage(dir_fd, name, data, mode=mode, shown=shown, like=like)
+    keeps the group and extended attributes of what it replaces, or of ``like``, or
+    gets ``attributes``."""
+    staged = stage(dir_fd, name, data, mode=mode, shown=shown, like=like, attributes=attributes)
     put_in_place(dir_fd, staged, name, shown=shown)
 
 
@@ -152,21 +160,36 @@ class Staged:
         self.temp = temp
 
 
+#: A file's group and extended attributes, as an undo gives them back (-1: no group).
+Attributes = tuple[int, dict[str, bytes]]
+
+
 def stage(
-    dir_fd: int, name: str, data: bytes, *, mode: int | None, shown: str, like: tuple[int, str] | None = None
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    *,
+    mode: int | None,
+    shown: str,
+    like: tuple[int, str] | None = None,
+    attributes: Attributes | None = None,
 ) -> Staged:
     """The first half of ``atomic_write``: ``data`` in a new file beside ``name``, with
     the group and extended attributes of the file it replaces (of ``like``, a directory
-    fd and name, when given), fsynced. Where the bytes need room (a full disk fails here), so that a writer of
-    several files can stage them all before it changes any. Nothing is left behind on
-    failure, nor, for an unnamed file, when the writer is killed."""
+    fd and name; or ``attributes`` themselves, when given), fsynced. Where the bytes need
+    room (a full disk fails here), so that a writer of several files can stage them all
+    before it changes any. Nothing is left behind on failure, nor, for an unnamed file,
+    when the writer is killed."""
     fd, temp = _open_staged(dir_fd, name, shown)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        if mode is not None:
+        if attributes is not None:
+            give_attributes(fd, attributes)
+        elif mode is not None:
             take_over(*(like or (dir_fd, name)), fd)
+        if mode is not None:
             set_mode(fd, mode)
         os.fsync(fd)
     except OSError as exc:
@@ -257,25 +280,49 @@ def take_over(dir_fd: int, name: str, fd: int) -> None:
 
 
 def _carry_over(old: int, new: int) -> None:
-    """``old``'s group and extended attributes onto ``new``; a group the writer is not in,
-    or an attribute only a privileged writer may set, is left as it is."""
-    gid = os.fstat(old).st_gid
-    if gid != os.fstat(new).st_gid:
-        try:
-            os.fchown(new, -1, gid)
-        except OSError:
-            pass  # not a member of that group (or a filesystem without owners)
+    """``old``'s group and extended attributes onto ``new``, as far as the writer may."""
     try:
         names = os.listxattr(old)
     except OSError:
-        return  # a filesystem without extended attributes
+        names = []  # a filesystem without extended attributes
+    xattrs = {}
     for attribute in names:
         if attribute in _NOT_TAKEN_OVER:
             continue
         try:
-            os.setxattr(new, attribute, os.getxattr(old, attribute))
+            xattrs[attribute] = os.getxattr(old, attribute)
         except OSError:
-            pass  # one only a privileged writer may set (trusted.*, security.*)
+            pass
+    give_attributes(new, (os.fstat(old).st_gid, xattrs))
+
+
+#: What a new file or directory may get from its directory's default ACL when it is made.
+_INHERITED = ("system.posix_acl_access", "system.posix_acl_default")
+
+
+def give_attributes(fd: int, attributes: Attributes) -> None:
+    """Give the new file or directory ``fd`` the group (unless -1) and exactly the ACLs
+    and other extended attributes in ``attributes``: an ACL it inherited from its
+    directory's default one when it was made, and the one it stands for did not have,
+    is taken away again. A group the writer is not in, or an attribute only a privileged
+    writer may set (trusted.*, security.*), is left as it is."""
+    gid, xattrs = attributes
+    if gid >= 0 and gid != os.fstat(fd).st_gid:
+        try:
+            os.fchown(fd, -1, gid)
+        except OSError:
+            pass  # not a member of that group (or a filesystem without owners)
+    for attribute, value in xattrs.items():
+        try:
+            os.setxattr(fd, attribute, value)
+        except OSError:
+            pass  # (or a filesystem without extended attributes)
+    for attribute in _INHERITED:
+        if attribute not in xattrs:
+            try:
+                os.removexattr(fd, attribute)
+            except OSError:
+                pass  # none there (ENODATA), or a filesystem without ACLs
 
 
 def set_mode(fd: int, mode: int) -> None:

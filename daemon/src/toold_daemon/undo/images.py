@@ -1,7 +1,8 @@
 """Pre-images and post-images of the paths a call changes, taken in the user's worker.
 
 Before a mutating tool runs, each path it declares (``Tool.changes``) is read as it is:
-a regular file's exact bytes and mode, a symlink's target, a directory (and, for a
+a regular file's exact bytes, mode, group and extended attributes, a symlink's target,
+a directory (and, for a
 recursive delete or a moved tree, everything below it), or "absent". After the tool,
 each path's new state is hashed. The protocol process stores the bytes
 content-addressed and journals the rest, so ``toolctl undo`` can put every path back
@@ -39,6 +40,10 @@ class Image(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     hash: str = ""
     data: bytes = b""
     note: str = ""
+    #: A file's or directory's group and extended attributes (its POSIX ACLs among them),
+    #: which an undo that makes it again gives back (-1 and none: not taken).
+    gid: int = -1
+    xattrs: dict[str, bytes] = msgspec.field(default_factory=dict)
 
 
 class Change(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -133,7 +138,9 @@ def _named_in_utf8(path: str) -> bool:
     return True
 
 
-def image_of(path: str) -> Image:
+def image_of(path: str, *, attributes: bool = True) -> Image:
+    """``path``'s state, never following a symlink; without ``attributes``, its group and
+    extended attributes are not read (a state compared, never put back)."""
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):  # (a path below a file is not there either)
@@ -145,7 +152,10 @@ def image_of(path: str) -> Image:
         target = os.fsencode(os.readlink(path))
         return Image(path=path, kind="symlink", hash=digest(target), data=target)
     if stat.S_ISDIR(st.st_mode):
-        return Image(path=path, kind="dir", mode=mode)
+        xattrs = _attributes(path) if attributes else {}
+        if xattrs is None:
+            return Image(path=path, kind="unknown", note=_TOO_MANY_ATTRIBUTES)
+        return Image(path=path, kind="dir", mode=mode, gid=st.st_gid, xattrs=xattrs)
     if not stat.S_ISREG(st.st_mode):
         return Image(path=path, kind="unknown", note="not a regular file, directory or symlink")
     try:
@@ -154,7 +164,38 @@ def image_of(path: str) -> Image:
         return Image(path=path, kind="unknown", note=f"cannot be read: {exc.strerror}")
     with os.fdopen(fd, "rb") as f:
         data = f.read()
-    return Image(path=path, kind="file", mode=mode, hash=digest(data), data=data)
+        xattrs = _attributes(f.fileno()) if attributes else {}
+    if xattrs is None:
+        return Image(path=path, kind="unknown", note=_TOO_MANY_ATTRIBUTES)
+    return Image(path=path, kind="file", mode=mode, hash=digest(data), data=data, gid=st.st_gid, xattrs=xattrs)
+
+
+#: Bytes of extended attributes (names and values) kept for one path: an ACL takes tens.
+MAX_ATTRIBUTE_BYTES = 16 << 10
+_TOO_MANY_ATTRIBUTES = f"its extended attributes take more than {MAX_ATTRIBUTE_BYTES >> 10} KiB"
+
+
+def _attributes(target: int | str) -> dict[str, bytes] | None:
+    """The extended attributes of an open file (an fd) or of a directory (a path, never
+    followed), as far as the reader may read them ({} on a filesystem without them);
+    None past ``MAX_ATTRIBUTE_BYTES``."""
+    follow = not isinstance(target, str)
+    try:
+        names = os.listxattr(target, follow_symlinks=follow)
+    except OSError:
+        return {}
+    found: dict[str, bytes] = {}
+    size = 0
+    for name in names:
+        try:
+            value = os.getxattr(target, name, follow_symlinks=follow)
+        except OSError:
+            continue  # one this reader may not read (trusted.*): it is not its to give back
+        size += len(name) + len(value)
+        if size > MAX_ATTRIBUTE_BYTES:
+            return None
+        found[name] = value
+    return found
 
 
 def state_of(path: str) -> tuple[Kind, str]:
@@ -168,7 +209,7 @@ def state_and_mode_of(path: str) -> tuple[Kind, str, int]:
     """``state_of`` and the path's own permission bits (-1 for what has none to compare:
     a symlink, or nothing there). A directory's tree hash covers the modes below it, not
     its own."""
-    image = image_of(path)
+    image = image_of(path, attributes=False)
     mode = image.mode if image.kind in ("file", "dir") else -1
     if image.kind == "dir":
         return "dir", tree_digest(path), mode
@@ -187,7 +228,7 @@ def tree_digest(path: str) -> str:
             if count > MAX_ENTRIES:
                 return ""
             full = os.path.join(directory, name)
-            entry = image_of(full)
+            entry = image_of(full, attributes=False)
             h.update(f"{full[cut:]}\0{entry.kind}\0{entry.mode}\0{entry.hash}\n".encode())
     return h.hexdigest()
 
@@ -223,7 +264,7 @@ def _brought_below(path: str, known: set[str]) -> list[Change]:
             if full.count("/", len(path)) <= TREE_HASH_DEPTH:
                 kind, hash_, mode = state_and_mode_of(full)
             else:
-                image = image_of(full)  # a directory: no tree hash, the ones above cover it
+                image = image_of(full, attributes=False)  # a directory: no tree hash, the ones above cover it
                 kind, hash_, mode = image.kind, image.hash, image.mode if image.kind in ("file", "dir") else -1
             absent = Image(path=full, kind="absent")
             brought.append(Change(before=absent, after_kind=kind, after_hash=hash_, after_mode=mode))

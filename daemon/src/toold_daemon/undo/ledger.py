@@ -75,6 +75,8 @@ class UndoLedger:
                 "expect_mode": last[path].after_mode,
                 "kind": "absent" if path in born else first[path].kind,
                 "mode": first[path].mode,
+                "gid": -1 if path in born else first[path].gid,
+                "xattrs": {} if path in born else first[path].xattrs,
                 "hash": "" if path in born else first[path].hash,
                 "note": "" if path in born else first[path].note,
             }

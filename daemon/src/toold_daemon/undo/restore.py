@@ -24,13 +24,14 @@ import stat
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
+import msgspec
 from msgspec import Meta
 
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError
 from ..sandbox.trees import walk
-from ..sandbox.writes import atomic_write, clipped, delete, parent_dir, set_mode, temp_prefix
+from ..sandbox.writes import atomic_write, clipped, delete, give_attributes, parent_dir, set_mode, temp_prefix
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
 from .images import Image, Kind, image_of, state_and_mode_of, state_of
 
@@ -42,6 +43,8 @@ class Entry(ToolArgs, frozen=True):
     expect_hash: str = ""
     expect_mode: int = -1  # its permission bits as the batch left them (-1: not compared)
     mode: int = 0
+    gid: int = -1  # the group to give back (-1: none recorded: a write's own rule applies)
+    xattrs: dict[str, bytes] = msgspec.field(default_factory=dict)  # extended attributes to give back
     hash: str = ""
     note: str = ""  # why it cannot be put back ("" when it can)
 
@@ -267,7 +270,8 @@ class Rollback:
                     os.unlink(name, dir_fd=dir_fd)
                 os.symlink(image.data, name, dir_fd=dir_fd)
             elif image.kind == "file":
-                atomic_write(dir_fd, name, image.data, mode=image.mode, shown=shown)
+                attributes = (image.gid, image.xattrs)
+                atomic_write(dir_fd, name, image.data, mode=image.mode, shown=shown, attributes=attributes)
 
 
 ASIDE_PREFIX = ".toold-undo-"
@@ -353,7 +357,7 @@ def _is_dir(path: Path) -> bool:
 
 def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
     path = ctx.resolve(entry.path, follow_last=False)
-    if entry.kind == "absent" and image_of(str(path)).kind == "absent":
+    if entry.kind == "absent" and image_of(str(path), attributes=False).kind == "absent":
         # Nothing to take away; and its parent may be a file now (a directory the batch
         # deleted, then wrote a file in its place), where no directory is to be made.
         return
@@ -377,6 +381,7 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
                 os.mkdir(name, 0o700, dir_fd=dir_fd)
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
+                give_attributes(fd, (entry.gid, entry.xattrs))  # (before the mode: a new group clears setgid)
                 if stat.S_IMODE(os.fstat(fd).st_mode) != entry.mode:  # (what is right is left alone)
                     set_mode(fd, entry.mode)
             finally:
@@ -387,7 +392,9 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
         else:
             if current is not None and stat.S_ISDIR(current.st_mode):
                 _remove(dir_fd, name, current)
-            atomic_write(dir_fd, name, _blob(entry, ctx), mode=entry.mode, shown=entry.path)
+            recorded = entry.gid >= 0 or bool(entry.xattrs)  # (else an older record: a write's own rule)
+            attributes = (entry.gid, entry.xattrs) if recorded else None
+            atomic_write(dir_fd, name, _blob(entry, ctx), mode=entry.mode, shown=entry.path, attributes=attributes)
 
 
 def _blob(entry: Entry, ctx: ToolContext) -> bytes:
