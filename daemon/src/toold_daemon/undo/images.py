@@ -2,9 +2,8 @@
 
 Before a mutating tool runs, each path it declares (``Tool.changes``) is read as it is:
 a regular file's exact bytes, mode, group and extended attributes, a symlink's target,
-a directory (and, for a
-recursive delete or a moved tree, everything below it), or "absent". After the tool,
-each path's new state is hashed. The protocol process stores the bytes
+a directory (and, for a recursive delete or a moved tree, everything below it), or
+"absent". After the tool, each path's new state is hashed. The protocol process stores the bytes
 content-addressed and journals the rest, so ``toolctl undo`` can put every path back
 and refuse the ones that changed since. Nothing here follows a symlink.
 """
