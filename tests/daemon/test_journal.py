@@ -184,7 +184,7 @@ def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path
 
 def _back_to_schema_5(db: sqlite3.Connection) -> None:
     """What schemas 6 to 8 added, taken away again (a journal written before them)."""
-    for column in ("after_mode", "gid", "xattrs"):
+    for column in ("after_mode", "uid", "gid", "xattrs"):
         db.execute(f"ALTER TABLE changes DROP COLUMN {column}")
     db.execute("DROP INDEX batches_by_uid_newest")
     db.execute("DROP INDEX batches_by_uid_age")
@@ -370,21 +370,21 @@ def test_a_journal_of_schema_7_keeps_its_changes_with_no_mode_to_compare(tmp_pat
     journal = Journal.open_in(tmp_path)
     record(journal, "old", 1)
     acl = {"system.posix_acl_access": b"\x02\x00\x00\x00", "user.origin": b"\xffhere"}
-    before = Image(path="f", kind="file", mode=0o640, hash="was", gid=4242, xattrs=acl)
+    before = Image(path="f", kind="file", mode=0o640, hash="was", uid=4300, gid=4242, xattrs=acl)
     made = Change(before=before, after_kind="file", after_hash="h", after_mode=0o640)
     journal.result("old", 0, ok("c0"), changes=[made])
-    assert [(c.after_mode, c.gid, c.xattrs) for c in journal.changes("old")] == [(0o640, 4242, acl)]
+    assert [(c.after_mode, c.uid, c.gid, c.xattrs) for c in journal.changes("old")] == [(0o640, 4300, 4242, acl)]
     journal.close()
     db = sqlite3.connect(tmp_path / "journal.sqlite3")
-    for column in ("after_mode", "gid", "xattrs"):
+    for column in ("after_mode", "uid", "gid", "xattrs"):
         db.execute(f"ALTER TABLE changes DROP COLUMN {column}")
     db.execute("PRAGMA user_version = 7")
     db.commit()
     db.close()
     journal = Journal.open_in(tmp_path)
-    old = [(c.path, c.after_hash, c.after_mode, c.gid, c.xattrs) for c in journal.changes("old")]
-    assert old == [("f", "h", -1, -1, {})]
+    old = [(c.path, c.after_hash, c.after_mode, c.uid, c.gid, c.xattrs) for c in journal.changes("old")]
+    assert old == [("f", "h", -1, -1, -1, {})]
     record(journal, "new", 1)
     journal.result("new", 0, ok("c0"), changes=[made])
-    assert [(c.after_mode, c.gid, c.xattrs) for c in journal.changes("new")] == [(0o640, 4242, acl)]
+    assert [(c.after_mode, c.uid, c.gid, c.xattrs) for c in journal.changes("new")] == [(0o640, 4300, 4242, acl)]
     journal.close()

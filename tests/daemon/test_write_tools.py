@@ -323,9 +323,9 @@ CAPABILITY = struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)
 
 
 def dressed(path: Path) -> dict[str, bytes]:
-    """Give ``path`` another group, an ACL, a user attribute and file capabilities; what
-    a write over it must keep (all but the capabilities)."""
-    os.chown(path, -1, 4242)
+    """Give ``path`` another owner and group, an ACL, a user attribute and file
+    capabilities; what a write over it must keep (all but the capabilities)."""
+    os.chown(path, 4300, 4242)
     try:
         os.setxattr(path, "system.posix_acl_access", ACL)
         os.setxattr(path, "user.origin", b"https://example.com/f")
@@ -335,9 +335,10 @@ def dressed(path: Path) -> dict[str, bytes]:
     return {name: os.getxattr(path, name) for name in ("system.posix_acl_access", "user.origin")}
 
 
-def attributes(path: Path) -> tuple[int, int, dict[str, bytes]]:
+def attributes(path: Path) -> tuple[int, int, int, dict[str, bytes]]:
     st = path.stat()
-    return st.st_gid, stat.S_IMODE(st.st_mode), {name: os.getxattr(path, name) for name in os.listxattr(path)}
+    xattrs = {name: os.getxattr(path, name) for name in os.listxattr(path)}
+    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), xattrs
 
 
 def _write(ws: Workspace) -> str:
@@ -379,9 +380,10 @@ WRITES_OVER_A_FILE: dict[str, Callable[[Workspace], str]] = {
 
 @pytest.mark.parametrize("how", WRITES_OVER_A_FILE)
 def test_a_write_keeps_the_group_and_attributes_of_the_file_it_replaces(ws: Workspace, how: str) -> None:
-    """A write is a new file renamed over the old: it keeps the old file's group, ACL and
-    extended attributes (before, the writer's group and none of them), never its file
-    capabilities (the kernel drops those when a file is written to)."""
+    """A write is a new file renamed over the old: it keeps the old file's owner (the
+    writer here is root, who may give it), group, ACL and extended attributes (before,
+    the writer's owner and group and none of them), never its file capabilities (the
+    kernel drops those when a file is written to)."""
     target = ws.root / "f.txt"
     target.write_text("old\n")
     os.chmod(target, 0o640)
@@ -389,11 +391,11 @@ def test_a_write_keeps_the_group_and_attributes_of_the_file_it_replaces(ws: Work
     read_then(ws, "f.txt")
     written = ws.root / WRITES_OVER_A_FILE[how](ws)
     assert written.read_text() == "new\n"
-    gid, mode, now = attributes(written)
+    uid, gid, mode, now = attributes(written)
     if how == "move_file over another":  # a move brings its source as it was: nothing of what it replaced
-        assert gid == 0 and now == {}
+        assert (uid, gid, now) == (0, 0, {})
         return
-    assert gid == 4242 and mode == 0o640 and now == kept
+    assert (uid, gid, mode) == (4300, 4242, 0o640) and now == kept
 
 
 def test_a_move_across_filesystems_keeps_its_attributes(ws: Workspace) -> None:
@@ -403,9 +405,9 @@ def test_a_move_across_filesystems_keeps_its_attributes(ws: Workspace) -> None:
         os.chmod(source, 0o640)
         kept = dressed(source)
         ws.call("move_file", source="a.txt", destination="mnt/a.txt")
-        gid, mode, now = attributes(mount / "a.txt")
+        uid, gid, mode, now = attributes(mount / "a.txt")
         assert (mount / "a.txt").read_text() == "across" and not source.exists()
-        assert gid == 4242 and mode == 0o640 and now == kept
+        assert (uid, gid, mode) == (4300, 4242, 0o640) and now == kept
 
 
 def test_patch_applies_across_files_and_refreshes_reads(ws: Workspace) -> None:

@@ -173,21 +173,21 @@ ACL = struct.pack("<I", 2) + b"".join(
 )
 
 
-def owners_and_attributes(root: Path) -> dict[str, tuple[int, dict[str, bytes]]]:
-    """Every file's and directory's group and extended attributes below ``root``."""
+def owners_and_attributes(root: Path) -> dict[str, tuple[int, int, dict[str, bytes]]]:
+    """Every file's and directory's owner, group and extended attributes below ``root``."""
     found = {}
     for path in sorted(root.rglob("*")):
         if not path.is_symlink():
             xattrs = {name: os.getxattr(path, name) for name in os.listxattr(path)}
-            found[str(path.relative_to(root))] = (path.stat().st_gid, xattrs)
+            found[str(path.relative_to(root))] = (path.stat().st_uid, path.stat().st_gid, xattrs)
     return found
 
 
 def dress(root: Path) -> None:
-    """Groups, ACLs and a user attribute on part of the seeded tree."""
+    """Owners, groups, ACLs and a user attribute on part of the seeded tree."""
     try:
         for path, gid in (("old", 4242), ("old/gone.txt", 4243), ("old/inner", 4244), ("src/pkg/a.py", 4245)):
-            os.chown(root / path, -1, gid)
+            os.chown(root / path, gid + 100, gid)
             os.setxattr(root / path, "user.origin", f"made by {gid}".encode())
         os.setxattr(root / "old", "system.posix_acl_default", ACL)
         os.setxattr(root / "old/inner", "system.posix_acl_access", ACL)
@@ -198,9 +198,9 @@ def dress(root: Path) -> None:
 
 @pytest.mark.parametrize("name", ["delete a tree", "move a directory", "all of them"])
 def test_undo_gives_back_groups_acls_and_attributes(tmp_path: Path, root: Path, name: str) -> None:
-    """A deleted tree comes back with each file's and directory's group, POSIX ACLs
-    (a directory's default ACL too) and extended attributes, not the undoer's group and
-    none of them."""
+    """A deleted tree comes back with each file's and directory's owner (the undoer here
+    is root, who may give it), group, POSIX ACLs (a directory's default ACL too) and
+    extended attributes, not the undoer's owner and group and none of them."""
     seed(root)
     dress(root)
     before, dressed = tree(root), owners_and_attributes(root)

@@ -398,6 +398,7 @@ class Journal:
                 c.after_kind,
                 c.after_hash,
                 c.after_mode,
+                c.before.uid,
                 c.before.gid,
                 msgspec.msgpack.encode(c.before.xattrs) if c.before.xattrs else None,
             )
@@ -411,7 +412,7 @@ class Journal:
                 first = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM changes WHERE batch_id = ?", (batch_id,))
                 start = int(first.fetchone()[0])
                 db.executemany(
-                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(batch_id, start + n, *row) for n, row in enumerate(change_rows)],
                 )
             if final_state is not None:
@@ -454,7 +455,7 @@ class Journal:
         return [
             _stored_change(row)
             for row in self._db.execute(
-                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash, after_mode, gid, xattrs "
+                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash, after_mode, uid, gid, xattrs "
                 "FROM changes WHERE batch_id = ? ORDER BY seq",
                 (batch_id,),
             )
@@ -575,9 +576,9 @@ def _nothing(db: sqlite3.Connection) -> None:
 
 
 def _stored_change(row: tuple[Any, ...]) -> StoredChange:
-    index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, gid, xattrs = row
+    index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, uid, gid, xattrs = row
     return StoredChange(
-        index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, gid, _attributes(xattrs)
+        index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, uid, gid, _attributes(xattrs)
     )
 
 

@@ -109,10 +109,11 @@ MIGRATIONS: dict[int, str] = {
     7: "CREATE INDEX batches_by_uid_newest ON batches(uid, submitted)",
     # Each path's permission bits as the batch left it, so that an undo sees a mode
     # changed since (a chmod) as a change, as it sees new contents (-1: not recorded);
-    # and the group and extended attributes (ACLs) of a file or directory before, so
-    # that an undo which makes it again gives them back (-1 and NULL: not recorded).
+    # and the owner, group and extended attributes (ACLs) of a file or directory before,
+    # so that an undo which makes it again gives them back (-1 and NULL: not recorded).
     8: """
     ALTER TABLE changes ADD COLUMN after_mode INTEGER NOT NULL DEFAULT -1;
+    ALTER TABLE changes ADD COLUMN uid INTEGER NOT NULL DEFAULT -1;
     ALTER TABLE changes ADD COLUMN gid INTEGER NOT NULL DEFAULT -1;
     ALTER TABLE changes ADD COLUMN xattrs BLOB
     """,

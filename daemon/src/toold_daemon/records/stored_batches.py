@@ -35,6 +35,7 @@ class StoredChange(msgspec.Struct, frozen=True):
     after_kind: str
     after_hash: str
     after_mode: int = -1  # the permission bits the batch left (-1: none recorded)
+    uid: int = -1  # the owner before (-1: none recorded)
     gid: int = -1  # the group before (-1: none recorded)
     xattrs: dict[str, bytes] = msgspec.field(default_factory=dict)  # the extended attributes before
 

@@ -160,8 +160,8 @@ class Staged:
         self.temp = temp
 
 
-#: A file's group and extended attributes, as an undo gives them back (-1: no group).
-Attributes = tuple[int, dict[str, bytes]]
+#: A file's owner, group and extended attributes, as an undo gives them back (-1: none).
+Attributes = tuple[int, int, dict[str, bytes]]
 
 
 def stage(
@@ -263,10 +263,10 @@ _NOT_TAKEN_OVER = frozenset({"security.capability"})
 
 
 def take_over(dir_fd: int, name: str, fd: int) -> None:
-    """Give the new file ``fd`` the group and the extended attributes (POSIX ACLs among
-    them) of the regular file ``name`` (the one it is about to replace, or a moved file's
-    source), as far as the writer may: a replacement is a new file, which would otherwise
-    have the writer's group and none of them. Before the mode is set: a change of group
+    """Give the new file ``fd`` the owner, group and extended attributes (POSIX ACLs
+    among them) of the regular file ``name`` (the one it is about to replace, or a moved
+    file's source), as far as the writer may: a replacement is a new file, which would
+    otherwise be the writer's, in the writer's group, with none of them. Before the mode is set: a change of group
     clears setgid bits."""
     try:
         old = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -280,7 +280,7 @@ def take_over(dir_fd: int, name: str, fd: int) -> None:
 
 
 def _carry_over(old: int, new: int) -> None:
-    """``old``'s group and extended attributes onto ``new``, as far as the writer may."""
+    """``old``'s owner, group and extended attributes onto ``new``, as far as the writer may."""
     try:
         names = os.listxattr(old)
     except OSError:
@@ -293,7 +293,8 @@ def _carry_over(old: int, new: int) -> None:
             xattrs[attribute] = os.getxattr(old, attribute)
         except OSError:
             pass
-    give_attributes(new, (os.fstat(old).st_gid, xattrs))
+    st = os.fstat(old)
+    give_attributes(new, (st.st_uid, st.st_gid, xattrs))
 
 
 #: What a new file or directory may get from its directory's default ACL when it is made.
@@ -301,17 +302,25 @@ _INHERITED = ("system.posix_acl_access", "system.posix_acl_default")
 
 
 def give_attributes(fd: int, attributes: Attributes) -> None:
-    """Give the new file or directory ``fd`` the group (unless -1) and exactly the ACLs
-    and other extended attributes in ``attributes``: an ACL it inherited from its
-    directory's default one when it was made, and the one it stands for did not have,
-    is taken away again. A group the writer is not in, or an attribute only a privileged
-    writer may set (trusted.*, security.*), is left as it is."""
-    gid, xattrs = attributes
-    if gid >= 0 and gid != os.fstat(fd).st_gid:
+    """Give the new file or directory ``fd`` the owner and group (each unless -1) and
+    exactly the ACLs and other extended attributes in ``attributes``: an ACL it
+    inherited from its directory's default one when it was made, and the one it stands
+    for did not have, is taken away again. What the writer may not give is left as it
+    is: another owner (only root may), a group the writer is not in, an attribute only
+    a privileged writer may set (trusted.*, security.*)."""
+    uid, gid, xattrs = attributes
+    st = os.fstat(fd)
+    owner = uid if uid >= 0 and uid != st.st_uid else -1
+    group = gid if gid >= 0 and gid != st.st_gid else -1
+    if owner != -1 or group != -1:
         try:
-            os.fchown(fd, -1, gid)
+            os.fchown(fd, owner, group)
         except OSError:
-            pass  # not a member of that group (or a filesystem without owners)
+            if owner != -1 and group != -1:  # not root: the group alone, where the writer is in it
+                try:
+                    os.fchown(fd, -1, group)
+                except OSError:
+                    pass
     for attribute, value in xattrs.items():
         try:
             os.setxattr(fd, attribute, value)

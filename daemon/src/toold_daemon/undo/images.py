@@ -1,7 +1,7 @@
 """Pre-images and post-images of the paths a call changes, taken in the user's worker.
 
 Before a mutating tool runs, each path it declares (``Tool.changes``) is read as it is:
-a regular file's exact bytes, mode, group and extended attributes, a symlink's target,
+a regular file's exact bytes, mode, owner, group and extended attributes, a symlink's target,
 a directory (and, for a recursive delete or a moved tree, everything below it), or
 "absent". After the tool, each path's new state is hashed. The protocol process stores the bytes
 content-addressed and journals the rest, so ``toolctl undo`` can put every path back
@@ -39,8 +39,9 @@ class Image(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     hash: str = ""
     data: bytes = b""
     note: str = ""
-    #: A file's or directory's group and extended attributes (its POSIX ACLs among them),
-    #: which an undo that makes it again gives back (-1 and none: not taken).
+    #: A file's or directory's owner, group and extended attributes (its POSIX ACLs among
+    #: them), which an undo that makes it again gives back (-1 and none: not taken).
+    uid: int = -1
     gid: int = -1
     xattrs: dict[str, bytes] = msgspec.field(default_factory=dict)
 
@@ -154,7 +155,7 @@ def image_of(path: str, *, attributes: bool = True) -> Image:
         xattrs = _attributes(path) if attributes else {}
         if xattrs is None:
             return Image(path=path, kind="unknown", note=_TOO_MANY_ATTRIBUTES)
-        return Image(path=path, kind="dir", mode=mode, gid=st.st_gid, xattrs=xattrs)
+        return Image(path=path, kind="dir", mode=mode, uid=st.st_uid, gid=st.st_gid, xattrs=xattrs)
     if not stat.S_ISREG(st.st_mode):
         return Image(path=path, kind="unknown", note="not a regular file, directory or symlink")
     try:
@@ -166,7 +167,8 @@ def image_of(path: str, *, attributes: bool = True) -> Image:
         xattrs = _attributes(f.fileno()) if attributes else {}
     if xattrs is None:
         return Image(path=path, kind="unknown", note=_TOO_MANY_ATTRIBUTES)
-    return Image(path=path, kind="file", mode=mode, hash=digest(data), data=data, gid=st.st_gid, xattrs=xattrs)
+    hash_ = digest(data)
+    return Image(path=path, kind="file", mode=mode, hash=hash_, data=data, uid=st.st_uid, gid=st.st_gid, xattrs=xattrs)
 
 
 #: Bytes of extended attributes (names and values) kept for one path: an ACL takes tens.

@@ -75,6 +75,7 @@ class UndoLedger:
                 "expect_mode": last[path].after_mode,
                 "kind": "absent" if path in born else first[path].kind,
                 "mode": first[path].mode,
+                "uid": -1 if path in born else first[path].uid,
                 "gid": -1 if path in born else first[path].gid,
                 "xattrs": {} if path in born else first[path].xattrs,
                 "hash": "" if path in born else first[path].hash,

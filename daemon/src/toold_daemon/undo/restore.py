@@ -43,7 +43,8 @@ class Entry(ToolArgs, frozen=True):
     expect_hash: str = ""
     expect_mode: int = -1  # its permission bits as the batch left them (-1: not compared)
     mode: int = 0
-    gid: int = -1  # the group to give back (-1: none recorded: a write's own rule applies)
+    uid: int = -1  # the owner to give back (-1: none recorded: a write's own rule applies)
+    gid: int = -1  # the group to give back (-1: as for the owner)
     xattrs: dict[str, bytes] = msgspec.field(default_factory=dict)  # extended attributes to give back
     hash: str = ""
     note: str = ""  # why it cannot be put back ("" when it can)
@@ -270,7 +271,7 @@ class Rollback:
                     os.unlink(name, dir_fd=dir_fd)
                 os.symlink(image.data, name, dir_fd=dir_fd)
             elif image.kind == "file":
-                attributes = (image.gid, image.xattrs)
+                attributes = (image.uid, image.gid, image.xattrs)
                 atomic_write(dir_fd, name, image.data, mode=image.mode, shown=shown, attributes=attributes)
 
 
@@ -381,7 +382,8 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
                 os.mkdir(name, 0o700, dir_fd=dir_fd)
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
-                give_attributes(fd, (entry.gid, entry.xattrs))  # (before the mode: a new group clears setgid)
+                # (before the mode: a new owner or group clears setuid and setgid bits)
+                give_attributes(fd, (entry.uid, entry.gid, entry.xattrs))
                 if stat.S_IMODE(os.fstat(fd).st_mode) != entry.mode:  # (what is right is left alone)
                     set_mode(fd, entry.mode)
             finally:
@@ -392,8 +394,8 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
         else:
             if current is not None and stat.S_ISDIR(current.st_mode):
                 _remove(dir_fd, name, current)
-            recorded = entry.gid >= 0 or bool(entry.xattrs)  # (else an older record: a write's own rule)
-            attributes = (entry.gid, entry.xattrs) if recorded else None
+            recorded = entry.uid >= 0 or entry.gid >= 0  # (else an older record: a write's own rule)
+            attributes = (entry.uid, entry.gid, entry.xattrs) if recorded else None
             atomic_write(dir_fd, name, _blob(entry, ctx), mode=entry.mode, shown=entry.path, attributes=attributes)
 
 
