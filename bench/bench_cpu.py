@@ -10,9 +10,9 @@ With ``--against DIR`` (a checkout of another commit, ``git worktree add /tmp/ba
 COMMIT``) a daemon of that tree runs beside this tree's and the two are called in turn,
 call by call, so that the machine's drift (±10 % between runs here) lands on both
 alike; each round gives the ratio of their protocol processes' CPU per call. ``--call
-shell`` measures ``shell true`` instead of the read.
+shell`` measures ``shell true`` instead of the read, ``--call write`` a 4 KB ``write_file``.
 
-    .venv/bin/python bench/bench_cpu.py [n] [rounds] [--against DIR [--call read|shell]]
+    .venv/bin/python bench/bench_cpu.py [n] [rounds] [--against DIR [--call read|shell|write]]
 """
 
 from __future__ import annotations
@@ -79,10 +79,13 @@ def serving_processes(endpoint: str) -> dict[str, list[psutil.Process]]:
     return {"protocol": protocol, "workers": list(below.values())}
 
 
-#: What ``--against`` measures: a 4 KB read, or ``shell true`` (a command through a zygote).
-CALLS: dict[str, tuple[str, dict[str, str]]] = {
+#: What ``--against`` measures: a 4 KB read, ``shell true`` (a command through a zygote),
+#: or a 4 KB ``write_file`` over an existing file (journaled before it runs, its
+#: pre-image taken for undo).
+CALLS: dict[str, tuple[str, dict[str, object]]] = {
     "read": ("read_file", {"path": "four_kb.txt"}),
     "shell": ("shell", {"command": "true"}),
+    "write": ("write_file", {"path": "written.txt", "content": "y" * 4095 + "\n", "overwrite": True}),
 }
 
 
@@ -92,7 +95,7 @@ def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int, ca
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = four_kb_root(Path(tmp))
         config = Path(tmp, "toold.toml")
-        config.write_text('[tools.approval]\nallowlist = ["shell"]\n')  # commands run unasked
+        config.write_text('[tools.approval]\nallowlist = ["shell", "write_file"]\n')  # run unasked
         clients = {
             name: stack.enter_context(
                 Client(stack.enter_context(running_daemon(root, "--config", str(config), env=env)))
