@@ -388,3 +388,18 @@ def test_a_journal_of_schema_7_keeps_its_changes_with_no_mode_to_compare(tmp_pat
     journal.result("new", 0, ok("c0"), changes=[made])
     assert [(c.after_mode, c.uid, c.gid, c.xattrs) for c in journal.changes("new")] == [(0o640, 4300, 4242, acl)]
     journal.close()
+
+
+def test_the_attributes_kept_for_undo_count_in_the_batchs_share(tmp_path: Path) -> None:
+    """Extended attributes kept with a pre-image (up to 16 KiB a path) are the user's
+    bytes in the journal, as the pre-images are: a batch's share counts them."""
+    journal = Journal.open_in(tmp_path)
+    xattrs = {"user.big": b"x" * 10_000}
+    for batch_id, kept in (("bare", {}), ("dressed", xattrs)):
+        record(journal, batch_id, 1)
+        before = Image(path="f", kind="file", mode=0o640, hash="was", uid=0, gid=0, xattrs=kept)
+        journal.result(batch_id, 0, ok("c0"), changes=[Change(before=before, after_kind="absent")])
+    journal.flush()
+    share = dict(journal._db.execute("SELECT batch_id, bytes FROM batches"))
+    assert share["dressed"] - share["bare"] == len(msgspec.msgpack.encode(xattrs))
+    journal.close()

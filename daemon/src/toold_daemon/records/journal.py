@@ -404,6 +404,9 @@ class Journal:
             )
             for c in changes
         ]
+        # The attributes kept for undo are the user's bytes too (up to 16 KiB a path): they
+        # count in the batch's share of the journal, as the pre-images do.
+        held += sum(len(attributes) for *_, attributes in change_rows if attributes)
 
         def write(db: sqlite3.Connection) -> None:
             db.execute(journal_rows.INSERT_RESULT, row)

@@ -269,6 +269,9 @@ def take_over(dir_fd: int, name: str, fd: int) -> None:
     otherwise be the writer's, in the writer's group, with none of them. Before the mode is set: a change of group
     clears setgid bits."""
     try:
+        # Looked at first: opening a device (as root, one may be planted) can do things.
+        if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            return
         old = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return  # nothing there yet, or nothing the writer may read: nothing to keep
