@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.acls import posix_acl
 from tests.conftest import small_tmpfs
 from toold_daemon.config import Config
 from toold_daemon.config.loading import parse
@@ -308,16 +309,7 @@ def test_a_patch_whose_later_step_fails_puts_back_the_files_it_changed(open_tmp:
 
 
 #: A POSIX ACL as the kernel stores it: its owner rw, uid 4243 r, its group r, mask r, others nothing.
-ACL = struct.pack("<I", 2) + b"".join(
-    struct.pack("<HHI", tag, perm, ident)
-    for tag, perm, ident in [
-        (1, 6, 0xFFFFFFFF),
-        (2, 4, 4243),
-        (4, 4, 0xFFFFFFFF),
-        (0x10, 4, 0xFFFFFFFF),
-        (0x20, 0, 0xFFFFFFFF),
-    ]
-)
+ACL = posix_acl(owner=6, group=4, other=0, users={4243: 4})
 #: File capabilities (CAP_NET_BIND_SERVICE permitted), which new contents must not keep.
 CAPABILITY = struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)
 

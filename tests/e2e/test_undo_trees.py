@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from tests.acls import posix_acl
 from tests.conftest import DaemonProcess, start_daemon
 from toold_client import CallSpec
 
@@ -161,16 +161,7 @@ def test_a_mode_changed_since_is_a_conflict(tmp_path: Path, root: Path, name: st
 
 #: POSIX ACLs as the kernel stores them: an access ACL giving uid 4243 read, and (for a
 #: directory) a default one its new files inherit.
-ACL = struct.pack("<I", 2) + b"".join(
-    struct.pack("<HHI", tag, perm, ident)
-    for tag, perm, ident in [
-        (1, 7, 0xFFFFFFFF),
-        (2, 5, 4243),
-        (4, 5, 0xFFFFFFFF),
-        (0x10, 5, 0xFFFFFFFF),
-        (0x20, 0, 0xFFFFFFFF),
-    ]
-)
+ACL = posix_acl(owner=7, group=5, other=0, users={4243: 5})
 
 
 def owners_and_attributes(root: Path) -> dict[str, tuple[int, int, dict[str, bytes]]]:
