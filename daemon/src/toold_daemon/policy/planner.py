@@ -140,7 +140,13 @@ class Planner(msgspec.Struct, frozen=True):
         item.tool, item.name, item.risk = tool, tool.name, tool.risk
         self._refuse_disabled_or_denylisted(tool)
         size = len(call.arguments)
-        if size > tools.max_tool_args_bytes:
+        if tool.max_args_bytes is not None and size > tool.max_args_bytes:
+            raise limits_exceeded(
+                f"arguments are {size} bytes, over the {tool.max_args_bytes} bytes one {tool.name} call may carry",
+                limit=tool.max_args_bytes,
+                size=size,
+            )
+        if tool.max_args_bytes is None and size > tools.max_tool_args_bytes:
             raise limits_exceeded(
                 f"arguments are {size} bytes, over max_tool_args_bytes={tools.max_tool_args_bytes}",
                 limit=tools.max_tool_args_bytes,

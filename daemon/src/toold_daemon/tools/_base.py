@@ -138,6 +138,9 @@ class Tool(Generic[A]):
     network: ClassVar[bool] = False
     #: Not offered to models (not listed); only the daemon builds its calls (undo).
     internal: ClassVar[bool] = False
+    #: The most bytes of arguments a call may carry; None: the configured
+    #: ``max_tool_args_bytes``, the bound on what a client may send.
+    max_args_bytes: ClassVar[int | None] = None
 
     def warm(self) -> None:
         """Build, in the spawner before it forks, what each child of this tool would

@@ -66,6 +66,12 @@ class RestoreFiles(Tool[RestoreArgs]):
     follows_last_symlink = False
     risk = "medium"
     internal: ClassVar[bool] = True
+    #: Its calls are built by the daemon from its journal, not sent by a client: one entry
+    #: per path a batch changed (up to 10,000 below one directory), each with its path,
+    #: hashes and attributes. The client's bound (256 KiB) refused the undo of a deleted
+    #: tree of 2,000 files; this one keeps the call, with the saved contents it takes to
+    #: the worker, within a worker's frame.
+    max_args_bytes: ClassVar[int | None] = 16 << 20
     output = "data: {undoes, restored, conflicts, not_undoable, irreversible, forced, resumed, already_restored}"
 
     def paths(self, args: RestoreArgs) -> list[str]:
