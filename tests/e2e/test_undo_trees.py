@@ -230,6 +230,33 @@ def test_a_deleted_tree_of_thousands_of_files_is_undone(tmp_path: Path, root: Pa
     assert tree(root) == before
 
 
+def test_a_deleted_tree_as_large_as_the_undo_bound_is_undone(tmp_path: Path, root: Path) -> None:
+    """Pre-images up to the batch's undo bound (64 MiB by default) travel back from the
+    worker with the delete's outcome, and to it again with the undo's request: both
+    frames are larger than the 64 MiB every other message is held to. Before, the delete
+    ran, its outcome was refused (\"its worker broke the protocol\"), the files were gone
+    and nothing was journaled to undo it."""
+    big = root / "assets"
+    (big / "small").mkdir(parents=True)
+    for i in range(47):
+        (big / f"b{i}.bin").write_bytes(os.urandom(1_427_000))  # 67.07 MB: within the bound
+    for i in range(600):
+        (big / "small" / f"a_small_file_with_a_longish_name_{i}.txt").write_text("x\n")
+    before = tree(root)
+    d = start_daemon(tmp_path, root, config=CONFIG)
+    try:
+        with d.client(timeout=120) as c:
+            outcome = c.submit([CallSpec("delete_file", {"path": "assets", "recursive": True}, "d")])
+            (deleted,) = outcome.results
+            assert deleted.ok and "not undoable" not in deleted.content, deleted.content[:300]
+            (undone,) = c.undo(outcome.batch_id).results
+            assert undone.ok, undone.content[:300]
+        assert tree(root) == before
+    finally:
+        d.stop()
+        shutil.rmtree(big, ignore_errors=True)
+
+
 def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, root: Path) -> None:
     """The saved bytes of one file are gone when the undo runs: it fails on that file,
     after it had already taken away a file and a tree the batch made. Both come back:

@@ -52,6 +52,7 @@ from .wire import (
     SpawnRequest,
     TempDone,
     TempWanted,
+    outcome_limit,
 )
 from .workers import WorkerFailed, Workers, WorkerUnavailable
 from .zygotes import CommandNotStarted, Leaving, Zygotes, ZygoteUnavailable
@@ -117,6 +118,7 @@ class SpawnRunner:
             max_workers=isolation.max_workers,
             max_per_uid=isolation.max_workers_per_uid,
             idle_seconds=isolation.worker_idle_seconds,
+            outcome_limit=outcome_limit(config.journal.undo_max_bytes_per_batch),
         )
         self._nursery: trio.Nursery | None = None
         self._killer = CallKiller(self.cgroups, spawner_pid, isolation.kill_grace_seconds, self._give_back_temp)

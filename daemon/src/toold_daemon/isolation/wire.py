@@ -18,6 +18,27 @@ import msgspec
 from ..undo.images import Change
 
 MAX_FRAME = 64 * 1024 * 1024
+#: Room for the paths and states of a call's pre-images (up to 10,000 of up to PATH_MAX).
+_PRE_IMAGE_PATHS = 48 * 1024 * 1024
+
+
+def outcome_limit(undo_bytes: int) -> int:
+    """The most bytes a tool worker's message may have: besides what ``MAX_FRAME`` bounds,
+    a mutating call's outcome carries the bytes of its pre-images (up to ``undo_bytes``,
+    the batch's undo bound) and their paths. Held to ``MAX_FRAME`` alone, a recursive
+    delete of 64 MB of files ran, and its outcome, undo data and all, was refused: the
+    files were gone, the call said the worker broke the protocol, and nothing could be
+    undone."""
+    return MAX_FRAME + undo_bytes + _PRE_IMAGE_PATHS
+
+
+def request_limit(undo_bytes: int, arguments_bytes: int) -> int:
+    """The most bytes a request to a tool worker may have: an undo's carries the saved
+    contents it puts back (up to ``undo_bytes``) beside its call's arguments. The daemon
+    is the trusted side of that socket; this bounds what a worker holds, not an attack."""
+    return max(MAX_FRAME, undo_bytes + arguments_bytes + (1 << 20))
+
+
 _HEADER = struct.Struct(">I")
 
 
@@ -199,9 +220,9 @@ def close_fds(fds: list[int]) -> None:
             pass
 
 
-def receive_with_fds(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+def receive_with_fds(sock: socket.socket, *, limit: int = MAX_FRAME) -> tuple[bytes, list[int]] | None:
     """One frame from a blocking socket, with the fds attached to its first bytes
-    (SCM_RIGHTS); None at end of file."""
+    (SCM_RIGHTS); None at end of file. ``limit``: the most bytes a frame may have."""
     header, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, 4)
     if not header:
         return None
@@ -211,7 +232,7 @@ def receive_with_fds(sock: socket.socket) -> tuple[bytes, list[int]] | None:
             return None
         header += rest
     (size,) = _HEADER.unpack(header)
-    if size > MAX_FRAME:
+    if size > limit:
         raise ValueError(f"frame of {size} bytes is over the limit")
     body = read_exact(sock.fileno(), size) if size else b""
     if body is None:
@@ -230,10 +251,12 @@ def read_frame(fd: int) -> bytes | None:
 
 
 class FrameBuffer:
-    """Splits a byte stream into frame bodies (the trio side reads in arbitrary pieces)."""
+    """Splits a byte stream into frame bodies (the trio side reads in arbitrary pieces);
+    ``limit``: the most bytes a frame may have."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_FRAME) -> None:
         self._buffer = bytearray()
+        self._limit = limit
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add ``data``; every frame body now complete."""
@@ -251,7 +274,7 @@ class FrameBuffer:
         if len(self._buffer) < _HEADER.size:
             return None
         (size,) = _HEADER.unpack_from(self._buffer)
-        if size > MAX_FRAME:
+        if size > self._limit:
             raise ValueError(f"frame of {size} bytes is over the limit")
         end = _HEADER.size + size
         if len(self._buffer) < end:

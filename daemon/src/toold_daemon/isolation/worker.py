@@ -25,7 +25,7 @@ from ..sandbox import Sandbox
 from .prepare import Work
 from .roots import roots_identity
 from .tool_run import run_tool
-from .wire import Outcome, SpawnRequest, close_fds, receive_with_fds, write_frame
+from .wire import Outcome, SpawnRequest, close_fds, receive_with_fds, request_limit, write_frame
 
 _decoder = msgspec.msgpack.Decoder(SpawnRequest)
 
@@ -43,8 +43,9 @@ def serve(sock_fd: int, layers: dict[str, str], work: Work) -> None:
     write_frame(sock_fd, Outcome(ok=True, layers=layers, data={"roots": roots}))
     identity = roots_identity(roots)
     sock = socket.socket(fileno=sock_fd)
+    limit = _request_limit(work)
     while True:
-        received = receive_with_fds(sock)
+        received = receive_with_fds(sock, limit=limit)
         if received is None:
             return
         body, fds = received
@@ -58,6 +59,14 @@ def serve(sock_fd: int, layers: dict[str, str], work: Work) -> None:
 #: The answer of a worker whose roots were removed and made again: it exits, and the call
 #: goes to a fresh worker.
 STALE = "WORKER_STALE"
+
+
+def _request_limit(work: Work) -> int:
+    """What one request may take: an undo's carries up to the batch's undo bound of
+    saved contents, beside the largest arguments a tool of ours takes."""
+    undo = work.config.journal.undo_max_bytes_per_batch if work.config is not None else 0
+    arguments = max((tool.max_args_bytes or 0 for tool in work.tools.values()), default=0)
+    return request_limit(undo, arguments)
 
 
 def _unreachable_root(work: Work) -> str:

@@ -34,7 +34,7 @@ import trio
 from ..pool_shares import per_uid_share
 from .cgroup import Cgroups, CgroupUnavailable
 from .sockets import PeerGone, receive_frame
-from .wire import Chunk, FrameBuffer, Outcome, SpawnRequest, child_decoder, frame
+from .wire import MAX_FRAME, Chunk, FrameBuffer, Outcome, SpawnRequest, child_decoder, frame
 from .worker import STALE
 
 log = logging.getLogger(__name__)
@@ -149,8 +149,11 @@ class Workers:
         max_workers: int,
         idle_seconds: float,
         max_per_uid: int = 0,
+        outcome_limit: int = MAX_FRAME,
     ) -> None:
+        """``outcome_limit``: the most bytes a worker's message may have (``wire.outcome_limit``)."""
         self._start_child = start_child
+        self._outcome_limit = outcome_limit
         self._cgroups = cgroups
         self._limits = (pids_max, memory_max)
         self.max_workers = max(1, max_workers)
@@ -402,7 +405,7 @@ class Workers:
             raise
         finally:
             theirs.close()
-        worker = Worker(pid=pid, sock=sock, kind=kind, cgroup=group)
+        worker = Worker(pid=pid, sock=sock, kind=kind, cgroup=group, buffer=FrameBuffer(self._outcome_limit))
         try:
             with trio.fail_after(_READY_TIMEOUT_S):
                 ready = child_decoder.decode(await receive_frame(sock))
