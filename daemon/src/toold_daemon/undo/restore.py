@@ -109,6 +109,8 @@ class RestoreFiles(Tool[RestoreArgs]):
                 conflicts=conflicts,
                 already_restored=already,
             )
+        if not args.force and not args.resume:  # (a resumed undo passed this before it began)
+            _refuse_to_take_away_the_only_copies(args, usable)
         restored: list[str] = []
         undo = Rollback(ctx, token)
         try:
@@ -159,6 +161,26 @@ class RestoreFiles(Tool[RestoreArgs]):
             "already_restored": already,
         }
         return ToolOutput("\n".join(lines), data=data)
+
+
+def _refuse_to_take_away_the_only_copies(args: RestoreArgs, usable: list[Entry]) -> None:
+    """Refuse an undo that cannot put back some paths and would take away paths the batch
+    made. A moved tree larger than the undo bound is the case: the files past the bound
+    have no saved contents, and their only copy is where the batch moved them, which
+    the undo takes away. Putting back the rest, an undo destroyed those files."""
+    cannot = [f"{entry.path} ({entry.note})" for entry in args.entries if entry.note]
+    taken = [entry.path for entry in usable if entry.kind == "absent" and entry.expect_kind != "absent"]
+    if not cannot or not taken:
+        return
+    raise ToolError(
+        ToolErrorType.EXECUTION_FAILED,
+        "UNDO_INCOMPLETE",
+        f"{len(cannot)} path(s) of batch {args.undoes} cannot be put back ({'; '.join(cannot[:10])}), and "
+        f"undoing the rest would take away {len(taken)} path(s) the batch made ({', '.join(taken[:10])}), "
+        "which may hold the only copy of them (a moved file); nothing was restored; --force undoes the rest anyway",
+        not_undoable=cannot,
+        would_take_away=taken,
+    )
 
 
 def _unplanned_contents(entries: list[Entry], ctx: ToolContext) -> list[str]:
