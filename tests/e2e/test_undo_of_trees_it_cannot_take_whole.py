@@ -44,3 +44,27 @@ def test_the_undo_of_a_tree_nested_past_path_max_says_it_is_not_whole(daemon: Da
     assert undone.ok, undone.content
     assert "Not undoable: tree (" in undone.content and "could not be read" in undone.content, undone.content
     assert (tree / "shallow.txt").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("what", ["one 5 GB file", "a directory of 5 GB"])
+def test_files_larger_than_the_undo_bound_are_deleted_unread(daemon: DaemonProcess, what: str) -> None:
+    """The pre-images of a delete were read whole before their size was weighed against
+    the undo bound: deleting a 5 GB file (a log, a core dump) failed with MemoryError in
+    the worker, and so did a directory holding more than a worker may hold. Files past
+    the bound are now said not undoable, unread; what fits is still kept."""
+    top = daemon.root / "tree"
+    top.mkdir()
+    (top / "small.txt").write_text("kept\n")
+    sizes = [5 << 30] if what == "one 5 GB file" else [1 << 30] * 5
+    for i, size in enumerate(sizes):
+        with open(top / f"big{i}.bin", "wb") as f:
+            f.truncate(size)  # sparse: nothing on disk
+    with daemon.client(timeout=60) as c:
+        deleted = c.submit([CallSpec("delete_file", {"path": "tree", "recursive": True})])
+        (result,) = deleted.results
+        assert result.ok, result.content
+        assert "big0.bin (over the batch's undo bound)" in result.content
+        assert not top.exists()
+        (undone,) = c.undo(deleted.batch_id).results
+    assert undone.ok, undone.content
+    assert (top / "small.txt").read_text() == "kept\n" and not (top / "big0.bin").exists()

@@ -60,22 +60,40 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: Why a file's bytes were not kept: the batch's pre-images had taken the undo bound.
+OVER_BOUND = "over the batch's undo bound"
+
+
 def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tuple[list[Image], int]:
     """The pre-images of ``paths`` (and of everything below a directory among them),
-    keeping file bytes while they fit in ``budget``: (images, bytes kept). A ``denied``
-    file (a secret below a deleted directory) is never read: its bytes must not leave
-    the workspace, so it is "not undoable"."""
+    keeping file bytes while they fit in ``budget``: (images, bytes kept). A file is
+    read only once its size says it fits: one larger than what is left is "not undoable"
+    unread (before, each was read whole first, and a delete of a 5 GB file failed with
+    MemoryError, as did one of a directory holding more than a worker may hold). A
+    ``denied`` file (a secret below a deleted directory) is never read: its bytes must
+    not leave the workspace, so it is "not undoable"."""
     images: list[Image] = []
     used = 0
     seen: set[str] = set()
     for path in paths:
-        for found in [*_missing_parents(path), *_below(path, denied)]:
-            if found.path in seen:
+        for image in _missing_parents(path):
+            if image.path not in seen:
+                seen.add(image.path)
+                images.append(image)
+        names, not_whole = _names_below(path, denied)
+        for index, name in enumerate(names):
+            if name in seen:
                 continue
-            seen.add(found.path)
-            image = found
-            if found.kind == "file" and used + len(found.data) > budget:
-                image = Image(path=found.path, kind="unknown", note="over the batch's undo bound")
+            seen.add(name)
+            if index == 0 and not_whole:
+                # The top of a tree not all of whose entries were taken is marked not
+                # undoable, with why, so the undo says so; the entries taken are still
+                # put back. (A marker beside the top's own image was dropped as a second
+                # image of the same path, and such an undo put back part of the tree and
+                # called itself complete.)
+                image = Image(path=name, kind="unknown", note=not_whole)
+            else:
+                image = _image_unless_denied(name, denied, max_bytes=budget - used)
             used += len(image.data)
             images.append(image)
     return images, used
@@ -92,42 +110,39 @@ def _missing_parents(path: Path) -> list[Image]:
     return missing[::-1]
 
 
-def _below(path: Path, denied: Callable[[str], bool]) -> list[Image]:
-    """``path``'s image, then (for a directory) those of its entries, parents first."""
-    first = _image_unless_denied(str(path), denied)
-    if first.kind != "dir":
-        return [first]
-    found = [first]
+def _names_below(path: Path, denied: Callable[[str], bool]) -> tuple[list[str], str]:
+    """``path``, then (for a directory) every entry below it, parents first; and why the
+    tree could not be taken whole ("" when it could). Names only: nothing is read yet."""
+    top = str(path)
+    try:
+        is_dir = not denied(top) and _named_in_utf8(top) and stat.S_ISDIR(os.lstat(top).st_mode)
+    except OSError:
+        is_dir = False
+    if not is_dir:
+        return [top], ""
+    names = [top]
     unread: list[OSError] = []
     for directory, dirs, files in walk(path, onerror=unread.append):
         dirs.sort()
         for name in [*sorted(files), *dirs]:
-            if len(found) >= MAX_ENTRIES:
-                return _not_whole(found, f"more than {MAX_ENTRIES} entries below")
-            found.append(_image_unless_denied(os.path.join(directory, name), denied))
+            if len(names) >= MAX_ENTRIES:
+                return names, f"more than {MAX_ENTRIES} entries below"
+            names.append(os.path.join(directory, name))
     if unread:  # (a directory below that may not be listed, or past PATH_MAX)
         error = unread[0]
         count = f"{len(unread)} director{'y' if len(unread) == 1 else 'ies'}"
-        return _not_whole(found, f"{count} below could not be read ({error.strerror or error}: {error.filename})")
-    return found
+        return names, f"{count} below could not be read ({error.strerror or error}: {error.filename})"
+    return names, ""
 
 
-def _not_whole(found: list[Image], why: str) -> list[Image]:
-    """The images of a tree not all of whose entries were taken: its top is marked not
-    undoable, with why, so the undo says so; the entries taken are still put back. (A
-    marker beside the top's own image was dropped as a second image of the same path,
-    and such an undo put back part of the tree and called itself complete.)"""
-    return [Image(path=found[0].path, kind="unknown", note=why), *found[1:]]
-
-
-def _image_unless_denied(path: str, denied: Callable[[str], bool]) -> Image:
+def _image_unless_denied(path: str, denied: Callable[[str], bool], *, max_bytes: int | None = None) -> Image:
     if denied(path):
         return Image(path=path, kind="unknown", note="a denied file: its content is not kept")
     if not _named_in_utf8(path):
         # Its name reaches the daemon with each such byte as U+FFFD: put back by that
         # name, it would be another file.
         return Image(path=path, kind="unknown", note="its name is not UTF-8: it cannot be put back by name")
-    return image_of(path)
+    return image_of(path, max_bytes=max_bytes)
 
 
 def _named_in_utf8(path: str) -> bool:
@@ -138,9 +153,10 @@ def _named_in_utf8(path: str) -> bool:
     return True
 
 
-def image_of(path: str, *, attributes: bool = True) -> Image:
+def image_of(path: str, *, attributes: bool = True, max_bytes: int | None = None) -> Image:
     """``path``'s state, never following a symlink; without ``attributes``, its group and
-    extended attributes are not read (a state compared, never put back)."""
+    extended attributes are not read (a state compared, never put back). A regular file
+    of more than ``max_bytes`` is not read: "not undoable", over the undo bound."""
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):  # (a path below a file is not there either)
@@ -163,7 +179,11 @@ def image_of(path: str, *, attributes: bool = True) -> Image:
     except OSError as exc:
         return Image(path=path, kind="unknown", note=f"cannot be read: {exc.strerror}")
     with os.fdopen(fd, "rb") as f:
-        data = f.read()
+        if max_bytes is not None and os.fstat(f.fileno()).st_size > max_bytes:
+            return Image(path=path, kind="unknown", note=OVER_BOUND)
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:  # (it grew meanwhile)
+            return Image(path=path, kind="unknown", note=OVER_BOUND)
         xattrs = _attributes(f.fileno()) if attributes else {}
     if xattrs is None:
         return Image(path=path, kind="unknown", note=_TOO_MANY_ATTRIBUTES)
