@@ -523,3 +523,34 @@ def test_a_file_whose_name_takes_the_255_bytes_a_name_may_have_can_be_written(ws
     ws.call("apply_patch", patch=f"*** Begin Patch\n*** Update File: {name}\n@@\n-three\n+four\n*** End Patch")
     assert (ws.root / name).read_text() == "four\n"
     assert os.listdir(ws.root) == [name]
+
+
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def test_a_write_over_a_file_too_large_to_read_replaces_it_unread(ws: Workspace) -> None:
+    """A write replaces a file whole: it no longer reads the old one first (a diff of a
+    5 GB file failed with MemoryError in the worker); past 64 MiB it says so instead."""
+    _sparse(ws.root / "huge.log", writes.WHOLE_READ_MAX_BYTES + 1)
+    out = ws.call("write_file", path="huge.log", content="fresh\n", overwrite=True)
+    assert (ws.root / "huge.log").read_text() == "fresh\n"
+    assert "too large to show as a diff" in (out.display or ""), out.display
+
+
+def test_an_edit_of_a_file_too_large_to_read_is_refused_as_such(ws: Workspace) -> None:
+    _sparse(ws.root / "huge.txt", writes.WHOLE_READ_MAX_BYTES + 1)
+    error = ws.error("edit_file", path="huge.txt", edits=[{"target": "a", "replacement": "b"}])
+    assert error.code == "FILE_TOO_LARGE" and "huge.txt" in error.message
+    assert (ws.root / "huge.txt").stat().st_size == writes.WHOLE_READ_MAX_BYTES + 1
+
+
+def test_a_move_across_filesystems_copies_a_piece_at_a_time(ws: Workspace) -> None:
+    """Across filesystems a move copies, then deletes: the copy no longer holds the file
+    in memory (a file of gigabytes was read whole first)."""
+    with small_tmpfs(ws.root / "mnt", "size=100m") as mount:
+        data = os.urandom(1 << 20) * 70  # 70 MiB: more than a tool reads whole
+        (ws.root / "big.bin").write_bytes(data)
+        ws.call("move_file", source="big.bin", destination="mnt/big.bin")
+        assert (mount / "big.bin").read_bytes() == data and not (ws.root / "big.bin").exists()

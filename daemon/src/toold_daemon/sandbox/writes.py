@@ -53,6 +53,15 @@ _unnamed = [bool(_O_TMPFILE)]
 class Existing(msgspec.Struct, frozen=True):
     data: bytes
     mode: int
+    size: int = 0
+    #: Too large to be read whole (``read_existing(unread_past=True)``): ``data`` is empty.
+    unread: bool = False
+
+
+#: The largest file a tool reads whole to change it (an edit, a patch, a diff shown for
+#: a write). A worker may hold 4 GiB; an edit holds a file three times over (its bytes,
+#: its text, the edited text), and a 5 GB file failed with MemoryError.
+WHOLE_READ_MAX_BYTES = 64 * 1024 * 1024
 
 
 @contextmanager
@@ -104,10 +113,13 @@ def _remove_empty(root: str, made: list[tuple[str, ...]]) -> None:
             os.close(parent)
 
 
-def read_existing(dir_fd: int, name: str, *, shown: str, sandbox: Sandbox) -> Existing | None:
+def read_existing(
+    dir_fd: int, name: str, *, shown: str, sandbox: Sandbox, unread_past: bool = False
+) -> Existing | None:
     """The current bytes and mode of a regular file, None if there is none. Never follows
     a symlink; a directory or other kind of file is an error, a hard link to a denied
-    file is refused."""
+    file is refused. A file over ``WHOLE_READ_MAX_BYTES`` is ``FILE_TOO_LARGE``, or with
+    ``unread_past`` (a write that replaces it whole) comes back unread."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -120,7 +132,24 @@ def read_existing(dir_fd: int, name: str, *, shown: str, sandbox: Sandbox) -> Ex
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise ToolError(ToolErrorType.EXECUTION_FAILED, "NOT_A_REGULAR_FILE", f"{shown} is {kind}", path=shown)
         sandbox.refuse_denied_link(st, shown)
-        return Existing(f.read(), stat.S_IMODE(st.st_mode))
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_size > WHOLE_READ_MAX_BYTES and unread_past:
+            return Existing(b"", mode, st.st_size, unread=True)
+        data = f.read(WHOLE_READ_MAX_BYTES + 1) if st.st_size <= WHOLE_READ_MAX_BYTES else b""
+        if len(data) > WHOLE_READ_MAX_BYTES or st.st_size > WHOLE_READ_MAX_BYTES:
+            size = max(st.st_size, len(data))
+            if unread_past:
+                return Existing(b"", mode, size, unread=True)
+            raise ToolError(
+                ToolErrorType.FILE_TOO_LARGE,
+                "FILE_TOO_LARGE",
+                f"{shown} is {size} bytes, over the {WHOLE_READ_MAX_BYTES}-byte limit for a file a tool "
+                "reads whole to change it; change it with a command instead",
+                path=shown,
+                size=size,
+                limit=WHOLE_READ_MAX_BYTES,
+            )
+        return Existing(data, mode, len(data))
 
 
 def exists(dir_fd: int, name: str) -> bool:
@@ -167,14 +196,15 @@ Attributes = tuple[int, int, dict[str, bytes]]
 def stage(
     dir_fd: int,
     name: str,
-    data: bytes,
+    data: bytes | int,
     *,
     mode: int | None,
     shown: str,
     like: tuple[int, str] | None = None,
     attributes: Attributes | None = None,
 ) -> Staged:
-    """The first half of ``atomic_write``: ``data`` in a new file beside ``name``, with
+    """The first half of ``atomic_write``: ``data`` (bytes, or an open file to copy) in a
+    new file beside ``name``, with
     the group and extended attributes of the file it replaces (of ``like``, a directory
     fd and name; or ``attributes`` themselves, when given), fsynced. Where the bytes need
     room (a full disk fails here), so that a writer of several files can stage them all
@@ -182,9 +212,12 @@ def stage(
     when the writer is killed."""
     fd, temp = _open_staged(dir_fd, name, shown)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        if isinstance(data, int):
+            _copy_from(data, fd)
+        else:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
         if attributes is not None:
             give_attributes(fd, attributes)
         elif mode is not None:
@@ -201,6 +234,24 @@ def stage(
         os.close(fd)
         return Staged(temp=temp)
     return Staged(fd=fd)
+
+
+def _copy_from(source: int, fd: int) -> None:
+    """Every byte of open file ``source`` (from its start) into ``fd``, in the kernel
+    where it can (``copy_file_range``), else through a 1 MiB buffer."""
+    offset = 0
+    try:
+        while copied := os.copy_file_range(source, fd, 1 << 30, offset, offset):
+            offset += copied
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF):
+            raise
+    while chunk := os.pread(source, 1 << 20, offset):
+        view = memoryview(chunk)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
 
 
 def _open_staged(dir_fd: int, name: str, shown: str) -> tuple[int, str]:
@@ -477,11 +528,28 @@ def move(
 def _copy_across(
     src_dir: int, src_name: str, dst_dir: int, dst_name: str, *, shown_src: str, shown_dst: str, sandbox: Sandbox
 ) -> None:
-    existing = read_existing(src_dir, src_name, shown=shown_src, sandbox=sandbox)
-    if existing is None:
-        raise ToolError(ToolErrorType.FILE_NOT_FOUND, "FILE_NOT_FOUND", f"File not found: {shown_src}")
-    replaced = _kept(dst_dir, dst_name)
-    atomic_write(dst_dir, dst_name, existing.data, mode=existing.mode, shown=shown_dst, like=(src_dir, src_name))
+    try:
+        src = os.open(src_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=src_dir)
+    except FileNotFoundError:
+        raise ToolError(ToolErrorType.FILE_NOT_FOUND, "FILE_NOT_FOUND", f"File not found: {shown_src}") from None
+    except OSError as exc:
+        raise from_os_error(exc, shown_src) from None
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolError(
+                ToolErrorType.EXECUTION_FAILED,
+                "NOT_A_REGULAR_FILE",
+                f"{shown_src} is not a regular file",
+                path=shown_src,
+            )
+        sandbox.refuse_denied_link(st, shown_src)
+        replaced = _kept(dst_dir, dst_name)
+        # Copied a piece at a time (a file of gigabytes was read whole into memory first).
+        staged = stage(dst_dir, dst_name, src, mode=stat.S_IMODE(st.st_mode), shown=shown_dst, like=(src_dir, src_name))
+    finally:
+        os.close(src)
+    put_in_place(dst_dir, staged, dst_name, shown=shown_dst)
     try:
         os.unlink(src_name, dir_fd=src_dir)
     except OSError as exc:

@@ -72,13 +72,15 @@ class WriteFile(Tool[WriteFileArgs]):
         path = ctx.resolve(args.path)
         try:
             with parent_dir(ctx.sandbox, path, shown=args.path) as (dir_fd, name):
-                existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
+                existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox, unread_past=True)
         except ToolError as exc:
             if exc.type != ToolErrorType.FILE_NOT_FOUND:  # a missing parent: created with the file
                 raise
             existing = None
         if existing is not None and not args.overwrite:
             raise file_exists(args.path)
+        if existing is not None and existing.unread:
+            return f"would replace {args.path} ({existing.size} bytes, too large to show as a diff)"
         before = existing.data.decode("utf-8", errors="replace") if existing is not None else ""
         return unified_diff(before, args.content, args.path)
 
@@ -86,13 +88,15 @@ class WriteFile(Tool[WriteFileArgs]):
         path = ctx.resolve(args.path)
         data = _decode_base64(args.content) if args.encoding == "base64" else args.content.encode("utf-8")
         with parent_dir(ctx.sandbox, path, create=args.create_dirs, shown=args.path) as (dir_fd, name):
-            existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox)
+            existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox, unread_past=True)
             if existing is not None and not args.overwrite:
                 raise file_exists(args.path)
             atomic_write(dir_fd, name, data, mode=existing.mode if existing else None, shown=args.path)
         change = "modified" if existing is not None else "created"
         display = f"{change} {args.path} ({len(data)} bytes)"
-        if existing is not None and args.encoding == "utf-8":
+        if existing is not None and existing.unread:
+            display += f"; it held {existing.size} bytes, too large to show as a diff"
+        elif existing is not None and args.encoding == "utf-8":
             diff = unified_diff(existing.data.decode("utf-8", errors="replace"), args.content, args.path)
             display += "\n" + diff if diff else " (no change)"
         return ToolOutput(

@@ -43,4 +43,9 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
 def _changed(change: Change) -> bool:
     if change.before.kind == change.after_kind == "dir":
         return False  # (a pre-image holds no tree hash: what changed below has its own change)
+    if change.before.kind == "unknown":
+        # Not taken (past the undo bound, unreadable, denied): all that is known is that
+        # it was there. Gone, the call changed it; still there, nothing says it did (a
+        # refused undo said it had changed every large file it only looked at).
+        return change.after_kind == "absent"
     return change.after_kind != change.before.kind or change.after_hash != change.before.hash

@@ -62,6 +62,9 @@ def digest(data: bytes) -> str:
 
 #: Why a file's bytes were not kept: the batch's pre-images had taken the undo bound.
 OVER_BOUND = "over the batch's undo bound"
+#: The largest file whose state (after a call, or in a tree's hash) is its contents'
+#: hash; a larger one's is its inode, size and times (``image_of``).
+HASHED_MAX_BYTES = 64 * 1024 * 1024
 
 
 def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tuple[list[Image], int]:
@@ -179,7 +182,15 @@ def image_of(path: str, *, attributes: bool = True, max_bytes: int | None = None
     except OSError as exc:
         return Image(path=path, kind="unknown", note=f"cannot be read: {exc.strerror}")
     with os.fdopen(fd, "rb") as f:
-        if max_bytes is not None and os.fstat(f.fileno()).st_size > max_bytes:
+        opened = os.fstat(f.fileno())
+        if not attributes and opened.st_size > HASHED_MAX_BYTES:
+            # A state compared, never put back: past what is worth reading to hash (a
+            # 5 GB file was read whole, and moving it failed with MemoryError), the file
+            # is known by its inode, size and times. Its ctime changes with any change
+            # to it, and no one may set it.
+            identity = f"stat:{opened.st_ino}:{opened.st_size}:{opened.st_mtime_ns}:{opened.st_ctime_ns}"
+            return Image(path=path, kind="file", mode=mode, hash=identity)
+        if max_bytes is not None and opened.st_size > max_bytes:
             return Image(path=path, kind="unknown", note=OVER_BOUND)
         data = f.read() if max_bytes is None else f.read(max_bytes + 1)
         if max_bytes is not None and len(data) > max_bytes:  # (it grew meanwhile)

@@ -31,7 +31,16 @@ from toold_protocol import ToolErrorType
 
 from ..errors import ToolError
 from ..sandbox.trees import walk
-from ..sandbox.writes import atomic_write, clipped, delete, give_attributes, parent_dir, set_mode, temp_prefix
+from ..sandbox.writes import (
+    WHOLE_READ_MAX_BYTES,
+    atomic_write,
+    clipped,
+    delete,
+    give_attributes,
+    parent_dir,
+    set_mode,
+    temp_prefix,
+)
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
 from .images import Image, Kind, image_of, state_and_mode_of, state_of
 
@@ -220,18 +229,37 @@ def _changed_since(entry: Entry, ctx: ToolContext) -> bool:
 
 class Rollback:
     """What the undo changed so far, to put back if a later step fails: each path's state
-    before the undo touched it (bytes of files and symlinks, in memory), and the trees it
-    took away, set aside under a temporary name beside them until the undo completes."""
+    before the undo touched it (bytes of files and symlinks, in memory; a large file, a
+    second name for it beside it), and the trees it took away, set aside under a
+    temporary name beside them until the undo completes."""
 
     def __init__(self, ctx: ToolContext, token: str) -> None:
         self.ctx = ctx
         self.prefix = f"{ASIDE_PREFIX}{token}-"
         self.before: list[tuple[Entry, Image]] = []
         self.aside: list[tuple[str, str]] = []  # (path shown, its temporary name's path)
+        self.linked: list[tuple[str, str]] = []  # large files: (path shown, a second name's path)
 
     def remember(self, entry: Entry) -> None:
         path = self.ctx.resolve(entry.path, follow_last=False)
-        self.before.append((entry, image_of(str(path)) if not _is_dir(path) else Image(path=str(path), kind="dir")))
+        if _is_dir(path):
+            self.before.append((entry, Image(path=str(path), kind="dir")))
+        elif not self._linked_aside(entry.path, path):
+            self.before.append((entry, image_of(str(path))))
+
+    def _linked_aside(self, shown: str, path: Path) -> bool:
+        """A file too large to hold in memory (a 5 GB one failed with MemoryError) gets a
+        second name beside it instead, which a rollback renames back over the path."""
+        try:
+            if not stat.S_ISREG((st := os.lstat(path)).st_mode) or st.st_size <= WHOLE_READ_MAX_BYTES:
+                return False
+            with parent_dir(self.ctx.sandbox, path, shown=shown) as (dir_fd, name):
+                aside = clipped(f"{self.prefix}{len(self.aside) + len(self.linked)}-{name}", 200)
+                os.link(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return False  # (a filesystem without hard links: held in memory, as far as it goes)
+        self.linked.append((shown, os.path.join(os.path.dirname(shown), aside) if "/" in shown else aside))
+        return True
 
     def set_aside(self, dir_fd: int, name: str, shown: str) -> None:
         """Move a tree out of the way (one rename) instead of removing it yet."""
@@ -253,8 +281,8 @@ class Rollback:
 
     def commit(self) -> None:
         """Remove the trees set aside, outermost first (one set aside inside another goes
-        with it)."""
-        for _shown, aside in reversed(self.aside):
+        with it), and the second names of large files."""
+        for _shown, aside in [*reversed(self.aside), *self.linked]:
             try:
                 path = self.ctx.resolve(aside, follow_last=False)
                 with parent_dir(self.ctx.sandbox, path, shown=aside) as (dir_fd, name):
@@ -282,6 +310,13 @@ class Rollback:
                 self._restore(entry.path, image)
             except (OSError, ToolError):
                 left.append(entry.path)
+        for shown, aside in reversed(self.linked):
+            try:
+                src = self.ctx.resolve(aside, follow_last=False)
+                with parent_dir(self.ctx.sandbox, src, shown=aside) as (dir_fd, name):
+                    os.rename(name, os.path.basename(shown), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except (OSError, ToolError):
+                left.append(shown)
         return left
 
     def _restore(self, shown: str, image: Image) -> None:
