@@ -169,3 +169,18 @@ def test_a_small_read_never_allocates_the_limit(root: Path) -> None:
         tracemalloc.stop()
     assert out.content == "x" * 4095 + "\n"
     assert peak < 1 << 20, f"a 4 KB read peaked at {peak} bytes"
+
+
+def test_a_range_of_a_file_with_one_endless_line_stops_at_the_scan_limit(ctx: ToolContext, root: Path) -> None:
+    """A ranged read is what the tool offers for a file too large to read whole; a line
+    was read whole before its length was weighed, and one of 5 GB (a sparse file, a log
+    without newlines) failed with MemoryError. It now stops at max_scan_bytes, as any
+    range that would scan too far does, having read no more than that."""
+    with open(root / "huge.log", "wb") as f:
+        f.truncate(5 << 30)
+    with pytest.raises(ToolError) as info:
+        run(ReadFile(), ctx, path="huge.log", start_line=1, end_line=2)
+    assert info.value.code == "LIMITS_EXCEEDED" and "max_scan_bytes" in info.value.message
+    (root / "lines.txt").write_text("".join(f"line {i}\n" for i in range(1, 100)))
+    out = run(ReadFile(), ctx, path="lines.txt", start_line=98, end_line=200, line_numbers=False)
+    assert out.content == "line 98\nline 99\n" and out.data is not None and out.data["end_line"] == 99

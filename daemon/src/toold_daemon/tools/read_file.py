@@ -187,7 +187,11 @@ def _read_range(f: BinaryIO, args: ReadFileArgs, max_scan: int, ctx: ToolContext
     scanned = 0
     chunks: list[bytes] = []
     number = 0
-    for number, line in enumerate(f, start=1):
+    # Each line read at most as far as the scan may still go: iterating the file read a
+    # whole line first, and one line of 5 GB (a log without newlines, a sparse file)
+    # failed with MemoryError instead of the scan's own limit.
+    while line := f.readline(max_scan - scanned + 1):
+        number += 1
         scanned += len(line)
         if scanned > max_scan:
             raise limits_exceeded(
