@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tracemalloc
 from pathlib import Path
 from unittest import mock
 
@@ -288,3 +289,24 @@ def test_a_glob_of_many_stars_answers_at_once(ctx: ToolContext, root: Path) -> N
     assert run(Glob(), ctx, pattern=pattern).content == "a" * 199 + "b"
     found = run(Grep(), ctx, pattern="needle", file_pattern=pattern)
     assert found.content == "a" * 199 + "b:1: needle"
+
+
+def test_the_python_engine_reads_a_line_at_a_time(ctx: ToolContext, root: Path) -> None:
+    """The Python engine (it runs whenever ripgrep refuses a pattern, a look-ahead) read
+    each file whole: one of 5 GB failed with MemoryError. It now reads a line at a time,
+    at most 1 MiB of one, and a long line costs no more than that."""
+    with open(root / "sparse.bin", "wb") as f:
+        f.truncate(5 << 30)  # NULs: passed over as binary after its first 8 KiB
+    with open(root / "long.log", "wb") as f:
+        f.write(b"needle at the start of a long line " + b"x" * (40 << 20) + b"\n")
+        f.write(b"before\nneedle again\nafter\n")
+    tracemalloc.start()
+    try:
+        out = grep_with("python", ctx, pattern="needle(?= )", context_lines=1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out is not None and out.data is not None and out.data["engine"] == "python"
+    numbered = [line[len("long.log") :].split(" ", 1)[0] for line in out.content.splitlines()]
+    assert numbered == [":1:", "-2-", ":3:", "-4-"], out.content[:300]  # (the matches, and a line either side)
+    assert peak < 16 << 20, f"grep peaked at {peak} bytes"

@@ -12,6 +12,7 @@ Known difference: ripgrep also honours ``.gitignore`` files *above* the sandbox 
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, BinaryIO
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -360,36 +361,48 @@ def _file_filter(file_pattern: str | UnsetType) -> Callable[[str], bool] | None:
     return lambda rel: name.match(rel.rsplit("/", 1)[-1]) is not None
 
 
+#: The most of one line the Python engine reads and searches; the rest of a longer line
+#: is passed over (its number stays right).
+_LINE_MAX = 1 << 20
+
+
 def _search_file(path: Path, regex: re.Pattern[str], context: int, sandbox: Sandbox) -> Iterator[Hit]:
+    """The hits in one file, a line at a time: the file was read whole, and one of 5 GB
+    failed with MemoryError (the Python engine runs whenever ripgrep refuses a pattern,
+    a look-ahead say, over the whole workspace)."""
     try:
         fd = sandbox.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (swapped for a FIFO since the walk)
     except ToolError:
         return
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or b"\x00" in f.read(_SNIFF):
             return
-        data = f.read()
-    if b"\x00" in data[:_SNIFF]:
-        return
-    # Split on \n only, as ripgrep does (splitlines would also split on \r, \x0c, ...).
-    lines = data.decode("utf-8", "replace").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    shown = sandbox.display(path)
-    last_emitted = 0
-    pending_after = 0
-    for index, line in enumerate(lines):
-        number = index + 1
-        if regex.search(line):
-            for before in range(max(last_emitted + 1, number - context), number):
-                yield Hit(shown, before, _clip(lines[before - 1]), False)
-            yield Hit(shown, number, _clip(line), True)
-            last_emitted = number
-            pending_after = context
-        elif pending_after:
-            yield Hit(shown, number, _clip(line), False)
-            last_emitted = number
-            pending_after -= 1
+        f.seek(0)
+        shown = sandbox.display(path)
+        before: collections.deque[tuple[int, str]] = collections.deque(maxlen=context or 1)
+        pending_after = 0
+        for number, line in enumerate(_lines(f), start=1):
+            if regex.search(line):
+                for earlier, text in before if context else ():
+                    yield Hit(shown, earlier, _clip(text), False)
+                before.clear()
+                yield Hit(shown, number, _clip(line), True)
+                pending_after = context
+            elif pending_after:
+                yield Hit(shown, number, _clip(line), False)
+                pending_after -= 1
+            else:
+                before.append((number, line))
+
+
+def _lines(f: BinaryIO) -> Iterator[str]:
+    """Each line of ``f`` split on \\n only, as ripgrep splits them (splitlines would also
+    split on \\r, \\x0c, ...), without its newline; at most ``_LINE_MAX`` bytes of it."""
+    while raw := f.readline(_LINE_MAX):
+        if not raw.endswith(b"\n") and len(raw) == _LINE_MAX:
+            while (rest := f.readline(_LINE_MAX)) and not rest.endswith(b"\n"):
+                pass  # the rest of a line too long to search whole
+        yield raw.decode("utf-8", "replace").removesuffix("\n")
 
 
 __all__ = ["RIPGREP_FLAGS", "Grep", "GrepArgs", "Hit", "find_ripgrep", "format_hits"]
