@@ -293,16 +293,9 @@ class Rollback:
 
     def back(self) -> list[str]:
         """Put every touched path back as it was before the undo; the paths that could not be."""
-        left: list[str] = []
         # The trees set aside first, outermost first (one may hold another); a directory
         # that existed before the undo was only ever set aside, so it is back after this.
-        for shown, aside in reversed(self.aside):
-            try:
-                src = self.ctx.resolve(aside, follow_last=False)
-                with parent_dir(self.ctx.sandbox, src, shown=aside) as (dir_fd, name):
-                    os.rename(name, os.path.basename(shown), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except (OSError, ToolError):
-                left.append(shown)
+        left = self._renamed_back(self.aside)
         for entry, image in reversed(self.before):
             if image.kind == "dir":
                 continue
@@ -310,7 +303,12 @@ class Rollback:
                 self._restore(entry.path, image)
             except (OSError, ToolError):
                 left.append(entry.path)
-        for shown, aside in reversed(self.linked):
+        return left + self._renamed_back(self.linked)
+
+    def _renamed_back(self, names: list[tuple[str, str]]) -> list[str]:
+        """Each (path shown, its other name) renamed back, last first; those that could not be."""
+        left = []
+        for shown, aside in reversed(names):
             try:
                 src = self.ctx.resolve(aside, follow_last=False)
                 with parent_dir(self.ctx.sandbox, src, shown=aside) as (dir_fd, name):
