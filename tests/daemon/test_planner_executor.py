@@ -14,7 +14,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toold_daemon.config import Config, ToolsConfig
+from toold_daemon.config import Config, TimeoutsConfig, ToolsConfig
 from toold_daemon.execution.batches import Batch
 from toold_daemon.execution.executor import Executor, NoRecorder
 from toold_daemon.execution.runner import ThreadRunner
@@ -24,6 +24,7 @@ from toold_daemon.sandbox import Sandbox
 from toold_daemon.tools import Tool, ToolArgs, ToolContext, ToolOutput
 from toold_daemon.tools.builtin import builtin_tools
 from toold_daemon.tools.registry import Registry
+from toold_daemon.undo.restore import RestoreFiles
 from toold_protocol import BatchFinished, CallFinished, CallStarted, Identity, ToolCall, encode_value
 
 ME = Identity(uid=os.geteuid(), gid=os.getegid(), pid=os.getpid())
@@ -377,3 +378,12 @@ async def test_a_call_the_daemon_fails_on_says_so_and_the_batch_stops_there(root
     assert "may have had effects" in failed.content
     assert unrun.error.code == "NOT_RUN" and unrun.content.endswith("Not run: the daemon failed while running call 1")
     assert [type(e) for e in events].count(BatchFinished) == 1 and batch.state == "finished"
+
+
+def test_an_undo_may_run_longer_than_a_file_operation(root: Path) -> None:
+    """An undo stopped midway leaves its tree half put back; bounded by its plan, it gets
+    ten minutes, not the 30 s of a file operation (more if those are given more)."""
+    _, executor = make_batch([], root)
+    assert executor.timeout_for(RestoreFiles()) == 600.0
+    slow = Config(tools=ToolsConfig(timeouts=TimeoutsConfig(file_operations_seconds=900.0)))
+    assert Executor(ThreadRunner(), Sandbox([root]), slow).timeout_for(RestoreFiles()) == 900.0

@@ -410,11 +410,19 @@ class Executor:
 
     def timeout_for(self, tool: Tool[Any]) -> float:
         timeouts = self.config.tools.timeouts
+        if tool.timeout_kind == "undo":
+            return max(UNDO_SECONDS, timeouts.file_operations_seconds)
         if tool.timeout_kind == "file":
             return timeouts.file_operations_seconds
         if tool.timeout_kind == "shell":
             return timeouts.shell_commands_seconds
         return timeouts.default_seconds
+
+
+#: How long an undo may run. It is bounded by its plan (10,000 paths, the undo bound of
+#: bytes; 9,000 files took 8 s here), and one stopped midway leaves its tree half put
+#: back: the 30 s of a file operation would do that to a large undo on a slow disk.
+UNDO_SECONDS = 600.0
 
 
 def _ms(started: float) -> float:

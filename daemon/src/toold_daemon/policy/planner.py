@@ -24,6 +24,7 @@ from ..execution.batches import PreparedCall
 from ..redaction import hide_secrets
 from ..sandbox import Sandbox
 from ..sandbox.named import denied_words
+from ..sandbox.paths import remembering_missing
 from ..tools import Tool
 from ..tools.registry import Registry
 from .engine import COMMAND_TOOLS
@@ -51,6 +52,10 @@ class Planner(msgspec.Struct, frozen=True):
         """Plan every call in order. ``turn_iteration`` counts this batch among the batches
         of its user turn; past the limit every call is pre-resolved. A call the
         policy asks about is marked ``needs_confirmation`` unless a grant covers it."""
+        with remembering_missing():  # (nothing the plan names is made while it is planned)
+            return self._plan(calls, turn_iteration)
+
+    def _plan(self, calls: Sequence[ToolCall], turn_iteration: int) -> list[PreparedCall]:
         seen: set[str] = set()
         prepared: list[PreparedCall] = []
         max_iterations = self.config.tools.max_tool_iterations_per_user_turn

@@ -20,7 +20,7 @@ from ..output import NOTHING_UNSEEN, Unseen
 from ..sandbox import Sandbox
 
 RiskLevel = Literal["low", "medium", "high"]
-TimeoutKind = Literal["default", "file", "shell"]
+TimeoutKind = Literal["default", "file", "shell", "undo"]
 A = TypeVar("A", bound=msgspec.Struct)
 
 

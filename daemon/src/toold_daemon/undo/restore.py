@@ -29,7 +29,8 @@ from msgspec import Meta
 
 from toold_protocol import ToolErrorType
 
-from ..errors import ToolError
+from ..errors import ToolError, limits_exceeded
+from ..sandbox.paths import remembering_missing
 from ..sandbox.trees import walk
 from ..sandbox.writes import (
     WHOLE_READ_MAX_BYTES,
@@ -42,7 +43,7 @@ from ..sandbox.writes import (
     temp_prefix,
 )
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
-from .images import Image, Kind, image_of, state_and_mode_of, state_of
+from .images import Image, Kind, image_of, state_and_mode_of
 
 
 class Entry(ToolArgs, frozen=True):
@@ -67,6 +68,10 @@ class RestoreArgs(ToolArgs, frozen=True):
     resume: bool = False  # finishing an undo a crash cut short (the daemon's start sets it)
 
 
+#: The most path components an undo may name in all (10,000 paths 20 deep).
+MAX_PATH_COMPONENTS = 200_000
+
+
 class RestoreFiles(Tool[RestoreArgs]):
     name = "restore_files"
     description = "Put back the files a batch changed (toolctl undo builds these calls)."
@@ -75,6 +80,7 @@ class RestoreFiles(Tool[RestoreArgs]):
     follows_last_symlink = False
     risk = "medium"
     internal: ClassVar[bool] = True
+    timeout_kind = "undo"
     #: Its calls are built by the daemon from its journal, not sent by a client: one entry
     #: per path a batch changed (up to 10,000 below one directory), each with its path,
     #: hashes and attributes. The client's bound (256 KiB) refused the undo of a deleted
@@ -90,8 +96,24 @@ class RestoreFiles(Tool[RestoreArgs]):
         forced = " (forced)" if args.force else ""
         return f"Undo batch {args.undoes[:80]}: restore {len(args.entries)} path(s){forced}"
 
+    def validate(self, args: RestoreArgs) -> None:
+        """Refuse, before anything is looked at, an undo whose paths are too deep to reach
+        by name in time: each step names its path whole, and the kernel and the checks
+        walk it a component at a time, so a tree nested 1,300 deep (845,000 components in
+        its 1,300 paths) ran past the call's time limit."""
+        components = sum(entry.path.count("/") + 1 for entry in args.entries)
+        if components > MAX_PATH_COMPONENTS:
+            raise limits_exceeded(
+                f"this undo names {len(args.entries)} paths of {components} path components in all (a tree nested "
+                f"{max(entry.path.count('/') + 1 for entry in args.entries)} deep), over the "
+                f"{MAX_PATH_COMPONENTS} it may walk; nothing was changed",
+                limit=MAX_PATH_COMPONENTS,
+                components=components,
+            )
+
     def changes(self, args: RestoreArgs, ctx: ToolContext) -> list[Path]:
-        return [ctx.resolve(entry.path, follow_last=False) for entry in args.entries if not entry.note]
+        with remembering_missing():
+            return [ctx.resolve(entry.path, follow_last=False) for entry in args.entries if not entry.note]
 
     def run(self, args: RestoreArgs, ctx: ToolContext) -> ToolOutput:
         token = aside_token(args.undoes)
@@ -102,12 +124,13 @@ class RestoreFiles(Tool[RestoreArgs]):
             already = [entry.path for entry in usable if _put_back_already(entry, ctx)]
             usable = [entry for entry in usable if entry.path not in already]
         planned = {entry.path.rstrip("/") for entry in usable} | {path.rstrip("/") for path in already}
-        conflicts = [
-            entry.path
-            for entry in usable
-            if _changed_since(entry, ctx) and not (args.resume and _midway(entry, ctx, planned))
-        ]
-        conflicts += _unplanned_contents(usable, ctx)
+        with remembering_missing():  # (the checks change nothing)
+            conflicts = [
+                entry.path
+                for entry in usable
+                if _changed_since(entry, ctx) and not (args.resume and _midway(entry, ctx, planned))
+            ]
+            conflicts += _unplanned_contents(usable, ctx)
         if conflicts and not args.force:
             done = f"{len(already)} path(s) were put back before the daemon stopped; " if args.resume else ""
             raise ToolError(
@@ -217,7 +240,8 @@ def _changed_since(entry: Entry, ctx: ToolContext) -> bool:
     """Whether the path is no longer as the undone batch left it: another kind, other
     contents, other permission bits (a directory: anything below it too, when the
     batch's record has its tree's hash)."""
-    kind, digest, mode = state_and_mode_of(str(ctx.resolve(entry.path, follow_last=False)))
+    path = str(ctx.resolve(entry.path, follow_last=False))
+    kind, digest, mode = state_and_mode_of(path, tree=bool(entry.expect_hash))
     if kind != entry.expect_kind:
         return True
     if entry.expect_mode >= 0 and mode >= 0 and mode != entry.expect_mode:
@@ -348,7 +372,7 @@ def aside_token(undoes: str) -> str:
 def _put_back_already(entry: Entry, ctx: ToolContext) -> bool:
     """Whether the path is already in the state the undo puts back."""
     path = str(ctx.resolve(entry.path, follow_last=False))
-    kind, digest = state_of(path)
+    kind, digest, _mode = state_and_mode_of(path, tree=False)
     if kind != entry.kind:
         return False
     if kind in ("file", "dir"):
@@ -366,7 +390,7 @@ def _midway(entry: Entry, ctx: ToolContext, planned: set[str]) -> bool:
     the batch made whose contents the undo had begun to take away (deepest first) and
     that holds nothing the plan does not account for."""
     path = str(ctx.resolve(entry.path, follow_last=False))
-    kind, _digest = state_of(path)
+    kind, _digest, _mode = state_and_mode_of(path, tree=False)
     if kind == "absent" or kind == entry.kind == "dir":
         return True
     return entry.kind == "absent" and kind == entry.expect_kind == "dir" and _holds_only(path, entry.path, planned)
