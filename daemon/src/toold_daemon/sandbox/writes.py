@@ -33,6 +33,7 @@ from toold_protocol import ToolErrorType
 from ..errors import ToolError, file_exists, from_os_error, sandbox_violation
 from . import trees
 from .paths import Sandbox, open_beneath
+from .reads import read_at_most
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
@@ -135,7 +136,8 @@ def read_existing(
         mode = stat.S_IMODE(st.st_mode)
         if st.st_size > WHOLE_READ_MAX_BYTES and unread_past:
             return Existing(b"", mode, st.st_size, unread=True)
-        data = f.read(WHOLE_READ_MAX_BYTES + 1) if st.st_size <= WHOLE_READ_MAX_BYTES else b""
+        fits = st.st_size <= WHOLE_READ_MAX_BYTES
+        data = read_at_most(f.fileno(), WHOLE_READ_MAX_BYTES + 1, st.st_size) if fits else b""
         if len(data) > WHOLE_READ_MAX_BYTES or st.st_size > WHOLE_READ_MAX_BYTES:
             size = max(st.st_size, len(data))
             if unread_past:

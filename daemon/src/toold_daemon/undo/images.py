@@ -19,6 +19,7 @@ from typing import Literal
 
 import msgspec
 
+from ..sandbox.reads import read_at_most
 from ..sandbox.trees import walk
 
 Kind = Literal["file", "absent", "dir", "symlink", "unknown"]
@@ -81,7 +82,7 @@ def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tu
     # Outermost first, and a path taken with a tree above it is not walked again: an
     # undo names every directory of a deep tree, and each walked all below it (a tree
     # 1,300 deep: 845,000 entries listed, past the call's time limit).
-    for path in sorted(paths, key=lambda p: len(p.parts)):
+    for path in sorted(paths, key=lambda p: str(p).count("/")):
         if str(path) in seen:
             continue
         for image in _missing_parents(path):
@@ -123,7 +124,7 @@ def _names_below(path: Path, denied: Callable[[str], bool]) -> tuple[list[str], 
     tree could not be taken whole ("" when it could). Names only: nothing is read yet."""
     top = str(path)
     try:
-        is_dir = not denied(top) and _named_in_utf8(top) and stat.S_ISDIR(os.lstat(top).st_mode)
+        is_dir = stat.S_ISDIR(os.lstat(top).st_mode) and not denied(top) and _named_in_utf8(top)
     except OSError:
         is_dir = False
     if not is_dir:
@@ -197,7 +198,8 @@ def image_of(path: str, *, attributes: bool = True, max_bytes: int | None = None
             return Image(path=path, kind="file", mode=mode, hash=identity)
         if max_bytes is not None and opened.st_size > max_bytes:
             return Image(path=path, kind="unknown", note=OVER_BOUND)
-        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        # (in reads of its size: ``f.read(n)`` allocates n bytes first, 64 MiB per file)
+        data = f.read() if max_bytes is None else read_at_most(f.fileno(), max_bytes + 1, opened.st_size)
         if max_bytes is not None and len(data) > max_bytes:  # (it grew meanwhile)
             return Image(path=path, kind="unknown", note=OVER_BOUND)
         xattrs = _attributes(f.fileno()) if attributes else {}
