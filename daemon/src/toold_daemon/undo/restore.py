@@ -30,6 +30,7 @@ from msgspec import Meta
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError, limits_exceeded
+from ..sandbox.attributes import give_attributes
 from ..sandbox.paths import remembering_missing
 from ..sandbox.trees import walk
 from ..sandbox.writes import (
@@ -37,7 +38,6 @@ from ..sandbox.writes import (
     atomic_write,
     clipped,
     delete,
-    give_attributes,
     parent_dir,
     set_mode,
     temp_prefix,
