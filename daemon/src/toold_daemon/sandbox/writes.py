@@ -307,6 +307,17 @@ def put_in_place(dir_fd: int, staged: Staged, name: str, *, shown: str) -> None:
     os.fsync(dir_fd)
 
 
+def for_new_contents(mode: int) -> int:
+    """The mode a file's new contents take: its own, less setuid, and setgid where the
+    group may execute it, as the kernel clears them on any write by a process that may
+    not keep them. A write is a new file given the old one's mode: a model's contents in a
+    setuid program kept the bit (and, written by a root client over another user's
+    setuid program, ran as root). Capabilities go the same way (``attributes``)."""
+    if mode & stat.S_IXGRP:
+        return mode & ~(stat.S_ISUID | stat.S_ISGID)
+    return mode & ~stat.S_ISUID
+
+
 def set_mode(fd: int, mode: int) -> None:
     """``fchmod``, where the filesystem keeps modes: on one that keeps none (a FAT or
     exFAT disk) a file of our own has the mode every file there has, and a write or an

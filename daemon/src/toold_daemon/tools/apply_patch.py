@@ -26,6 +26,7 @@ from ..sandbox.writes import (
     Staged,
     delete,
     discard_staged,
+    for_new_contents,
     parent_dir,
     put_back,
     put_in_place,
@@ -230,7 +231,7 @@ def _stage(changes: list[patches.FileChange], dirs: dict[str, tuple[Path, int, s
             if change.after is None:
                 continue
             _, dir_fd, name = dirs[change.path]
-            mode = _mode_of(dir_fd, name, change.path) if change.action == "update" else None
+            mode = for_new_contents(_mode_of(dir_fd, name, change.path)) if change.action == "update" else None
             target = change.move_to or change.path
             _, target_fd, target_name = dirs[target]
             data = change.after.encode()

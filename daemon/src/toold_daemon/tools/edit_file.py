@@ -10,7 +10,7 @@ from msgspec import Meta
 from toold_protocol import ToolErrorType
 
 from ..errors import ToolError, bad_args
-from ..sandbox.writes import atomic_write, parent_dir, read_existing
+from ..sandbox.writes import atomic_write, for_new_contents, parent_dir, read_existing
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import EditFileData
 from ._mutate import check_fresh, written
@@ -132,7 +132,7 @@ class EditFile(Tool[EditFileArgs]):
             before: Text = decode(existing.data, args.path)
             after = before.with_body(apply_edits(before.body, args.edits))
             data = after.encode()
-            atomic_write(dir_fd, name, data, mode=existing.mode, shown=args.path)
+            atomic_write(dir_fd, name, data, mode=for_new_contents(existing.mode), shown=args.path)
         diff = unified_diff(before.body, after.body, args.path)
         return ToolOutput(
             f"Edited {args.path}: {len(args.edits)} edit(s) applied\n{diff}",

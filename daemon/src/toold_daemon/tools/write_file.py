@@ -14,7 +14,7 @@ from toold_protocol import ToolErrorType
 from ..config import Config
 from ..errors import ToolError, bad_args, file_exists
 from ..sandbox.lookups import lexists
-from ..sandbox.writes import atomic_write, parent_dir, read_existing
+from ..sandbox.writes import atomic_write, for_new_contents, parent_dir, read_existing
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import WriteFileData
 from ._mutate import written
@@ -91,7 +91,8 @@ class WriteFile(Tool[WriteFileArgs]):
             existing = read_existing(dir_fd, name, shown=args.path, sandbox=ctx.sandbox, unread_past=True)
             if existing is not None and not args.overwrite:
                 raise file_exists(args.path)
-            atomic_write(dir_fd, name, data, mode=existing.mode if existing else None, shown=args.path)
+            mode = for_new_contents(existing.mode) if existing else None
+            atomic_write(dir_fd, name, data, mode=mode, shown=args.path)
         change = "modified" if existing is not None else "created"
         display = f"{change} {args.path} ({len(data)} bytes)"
         if existing is not None and existing.unread:
