@@ -60,6 +60,8 @@ AS_GIT_SAYS = [
     (["{a,b}"], "a", False, None),
     (["d/**"], "d", True, True),
     (["d/**"], "d/x", False, True),
+    (["d/***"], "d", True, True),  # (any run of stars after the last slash, as git says)
+    (["d/***"], "d/x/y", False, True),
     (["**", "!a"], "ba/a", False, True),  # in an ignored directory: no line re-includes it
     (["?", "!b"], "b/a", False, True),
     (["!*", "?"], "x/x/x", True, True),

@@ -93,11 +93,17 @@ def _rule(line: str) -> _Rule | None:
     glob = braces_literal(line[1:] if line.startswith("/") else line if anchored else "**/" + line)
     try:
         regex = compile_glob(glob)
-        # "dir/**" names what is in dir, and dir itself is then left out with it
-        container = compile_glob(glob[: -len("/**")]) if glob.endswith("/**") else None
+        # "dir/**" names what is in dir, and dir itself is then left out with it; so does
+        # "dir/***" (any run of stars after the last slash), as git check-ignore says
+        trailing = _TRAILING_STARS.search(glob)
+        container = compile_glob(glob[: trailing.start()]) if trailing else None
     except GlobTooComplex:  # (braces are escaped: only a very long line gets here)
         return None
     return _Rule(regex, container, negated=negated, dir_only=dir_only)
+
+
+#: A last component of two or more unescaped stars ("dir/**", "dir/***").
+_TRAILING_STARS = re.compile(r"(?<!\\)/\*{2,}$")
 
 
 def _without_trailing_spaces(line: str) -> str:
