@@ -15,6 +15,7 @@ from toold_daemon.records import journal as journal_module
 from toold_daemon.records import journal_pruning, server_connections
 from toold_daemon.records.journal import Journal, JournalError
 from toold_daemon.records.journal_recovery import DISCARDED, INTERRUPTED
+from toold_daemon.records.journal_schema import SCHEMA_VERSION
 from toold_daemon.records.stored_batches import Submission, fingerprint
 from toold_daemon.undo.images import Change, Image
 from toold_protocol import Identity, PlannedCall, ToolCall, ToolErrorInfo, ToolResult, encode_value
@@ -118,9 +119,9 @@ def test_schema_and_lock_guards(tmp_path: Path) -> None:
         Journal.open_in(tmp_path)
     journal.close()
     db = sqlite3.connect(tmp_path / "journal.sqlite3")
-    db.execute("PRAGMA user_version = 9")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     db.close()
-    with pytest.raises(JournalError, match="schema version 9"):
+    with pytest.raises(JournalError, match=f"schema version {SCHEMA_VERSION + 1}"):
         Journal.open_in(tmp_path)
     with pytest.raises(JournalError, match="does not exist"):
         Journal.open_in(tmp_path / "missing")
@@ -184,7 +185,7 @@ def test_a_journal_of_the_previous_schema_gains_the_servers_connections(tmp_path
 
 def _back_to_schema_5(db: sqlite3.Connection) -> None:
     """What schemas 6 to 8 added, taken away again (a journal written before them)."""
-    for column in ("after_mode", "uid", "gid", "xattrs"):
+    for column in ("after_mode", "uid", "gid", "xattrs", "moved_to"):
         db.execute(f"ALTER TABLE changes DROP COLUMN {column}")
     db.execute("DROP INDEX batches_by_uid_newest")
     db.execute("DROP INDEX batches_by_uid_age")
@@ -376,17 +377,19 @@ def test_a_journal_of_schema_7_keeps_its_changes_with_no_mode_to_compare(tmp_pat
     assert [(c.after_mode, c.uid, c.gid, c.xattrs) for c in journal.changes("old")] == [(0o640, 4300, 4242, acl)]
     journal.close()
     db = sqlite3.connect(tmp_path / "journal.sqlite3")
-    for column in ("after_mode", "uid", "gid", "xattrs"):
+    for column in ("after_mode", "uid", "gid", "xattrs", "moved_to"):
         db.execute(f"ALTER TABLE changes DROP COLUMN {column}")
     db.execute("PRAGMA user_version = 7")
     db.commit()
     db.close()
     journal = Journal.open_in(tmp_path)
-    old = [(c.path, c.after_hash, c.after_mode, c.uid, c.gid, c.xattrs) for c in journal.changes("old")]
-    assert old == [("f", "h", -1, -1, -1, {})]
+    old = [(c.path, c.after_hash, c.after_mode, c.uid, c.gid, c.xattrs, c.moved_to) for c in journal.changes("old")]
+    assert old == [("f", "h", -1, -1, -1, {}, "")]
     record(journal, "new", 1)
-    journal.result("new", 0, ok("c0"), changes=[made])
-    assert [(c.after_mode, c.uid, c.gid, c.xattrs) for c in journal.changes("new")] == [(0o640, 4300, 4242, acl)]
+    moved = Change(before=Image(path="d", kind="unknown", note="large", moved_to="e"), after_kind="absent")
+    journal.result("new", 0, ok("c0"), changes=[made, moved])
+    new = [(c.after_mode, c.uid, c.gid, c.xattrs, c.moved_to) for c in journal.changes("new")]
+    assert new == [(0o640, 4300, 4242, acl, ""), (-1, -1, -1, {}, "e")]
     journal.close()
 
 

@@ -62,3 +62,28 @@ def test_a_file_nobody_planned_for_in_such_a_directory_is_still_a_conflict(tmp_p
         resume(root, entries)
     assert refused.value.code == "UNDO_CONFLICT" and "moved/tree" in refused.value.message
     assert (root / "moved/tree/theirs.txt").read_text() == "someone else's\n"
+
+
+@pytest.mark.parametrize("moved_back_before_the_crash", [True, False])
+def test_a_tree_moved_back_is_found_moved_back_or_moved_when_it_resumes(
+    tmp_path: Path, moved_back_before_the_crash: bool
+) -> None:
+    """An undo moves a tree back first (from where the batch moved it, without keeping its
+    contents), then takes away the directory the move made for it. Cut short after the
+    move back, the tree is where it belongs and that directory still there; before it,
+    the tree is still where the batch left it. Either way it resumes to the end."""
+    root = tmp_path / "root"
+    (root / "new/place/tree/inner").mkdir(parents=True)
+    (root / "new/place/tree/inner/x.txt").write_text("x\n")
+    entries = [
+        Entry(path="data", expect_kind="absent", kind="dir", moved_from="new/place/tree"),
+        *[
+            Entry(path=path, expect_kind="dir", kind="absent", expect_hash=state_of(str(root / path))[1])
+            for path in ("new/place/tree", "new/place", "new")
+        ],
+    ]
+    if moved_back_before_the_crash:
+        os.rename(root / "new/place/tree", root / "data")
+    content = resume(root, entries)
+    assert "after the daemon restarted" in content
+    assert sorted(os.listdir(root)) == ["data"] and (root / "data/inner/x.txt").read_text() == "x\n"

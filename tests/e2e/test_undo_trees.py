@@ -257,32 +257,6 @@ def test_a_deleted_tree_as_large_as_the_undo_bound_is_undone(tmp_path: Path, roo
         shutil.rmtree(big, ignore_errors=True)
 
 
-def test_an_undo_that_would_take_away_the_only_copy_of_what_it_cannot_put_back_is_refused(
-    tmp_path: Path, root: Path
-) -> None:
-    """A directory moved whole, larger than the batch's undo bound: the files past the
-    bound have no saved contents, and their only copy is where the batch moved them.
-    Putting back the rest, the undo took that directory away and destroyed them; it now
-    refuses, changing nothing, unless forced."""
-    (root / "data").mkdir()
-    for i in range(8):
-        (root / "data" / f"part{i}.bin").write_bytes(os.urandom(30_000))
-    config = CONFIG + "\n[journal]\nundo_max_bytes_per_batch = 100000\n"  # room for 3 of the 8
-    d = start_daemon(tmp_path, root, config=config)
-    try:
-        with d.client(timeout=60) as c:
-            outcome = c.submit([CallSpec("move_file", {"source": "data", "destination": "moved"}, "m")])
-            (moved,) = outcome.results
-            assert moved.ok and "over the batch's undo bound" in moved.content, moved.content
-            after = tree(root)
-            (result,) = c.undo(outcome.batch_id).results
-            assert not result.ok and result.error.code == "UNDO_INCOMPLETE", result.content
-            assert "moved/part" in result.content and "--force" in result.content
-            assert tree(root) == after  # every file still there, where the batch moved it
-    finally:
-        d.stop()
-
-
 def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, root: Path) -> None:
     """The saved bytes of one file are gone when the undo runs: it fails on that file,
     after it had already taken away a file and a tree the batch made. Both come back:

@@ -401,12 +401,13 @@ class Journal:
                 c.before.uid,
                 c.before.gid,
                 msgspec.msgpack.encode(c.before.xattrs) if c.before.xattrs else None,
+                c.before.moved_to,
             )
             for c in changes
         ]
         # The attributes kept for undo are the user's bytes too (up to 16 KiB a path): they
         # count in the batch's share of the journal, as the pre-images do.
-        held += sum(len(attributes) for *_, attributes in change_rows if attributes)
+        held += sum(len(attributes) for *_, attributes, _moved_to in change_rows if attributes)
 
         def write(db: sqlite3.Connection) -> None:
             db.execute(journal_rows.INSERT_RESULT, row)
@@ -415,7 +416,7 @@ class Journal:
                 first = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM changes WHERE batch_id = ?", (batch_id,))
                 start = int(first.fetchone()[0])
                 db.executemany(
-                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO changes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(batch_id, start + n, *row) for n, row in enumerate(change_rows)],
                 )
             if final_state is not None:
@@ -458,8 +459,8 @@ class Journal:
         return [
             _stored_change(row)
             for row in self._db.execute(
-                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash, after_mode, uid, gid, xattrs "
-                "FROM changes WHERE batch_id = ? ORDER BY seq",
+                "SELECT idx, path, kind, mode, hash, note, after_kind, after_hash, after_mode, uid, gid, xattrs, "
+                "moved_to FROM changes WHERE batch_id = ? ORDER BY seq",
                 (batch_id,),
             )
         ]
@@ -579,9 +580,10 @@ def _nothing(db: sqlite3.Connection) -> None:
 
 
 def _stored_change(row: tuple[Any, ...]) -> StoredChange:
-    index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, uid, gid, xattrs = row
+    index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, uid, gid, xattrs, moved_to = row
+    attributes = _attributes(xattrs)
     return StoredChange(
-        index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, uid, gid, _attributes(xattrs)
+        index, path, kind, mode, hash_, note, after_kind, after_hash, after_mode, uid, gid, attributes, moved_to
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -117,6 +117,9 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE changes ADD COLUMN gid INTEGER NOT NULL DEFAULT -1;
     ALTER TABLE changes ADD COLUMN xattrs BLOB
     """,
+    # Where a call moved a path whose contents it did not keep (a tree larger than the
+    # undo bound): its undo moves it back from there ("": made again from its contents).
+    9: "ALTER TABLE changes ADD COLUMN moved_to TEXT NOT NULL DEFAULT ''",
 }
 
 

@@ -38,6 +38,7 @@ class StoredChange(msgspec.Struct, frozen=True):
     uid: int = -1  # the owner before (-1: none recorded)
     gid: int = -1  # the group before (-1: none recorded)
     xattrs: dict[str, bytes] = msgspec.field(default_factory=dict)  # the extended attributes before
+    moved_to: str = ""  # where the call moved it, not keeping its contents: an undo moves it back
 
 
 class StoredCall(msgspec.Struct, frozen=True):

@@ -322,8 +322,9 @@ class Administration:
         arguments = undo.plan(stored, force=message.force, cannot_reverse=self._cannot_reverse)
         base = str(self.shared.sandbox_of(session).working_dir)
         for entry in arguments["entries"]:  # as a model would name them: relative to the workspace
-            if entry["path"].startswith(base.rstrip("/") + "/"):
-                entry["path"] = os.path.relpath(entry["path"], base)
+            for key in ("path", "moved_from"):
+                if entry.get(key, "").startswith(base.rstrip("/") + "/"):
+                    entry[key] = os.path.relpath(entry[key], base)
         call = ToolCall(call_id="undo", name="restore_files", arguments=msgspec.Raw(msgspec.msgpack.encode(arguments)))
         submit = SubmitBatch(
             id=message.id,

@@ -224,6 +224,12 @@ class Tool(Generic[A]):
         are kept so that ``toolctl undo`` can put them back. Default: none."""
         return []
 
+    def moves(self, args: A, ctx: ToolContext) -> dict[Path, Path]:
+        """Of the paths ``changes`` names, those the call moves whole, each to where it
+        moves it (canonical both): an undo may move such a path back instead of making
+        it again from its saved contents. Default: none."""
+        return {}
+
     def preview(self, args: A, ctx: ToolContext) -> str | None:
         """What the call would change, as a unified diff, without changing anything: shown
         with its confirmation request. Runs with the client's privileges, like ``run``."""

@@ -62,6 +62,10 @@ class MoveFile(Tool[MoveFileArgs]):
     def changes(self, args: MoveFileArgs, ctx: ToolContext) -> list[Path]:
         return [ctx.resolve(args.source, follow_last=False), ctx.resolve(args.destination, follow_last=False)]
 
+    def moves(self, args: MoveFileArgs, ctx: ToolContext) -> dict[Path, Path]:
+        source, destination = self.changes(args, ctx)
+        return {source: destination}
+
     def preview(self, args: MoveFileArgs, ctx: ToolContext) -> str | None:
         source = ctx.resolve(args.source, follow_last=False)
         destination = ctx.resolve(args.destination, follow_last=False)

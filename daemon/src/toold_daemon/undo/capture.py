@@ -23,7 +23,11 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     if not paths:
         return tool.run(args, ctx)
     sandbox = ctx.sandbox
-    before, _used = capture(paths, ctx.undo_budget, lambda p: sandbox.denied_pattern(Path(p)) is not None)
+
+    def denied(path: str) -> bool:
+        return sandbox.denied_pattern(Path(path)) is not None
+
+    before, _used = capture(paths, ctx.undo_budget, denied, tool.moves(args, ctx))
     try:
         output = tool.run(args, ctx)
     except (ToolError, OSError) as exc:

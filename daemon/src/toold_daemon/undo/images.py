@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +45,9 @@ class Image(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     uid: int = -1
     gid: int = -1
     xattrs: dict[str, bytes] = msgspec.field(default_factory=dict)
+    #: Where the call moved this path when its contents were not kept (``note`` says
+    #: why): an undo moves it back from there instead of making it again.
+    moved_to: str = ""
 
 
 class Change(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -68,14 +71,25 @@ OVER_BOUND = "over the batch's undo bound"
 HASHED_MAX_BYTES = 64 * 1024 * 1024
 
 
-def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tuple[list[Image], int]:
+def capture(
+    paths: list[Path],
+    budget: int,
+    denied: Callable[[str], bool],
+    moves: Mapping[Path, Path] | None = None,
+) -> tuple[list[Image], int]:
     """The pre-images of ``paths`` (and of everything below a directory among them),
     keeping file bytes while they fit in ``budget``: (images, bytes kept). A file is
     read only once its size says it fits: one larger than what is left is "not undoable"
     unread (before, each was read whole first, and a delete of a 5 GB file failed with
     MemoryError, as did one of a directory holding more than a worker may hold). A
     ``denied`` file (a secret below a deleted directory) is never read: its bytes must
-    not leave the workspace, so it is "not undoable"."""
+    not leave the workspace, so it is "not undoable".
+
+    ``moves`` maps a path the call moves to where it moves it. Such a path that cannot be
+    taken whole (past the bound, a denied or unreadable file below) gets one image that
+    says where it went, and an undo moves it back from there: a moved tree larger than
+    the bound could not be undone at all, and reading it cost up to the bound (its sizes
+    are now weighed first, and nothing is read when they are past it)."""
     images: list[Image] = []
     used = 0
     seen: set[str] = set()
@@ -90,6 +104,16 @@ def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tu
                 seen.add(image.path)
                 images.append(image)
         names, not_whole = _names_below(path, denied)
+        moved_to = (moves or {}).get(path)
+        if moved_to is not None:
+            taken, why = _taken_whole(names, not_whole, budget - used, denied)
+            seen.update(names)
+            if why:
+                images.append(Image(path=str(path), kind="unknown", note=why, moved_to=str(moved_to)))
+            else:
+                images += taken
+                used += sum(len(image.data) for image in taken)
+            continue
         for index, name in enumerate(names):
             if name in seen:
                 continue
@@ -106,6 +130,32 @@ def capture(paths: list[Path], budget: int, denied: Callable[[str], bool]) -> tu
             used += len(image.data)
             images.append(image)
     return images, used
+
+
+def _taken_whole(names: list[str], not_whole: str, left: int, denied: Callable[[str], bool]) -> tuple[list[Image], str]:
+    """The images of a moved tree, every one with its contents; or why it cannot be taken
+    so (its sizes are weighed before anything is read)."""
+    if not_whole:
+        return [], not_whole
+    size = 0
+    for name in names:
+        if denied(name) or not _named_in_utf8(name):
+            return [], f"{name}: {_image_unless_denied(name, denied).note}"
+        try:
+            st = os.lstat(name)
+        except OSError:
+            continue  # (gone meanwhile: its image says so)
+        size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        if size > left:
+            return [], OVER_BOUND
+    taken: list[Image] = []
+    for name in names:  # (a file that cannot be read, or has grown past the bound, spoils the lot)
+        image = image_of(name, max_bytes=left)
+        if image.note:
+            return [], f"{name}: {image.note}"
+        left -= len(image.data)
+        taken.append(image)
+    return taken, ""
 
 
 def _missing_parents(path: Path) -> list[Image]:
@@ -280,10 +330,12 @@ def changes_after(before: list[Image]) -> list[Change]:
     tell what the batch brought from what someone added later."""
     changed: list[Change] = []
     known = {image.path for image in before}
+    # (a tree an undo moves back whole needs no change for each entry in it)
+    moved_whole = {image.moved_to for image in before if image.moved_to}
     for image in before:
         after_kind, after_hash, after_mode = state_and_mode_of(image.path)
         changed.append(Change(before=image, after_kind=after_kind, after_hash=after_hash, after_mode=after_mode))
-        if image.kind == "absent" and after_kind == "dir":
+        if image.kind == "absent" and after_kind == "dir" and image.path not in moved_whole:
             changed += _brought_below(image.path, known)
     return changed
 

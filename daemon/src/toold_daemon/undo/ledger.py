@@ -49,7 +49,8 @@ class UndoLedger:
                     note = f"its earlier content could not be kept: {exc.strerror or exc}"
                     before = Image(path=before.path, kind="unknown", note=note)
             stripped.append(msgspec.structs.replace(change, before=msgspec.structs.replace(before, data=b"")))
-        missing = [f"{c.before.path} ({c.before.note})" for c in stripped if c.before.note]
+        # (a path moved without its contents is put back by moving it back)
+        missing = [f"{c.before.path} ({c.before.note})" for c in stripped if c.before.note and not c.before.moved_to]
         return Kept(stripped, stored, missing)
 
     def plan(self, stored: StoredBatch, *, force: bool, cannot_reverse: Callable[[str], bool]) -> dict[str, Any]:
@@ -63,11 +64,14 @@ class UndoLedger:
             last[change.path] = change
         stale = _stale_tree_hashes(changes)
         born = _born_in_the_batch(first)
+        moved_back = _moved_back(changes, first, last)
         removals = [p for p in first if first[p].kind == "absent" or p in born]
-        restorations = [p for p in first if first[p].kind != "absent" and p not in born]
-        # Children are removed before their parents, parents made before their children.
+        restorations = [p for p in first if first[p].kind != "absent" and p not in born and p not in moved_back]
+        # Trees moved back come first, while nothing else has touched where they are or
+        # were; then children are removed before their parents, parents made before
+        # their children.
         ordered = sorted(removals, key=_depth, reverse=True) + sorted(restorations, key=_depth)
-        entries = [
+        entries = [_moved_back_entry(path, first[path], last[moved_back[path]]) for path in moved_back] + [
             {
                 "path": path,
                 "expect_kind": last[path].after_kind,
@@ -79,7 +83,7 @@ class UndoLedger:
                 "gid": -1 if path in born else first[path].gid,
                 "xattrs": {} if path in born else first[path].xattrs,
                 "hash": "" if path in born else first[path].hash,
-                "note": "" if path in born else first[path].note,
+                "note": "" if path in born else _not_undoable(first[path]),
             }
             for path in ordered
         ]
@@ -104,6 +108,58 @@ class UndoLedger:
                 if data is not None:
                     blobs[entry.hash] = data
         return blobs
+
+
+def _moved_back(
+    changes: list[StoredChange], first: dict[str, StoredChange], last: dict[str, StoredChange]
+) -> dict[str, str]:
+    """The paths an undo puts back by moving them back (each to where it was moved): a
+    call moved them whole without keeping their contents, and no other call of the batch
+    changed them, where they went, anything below either or anything above them. A
+    later change there would make the move back put the wrong thing in place."""
+    found: dict[str, str] = {}
+    for path, change in first.items():
+        destination = change.moved_to
+        if not destination or last[path] is not change or change.after_kind != "absent":
+            continue
+        if destination not in last or last[destination].index != change.index:
+            continue
+        if last[destination].after_kind == "absent":
+            continue
+        if not any(other.index != change.index and _related(other.path, path, destination) for other in changes):
+            found[path] = destination
+    return found
+
+
+def _related(other: str, moved: str, destination: str) -> bool:
+    """Whether ``other`` is ``moved`` or ``destination``, below either, or above ``moved``."""
+    return _within(other, moved) or _within(other, destination) or _within(moved, other)
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _moved_back_entry(path: str, moved: StoredChange, destination: StoredChange) -> dict[str, Any]:
+    """The entry that moves ``path`` back from where the batch moved it, as it left it there."""
+    return {
+        "path": path,
+        "expect_kind": moved.after_kind,
+        "expect_hash": moved.after_hash,
+        "expect_mode": moved.after_mode,
+        "kind": destination.after_kind,
+        "moved_from": destination.path,
+    }
+
+
+def _not_undoable(change: StoredChange) -> str:
+    """Why the path cannot be put back ("" when it can)."""
+    if change.moved_to and change.note:  # (one the batch changed again after moving it)
+        return (
+            f"moved to {change.moved_to} without its contents ({change.note}), and changed again by the batch "
+            "since, so it cannot be moved back"
+        )
+    return change.note
 
 
 def _born_in_the_batch(first: dict[str, StoredChange]) -> set[str]:

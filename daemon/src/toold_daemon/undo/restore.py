@@ -29,7 +29,7 @@ from msgspec import Meta
 
 from toold_protocol import ToolErrorType
 
-from ..errors import ToolError, limits_exceeded
+from ..errors import ToolError, bad_args, limits_exceeded
 from ..sandbox.attributes import give_attributes
 from ..sandbox.paths import remembering_missing
 from ..sandbox.trees import walk
@@ -38,6 +38,7 @@ from ..sandbox.writes import (
     atomic_write,
     clipped,
     delete,
+    move,
     parent_dir,
     set_mode,
     temp_prefix,
@@ -58,6 +59,9 @@ class Entry(ToolArgs, frozen=True):
     xattrs: dict[str, bytes] = msgspec.field(default_factory=dict)  # extended attributes to give back
     hash: str = ""
     note: str = ""  # why it cannot be put back ("" when it can)
+    #: Put back by moving it back from there (where the batch moved it whole, without
+    #: keeping its contents); that path has its own entry, checked like any other.
+    moved_from: str = ""
 
 
 class RestoreArgs(ToolArgs, frozen=True):
@@ -101,6 +105,9 @@ class RestoreFiles(Tool[RestoreArgs]):
         by name in time: each step names its path whole, and the kernel and the checks
         walk it a component at a time, so a tree nested 1,300 deep (845,000 components in
         its 1,300 paths) ran past the call's time limit."""
+        planned = {entry.path for entry in args.entries if not entry.note}
+        if any(entry.moved_from and entry.moved_from not in planned for entry in args.entries):
+            raise bad_args("a path to move back from must have an entry of its own")
         components = sum(entry.path.count("/") + 1 for entry in args.entries)
         if components > MAX_PATH_COMPONENTS:
             raise limits_exceeded(
@@ -123,6 +130,8 @@ class RestoreFiles(Tool[RestoreArgs]):
             _clear_leftovers(usable, ctx, token)
             already = [entry.path for entry in usable if _put_back_already(entry, ctx)]
             usable = [entry for entry in usable if entry.path not in already]
+        if not args.force and not args.resume:  # (a resumed undo passed this before it began)
+            _refuse_to_take_away_the_only_copies(args, usable)
         planned = {entry.path.rstrip("/") for entry in usable} | {path.rstrip("/") for path in already}
         with remembering_missing():  # (the checks change nothing)
             conflicts = [
@@ -141,8 +150,6 @@ class RestoreFiles(Tool[RestoreArgs]):
                 conflicts=conflicts,
                 already_restored=already,
             )
-        if not args.force and not args.resume:  # (a resumed undo passed this before it began)
-            _refuse_to_take_away_the_only_copies(args, usable)
         restored: list[str] = []
         undo = Rollback(ctx, token)
         try:
@@ -201,7 +208,12 @@ def _refuse_to_take_away_the_only_copies(args: RestoreArgs, usable: list[Entry])
     have no saved contents, and their only copy is where the batch moved them, which
     the undo takes away. Putting back the rest, an undo destroyed those files."""
     cannot = [f"{entry.path} ({entry.note})" for entry in args.entries if entry.note]
-    taken = [entry.path for entry in usable if entry.kind == "absent" and entry.expect_kind != "absent"]
+    moving = _moving_back(usable)
+    taken = [
+        entry.path
+        for entry in usable
+        if entry.kind == "absent" and entry.expect_kind != "absent" and not _inside_any(entry.path, moving)
+    ]
     if not cannot or not taken:
         return
     raise ToolError(
@@ -215,15 +227,25 @@ def _refuse_to_take_away_the_only_copies(args: RestoreArgs, usable: list[Entry])
     )
 
 
+def _moving_back(entries: list[Entry]) -> set[str]:
+    """The paths trees are moved back from."""
+    return {entry.moved_from for entry in entries if entry.moved_from}
+
+
+def _inside_any(path: str, tops: set[str]) -> bool:
+    return any(path == top or path.startswith(top.rstrip("/") + "/") for top in tops)
+
+
 def _unplanned_contents(entries: list[Entry], ctx: ToolContext) -> list[str]:
     """Entries now inside a directory the batch made (and the undo takes away) that the
     plan does not account for, where no tree hash could tell: someone else's files,
     which must not be removed unasked."""
     removed = {entry.path for entry in entries if entry.kind == "absent"}
     trees = [entry.path + "/" for entry in entries if entry.kind == "absent" and entry.expect_hash]
+    moving = _moving_back(entries)  # (what is in a tree moved back goes with it)
     found: list[str] = []
     for entry in entries:
-        if entry.kind != "absent" or entry.expect_kind != "dir" or entry.expect_hash:
+        if entry.kind != "absent" or entry.expect_kind != "dir" or entry.expect_hash or entry.path in moving:
             continue
         try:
             names = os.listdir(ctx.resolve(entry.path, follow_last=False))
@@ -263,8 +285,11 @@ class Rollback:
         self.before: list[tuple[Entry, Image]] = []
         self.aside: list[tuple[str, str]] = []  # (path shown, its temporary name's path)
         self.linked: list[tuple[str, str]] = []  # large files: (path shown, a second name's path)
+        self.moved: list[Entry] = []  # trees moved back, to move where the batch left them again
 
     def remember(self, entry: Entry) -> None:
+        if entry.moved_from:
+            return  # (``moved_back`` once it has moved: nothing else of it is changed)
         path = self.ctx.resolve(entry.path, follow_last=False)
         if _is_dir(path):
             self.before.append((entry, Image(path=str(path), kind="dir")))
@@ -284,6 +309,9 @@ class Rollback:
             return False  # (a filesystem without hard links: held in memory, as far as it goes)
         self.linked.append((shown, os.path.join(os.path.dirname(shown), aside) if "/" in shown else aside))
         return True
+
+    def moved_back(self, entry: Entry) -> None:
+        self.moved.append(entry)
 
     def set_aside(self, dir_fd: int, name: str, shown: str) -> None:
         """Move a tree out of the way (one rename) instead of removing it yet."""
@@ -327,7 +355,13 @@ class Rollback:
                 self._restore(entry.path, image)
             except (OSError, ToolError):
                 left.append(entry.path)
-        return left + self._renamed_back(self.linked)
+        left += self._renamed_back(self.linked)
+        for entry in reversed(self.moved):  # last: where they go back to is as it was again
+            try:
+                _move(self.ctx, entry.path, entry.moved_from)
+            except (OSError, ToolError):
+                left.append(entry.moved_from)
+        return left
 
     def _renamed_back(self, names: list[tuple[str, str]]) -> list[str]:
         """Each (path shown, its other name) renamed back, last first; those that could not be."""
@@ -372,6 +406,9 @@ def aside_token(undoes: str) -> str:
 def _put_back_already(entry: Entry, ctx: ToolContext) -> bool:
     """Whether the path is already in the state the undo puts back."""
     path = str(ctx.resolve(entry.path, follow_last=False))
+    if entry.moved_from:  # (moved back: there again, and gone from where it was moved)
+        moved_from = str(ctx.resolve(entry.moved_from, follow_last=False))
+        return image_of(path, attributes=False).kind == entry.kind and not os.path.lexists(moved_from)
     kind, digest, _mode = state_and_mode_of(path, tree=False)
     if kind != entry.kind:
         return False
@@ -442,6 +479,10 @@ def _is_dir(path: Path) -> bool:
 
 
 def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
+    if entry.moved_from:
+        _move(ctx, entry.moved_from, entry.path)
+        undo.moved_back(entry)
+        return
     path = ctx.resolve(entry.path, follow_last=False)
     if entry.kind == "absent" and image_of(str(path), attributes=False).kind == "absent":
         # Nothing to take away; and its parent may be a file now (a directory the batch
@@ -482,6 +523,28 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
             recorded = entry.uid >= 0 or entry.gid >= 0  # (else an older record: a write's own rule)
             attributes = (entry.uid, entry.gid, entry.xattrs) if recorded else None
             atomic_write(dir_fd, name, _blob(entry, ctx), mode=entry.mode, shown=entry.path, attributes=attributes)
+
+
+def _move(ctx: ToolContext, source: str, destination: str) -> None:
+    """Move ``source`` to ``destination`` (which must not exist), as ``move_file`` does:
+    one rename, or across filesystems a copy and a delete."""
+    with (
+        parent_dir(ctx.sandbox, ctx.resolve(source, follow_last=False), shown=source) as (src_fd, src_name),
+        parent_dir(ctx.sandbox, ctx.resolve(destination, follow_last=False), create=True, shown=destination) as (
+            dst_fd,
+            dst_name,
+        ),
+    ):
+        move(
+            src_fd,
+            src_name,
+            dst_fd,
+            dst_name,
+            overwrite=False,
+            shown_src=source,
+            shown_dst=destination,
+            sandbox=ctx.sandbox,
+        )
 
 
 def _blob(entry: Entry, ctx: ToolContext) -> bytes:

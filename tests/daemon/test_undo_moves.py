@@ -1,0 +1,107 @@
+"""A path a call moves whole: taken with its contents while they fit, else by where it
+went (nothing read); and the plan that moves it back only while no other call of the
+batch touched it, where it went, or anything above or below either."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+
+from toold_daemon.records.stored_batches import StoredChange
+from toold_daemon.undo import images, ledger
+
+
+def _tree(top: Path, sizes: list[int]) -> None:
+    (top / "sub").mkdir(parents=True)
+    for i, size in enumerate(sizes):
+        (top / "sub" / f"f{i}").write_bytes(b"x" * size)
+
+
+def test_a_moved_tree_that_fits_is_taken_with_its_contents(tmp_path: Path) -> None:
+    _tree(tmp_path / "a", [100, 200])
+    moves = {tmp_path / "a": tmp_path / "b"}
+    taken, used = images.capture([tmp_path / "a", tmp_path / "b"], 1000, lambda p: False, moves)
+    assert used == 300 and not any(image.moved_to for image in taken)
+    assert [image.kind for image in taken] == ["dir", "dir", "file", "file", "absent"]
+
+
+def test_a_moved_tree_past_the_bound_is_one_image_of_where_it_went_and_is_not_read(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    with open(tmp_path / "a" / "huge", "wb") as f:
+        f.truncate(1 << 30)
+    (tmp_path / "a" / "small").write_text("s")
+    moves = {tmp_path / "a": tmp_path / "b"}
+    tracemalloc.start()
+    try:
+        taken, used = images.capture([tmp_path / "a", tmp_path / "b"], 1 << 20, lambda p: False, moves)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20 and used == 0
+    (moved, destination) = taken
+    assert (moved.path, moved.kind, moved.moved_to, moved.note) == (
+        str(tmp_path / "a"),
+        "unknown",
+        str(tmp_path / "b"),
+        images.OVER_BOUND,
+    )
+    assert destination.kind == "absent"
+    os.rename(tmp_path / "a", tmp_path / "b")
+    after = images.changes_after(taken)
+    assert [c.before.path for c in after] == [str(tmp_path / "a"), str(tmp_path / "b")]  # none per entry below
+
+
+def test_a_moved_tree_holding_a_denied_or_unreadable_file_is_taken_by_where_it_went(tmp_path: Path) -> None:
+    _tree(tmp_path / "a", [10])
+    (tmp_path / "a" / "id.key").write_text("secret")
+    os.mkfifo(tmp_path / "a" / "pipe")
+    moves = {tmp_path / "a": tmp_path / "b"}
+
+    def denied(path: str) -> bool:
+        return path.endswith(".key")
+
+    taken, used = images.capture([tmp_path / "a"], 1 << 20, denied, moves)
+    assert [(image.kind, image.moved_to) for image in taken] == [("unknown", str(tmp_path / "b"))]
+    assert "id.key" in taken[0].note and used == 0
+    (tmp_path / "a" / "id.key").unlink()
+    taken, used = images.capture([tmp_path / "a"], 1 << 20, denied, moves)
+    assert [(image.kind, image.moved_to) for image in taken] == [("unknown", str(tmp_path / "b"))]
+    assert "pipe" in taken[0].note
+
+
+def _change(index: int, path: str, kind: str, after: str, moved_to: str = "") -> StoredChange:
+    note = images.OVER_BOUND if moved_to else ""
+    return StoredChange(index, path, kind, 0, "", note, after, "h" if after != "absent" else "", moved_to=moved_to)
+
+
+MOVE = [_change(0, "/w/a", "unknown", "absent", moved_to="/w/n/b"), _change(0, "/w/n", "absent", "dir"),
+        _change(0, "/w/n/b", "absent", "dir")]  # fmt: skip
+
+
+def _moved_back(changes: list[StoredChange]) -> dict[str, str]:
+    first: dict[str, StoredChange] = {}
+    last: dict[str, StoredChange] = {}
+    for change in changes:
+        first.setdefault(change.path, change)
+        last[change.path] = change
+    return ledger._moved_back(changes, first, last)
+
+
+def test_a_tree_is_moved_back_only_while_nothing_else_of_the_batch_touched_it() -> None:
+    assert _moved_back(MOVE) == {"/w/a": "/w/n/b"}
+    # beside it, or above where it went: still moved back
+    assert _moved_back([_change(0, "/w/ab", "absent", "file"), *MOVE, _change(2, "/w/n/c", "absent", "file")]) == {
+        "/w/a": "/w/n/b"
+    }
+    for other in (
+        _change(1, "/w/n/b/x", "absent", "file"),  # written into where it went
+        _change(1, "/w/n/b", "dir", "absent"),  # where it went deleted
+        _change(1, "/w/a", "absent", "file"),  # its old name made again
+        _change(1, "/w/a/x", "absent", "file"),  # ... as a directory
+        _change(1, "/w", "dir", "absent"),  # what holds it deleted
+    ):
+        assert _moved_back([*MOVE, other]) == {}, other
+        # an earlier call that changed what was there before is no better
+        earlier = StoredChange(-1, other.path, other.kind, 0, "", "", other.after_kind, other.after_hash)
+        assert _moved_back([earlier, *MOVE]) == {}, earlier
