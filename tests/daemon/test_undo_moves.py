@@ -5,8 +5,12 @@ batch touched it, where it went, or anything above or below either."""
 from __future__ import annotations
 
 import os
+import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from toold_daemon.records.stored_batches import StoredChange
 from toold_daemon.undo import images, ledger
@@ -105,3 +109,40 @@ def test_a_tree_is_moved_back_only_while_nothing_else_of_the_batch_touched_it() 
         # an earlier call that changed what was there before is no better
         earlier = StoredChange(-1, other.path, other.kind, 0, "", "", other.after_kind, other.after_hash)
         assert _moved_back([earlier, *MOVE]) == {}, earlier
+
+
+def test_a_tree_moved_whole_is_known_after_by_what_its_entries_are_not_what_they_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hashing the contents of a moved tree read every file: moving a directory of 18 GB
+    ran past the call's time limit after the move, and the call said it failed."""
+    _tree(tmp_path / "a", [10, 20])
+    moves = {tmp_path / "a": tmp_path / "b"}
+    taken, _ = images.capture([tmp_path / "a", tmp_path / "b"], 5, lambda p: False, moves)
+    os.rename(tmp_path / "a", tmp_path / "b")
+    looked_at: list[str] = []
+    image_of = images.image_of
+
+    def watched(path: str, **kwargs: Any) -> images.Image:
+        looked_at.append(path)
+        return image_of(path, **kwargs)
+
+    monkeypatch.setattr(images, "image_of", watched)
+    after = images.changes_after(taken)
+    assert looked_at == [str(tmp_path / "a"), str(tmp_path / "b")]  # nothing below is read
+    moved_there = after[1].after_hash
+    assert moved_there.startswith(images.IDENTITY_TREE)
+
+    def again() -> str:
+        return images.state_and_mode_of(str(tmp_path / "b"), by_identity=True)[1]
+
+    assert again() == moved_there
+    os.rename(tmp_path / "b", tmp_path / "c")
+    os.rename(tmp_path / "c", tmp_path / "b")
+    assert again() == moved_there  # (moving the top changes no entry below it)
+    time.sleep(0.02)  # (past the clock tick of its last change: ctime is that coarse)
+    (tmp_path / "b/sub/f0").write_bytes(b"y" * 10)  # the same size, other bytes
+    edited = again()
+    assert edited != moved_there
+    os.chmod(tmp_path / "b/sub/f1", 0o600)
+    assert again() != edited

@@ -49,10 +49,14 @@ def test_a_tree_larger_than_the_undo_bound_is_moved_back(daemon: DaemonProcess, 
         outcome = c.submit([CallSpec("move_file", {"source": "data", "destination": "new/place/moved"}, "m")])
         (moved,) = outcome.results
         assert moved.ok and "not undoable" not in moved.content, moved.content
-        (result,) = c.undo(outcome.batch_id).results
-    assert result.ok, result.content
-    assert tree(root) == before  # the made directories are gone too
-    assert (root / "data/part0.bin").stat().st_ino == inode  # moved, never copied through the undo store
+        after = tree(root)
+        undo = c.undo(outcome.batch_id)
+        assert undo.results[0].ok, undo.results[0].content
+        assert tree(root) == before  # the made directories are gone too
+        assert (root / "data/part0.bin").stat().st_ino == inode  # moved, never copied through the undo store
+        (redone,) = c.undo(undo.batch_id).results  # and the undo's undo moves it again
+    assert redone.ok, redone.content
+    assert tree(root) == after and (root / "new/place/moved/part0.bin").stat().st_ino == inode
 
 
 def test_a_tree_holding_a_denied_file_is_moved_back(daemon: DaemonProcess, root: Path) -> None:

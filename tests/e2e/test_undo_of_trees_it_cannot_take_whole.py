@@ -89,3 +89,28 @@ def test_a_moved_5_gb_file_is_moved_back_by_its_undo(daemon: DaemonProcess) -> N
     finally:
         for name in ("huge.log", "moved.log"):
             (daemon.root / name).unlink(missing_ok=True)
+
+
+def test_a_directory_of_18_gb_is_moved_and_moved_back_within_the_time_limit(daemon: DaemonProcess) -> None:
+    """Its state after the move was the hash of every file in it: 18 GB read, past the
+    call's 30 s, after the move was made; the call said it had failed and nothing was
+    journaled to undo it by. Its undo, and the undo of that, are moves too. The files
+    here are sparse: reading them costs no disk."""
+    top = daemon.root / "dataset"
+    top.mkdir()
+    for i in range(300):
+        with open(top / f"part{i}.bin", "wb") as f:
+            f.truncate(60_000_000)
+    try:
+        with daemon.client(timeout=120) as c:
+            moved = c.submit([CallSpec("move_file", {"source": "dataset", "destination": "archive/dataset"})])
+            assert moved.results[0].ok, moved.results[0].content
+            assert moved.results[0].duration_ms < 5_000
+            undo = c.undo(moved.batch_id)
+            assert undo.results[0].ok, undo.results[0].content
+            assert len(list(top.iterdir())) == 300 and not (daemon.root / "archive").exists()
+            (redone,) = c.undo(undo.batch_id).results  # the undo's own undo moves it again
+        assert redone.ok and redone.duration_ms < 5_000, redone.content
+        assert len(list((daemon.root / "archive/dataset").iterdir())) == 300 and not top.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(top), str(daemon.root / "archive")], check=False)

@@ -93,6 +93,7 @@ def capture(
     images: list[Image] = []
     used = 0
     seen: set[str] = set()
+    moved_apart = {str(path) for path in moves or {}}  # (a tree above one takes it as its own)
     # Outermost first, and a path taken with a tree above it is not walked again: an
     # undo names every directory of a deep tree, and each walked all below it (a tree
     # 1,300 deep: 845,000 entries listed, past the call's time limit).
@@ -103,7 +104,7 @@ def capture(
             if image.path not in seen:
                 seen.add(image.path)
                 images.append(image)
-        names, not_whole = _names_below(path, denied)
+        names, not_whole = _names_below(path, denied, moved_apart)
         moved_to = (moves or {}).get(path)
         if moved_to is not None:
             taken, why = _taken_whole(names, not_whole, budget - used, denied)
@@ -169,9 +170,10 @@ def _missing_parents(path: Path) -> list[Image]:
     return missing[::-1]
 
 
-def _names_below(path: Path, denied: Callable[[str], bool]) -> tuple[list[str], str]:
-    """``path``, then (for a directory) every entry below it, parents first; and why the
-    tree could not be taken whole ("" when it could). Names only: nothing is read yet."""
+def _names_below(path: Path, denied: Callable[[str], bool], apart: set[str]) -> tuple[list[str], str]:
+    """``path``, then (for a directory) every entry below it but those ``apart`` and what
+    is below them, parents first; and why the tree could not be taken whole ("" when it
+    could). Names only: nothing is read yet."""
     top = str(path)
     try:
         is_dir = stat.S_ISDIR(os.lstat(top).st_mode) and not denied(top) and _named_in_utf8(top)
@@ -182,8 +184,8 @@ def _names_below(path: Path, denied: Callable[[str], bool]) -> tuple[list[str], 
     names = [top]
     unread: list[OSError] = []
     for directory, dirs, files in walk(path, onerror=unread.append):
-        dirs.sort()
-        for name in [*sorted(files), *dirs]:
+        dirs[:] = sorted(name for name in dirs if os.path.join(directory, name) not in apart)
+        for name in [*sorted(name for name in files if os.path.join(directory, name) not in apart), *dirs]:
             if len(names) >= MAX_ENTRIES:
                 return names, f"more than {MAX_ENTRIES} entries below"
             names.append(os.path.join(directory, name))
@@ -294,16 +296,52 @@ def state_of(path: str) -> tuple[Kind, str]:
     return kind, hash_
 
 
-def state_and_mode_of(path: str, *, tree: bool = True) -> tuple[Kind, str, int]:
+def state_and_mode_of(path: str, *, tree: bool = True, by_identity: bool = False) -> tuple[Kind, str, int]:
     """``state_of`` and the path's own permission bits (-1 for what has none to compare:
     a symlink, or nothing there). A directory's tree hash covers the modes below it, not
     its own; without ``tree`` it is not computed ("": a walk of everything below, which
-    an undo asking only a directory's kind made once per directory of a deep tree)."""
+    an undo asking only a directory's kind made once per directory of a deep tree).
+    ``by_identity``: the tree's hash is of what its entries are, not what they hold
+    (``identity_tree_digest``)."""
     image = image_of(path, attributes=False)
     mode = image.mode if image.kind in ("file", "dir") else -1
     if image.kind == "dir":
-        return "dir", tree_digest(path) if tree else "", mode
+        if not tree:
+            return "dir", "", mode
+        return "dir", identity_tree_digest(path) if by_identity else tree_digest(path), mode
     return image.kind, image.hash, mode
+
+
+#: How a tree hash of entries' identities begins (a content hash is bare hex).
+IDENTITY_TREE = "identity-tree:"
+#: The most entries such a hash lists ("" past it: not compared); it reads no file.
+IDENTITY_TREE_MAX_ENTRIES = 100_000
+
+
+def identity_tree_digest(path: str) -> str:
+    """One hash of a directory tree from each entry's relative path, kind, mode, inode,
+    size, modification and change times, reading no file: the state of a tree an undo
+    moves back whole. Its contents' hash read every file: moving a directory of 18 GB
+    ran past the call's time limit after the move was made, and the call said it had
+    failed. Any change to an entry changes its ctime, which no one may set."""
+    h = hashlib.sha256()
+    count = 0
+    cut = len(os.path.join(path, ""))
+    for directory, dirs, files in walk(path):
+        dirs.sort()
+        for name in [*sorted(files), *dirs]:
+            count += 1
+            if count > IDENTITY_TREE_MAX_ENTRIES:
+                return ""
+            full = os.path.join(directory, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                h.update(f"{full[cut:]}\0gone\n".encode())
+                continue
+            identity = f"{st.st_mode:o}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+            h.update(f"{full[cut:]}\0{identity}\n".encode())
+    return IDENTITY_TREE + h.hexdigest()
 
 
 def tree_digest(path: str) -> str:
@@ -333,19 +371,27 @@ def changes_after(before: list[Image]) -> list[Change]:
     # (a tree an undo moves back whole needs no change for each entry in it)
     moved_whole = {image.moved_to for image in before if image.moved_to}
     for image in before:
-        after_kind, after_hash, after_mode = state_and_mode_of(image.path)
+        by_identity = _holds_any(image.path, moved_whole)  # (a directory made for one too)
+        after_kind, after_hash, after_mode = state_and_mode_of(image.path, by_identity=by_identity)
         changed.append(Change(before=image, after_kind=after_kind, after_hash=after_hash, after_mode=after_mode))
         if image.kind == "absent" and after_kind == "dir" and image.path not in moved_whole:
-            changed += _brought_below(image.path, known)
+            changed += _brought_below(image.path, known, moved_whole)
     return changed
 
 
-def _brought_below(path: str, known: set[str]) -> list[Change]:
-    """A change (absent before) for each entry below ``path`` not already known; none
-    past ``MAX_ENTRIES`` (the directory's tree hash still covers them)."""
+def _holds_any(path: str, tops: set[str]) -> bool:
+    """Whether ``path`` is one of ``tops`` or holds one of them."""
+    prefix = path.rstrip("/") + "/"
+    return any(top == path or top.startswith(prefix) for top in tops)
+
+
+def _brought_below(path: str, known: set[str], moved_whole: set[str]) -> list[Change]:
+    """A change (absent before) for each entry below ``path`` not already known, and not
+    in a tree moved whole; none past ``MAX_ENTRIES`` (the directory's tree hash still
+    covers them)."""
     brought: list[Change] = []
     for directory, dirs, files in walk(path):
-        dirs.sort()
+        dirs[:] = sorted(name for name in dirs if os.path.join(directory, name) not in moved_whole)
         for name in [*sorted(files), *dirs]:
             full = os.path.join(directory, name)
             if full in known:
@@ -354,7 +400,7 @@ def _brought_below(path: str, known: set[str]) -> list[Change]:
                 return []
             known.add(full)
             if full.count("/", len(path)) <= TREE_HASH_DEPTH:
-                kind, hash_, mode = state_and_mode_of(full)
+                kind, hash_, mode = state_and_mode_of(full, by_identity=_holds_any(full, moved_whole))
             else:
                 image = image_of(full, attributes=False)  # a directory: no tree hash, the ones above cover it
                 kind, hash_, mode = image.kind, image.hash, image.mode if image.kind in ("file", "dir") else -1

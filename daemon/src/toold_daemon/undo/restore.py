@@ -44,7 +44,7 @@ from ..sandbox.writes import (
     temp_prefix,
 )
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
-from .images import Image, Kind, image_of, state_and_mode_of
+from .images import IDENTITY_TREE, Image, Kind, image_of, state_and_mode_of
 
 
 class Entry(ToolArgs, frozen=True):
@@ -121,6 +121,15 @@ class RestoreFiles(Tool[RestoreArgs]):
     def changes(self, args: RestoreArgs, ctx: ToolContext) -> list[Path]:
         with remembering_missing():
             return [ctx.resolve(entry.path, follow_last=False) for entry in args.entries if not entry.note]
+
+    def moves(self, args: RestoreArgs, ctx: ToolContext) -> dict[Path, Path]:
+        """The trees it moves back: an undo of this undo moves them again, unread."""
+        with remembering_missing():
+            return {
+                ctx.resolve(entry.moved_from, follow_last=False): ctx.resolve(entry.path, follow_last=False)
+                for entry in args.entries
+                if entry.moved_from and not entry.note
+            }
 
     def run(self, args: RestoreArgs, ctx: ToolContext) -> ToolOutput:
         token = aside_token(args.undoes)
@@ -263,7 +272,8 @@ def _changed_since(entry: Entry, ctx: ToolContext) -> bool:
     contents, other permission bits (a directory: anything below it too, when the
     batch's record has its tree's hash)."""
     path = str(ctx.resolve(entry.path, follow_last=False))
-    kind, digest, mode = state_and_mode_of(path, tree=bool(entry.expect_hash))
+    by_identity = entry.expect_hash.startswith(IDENTITY_TREE)  # (a tree moved whole)
+    kind, digest, mode = state_and_mode_of(path, tree=bool(entry.expect_hash), by_identity=by_identity)
     if kind != entry.expect_kind:
         return True
     if entry.expect_mode >= 0 and mode >= 0 and mode != entry.expect_mode:
