@@ -129,3 +129,41 @@ def test_a_tree_moved_back_goes_where_the_batch_left_it_when_a_later_step_fails(
     assert not result.ok and result.error is not None and result.error.code == "UNDO_FAILED", result.content
     assert "nothing was changed" in result.content, result.content
     assert tree(root) == after
+
+
+def test_a_tree_within_the_bound_is_moved_back_too_the_same_files(daemon: DaemonProcess, root: Path) -> None:
+    """Its contents were kept, but making it again from them wrote every file anew: other
+    inodes, a hard link split in two, times of the undo. A move back is exact."""
+    for i in range(1, 8):
+        (root / "data" / f"part{i}.bin").unlink()
+    os.link(root / "data/part0.bin", root / "data/sub/same.bin")
+    before = tree(root)
+    stats = {p: p.stat() for p in (root / "data/part0.bin", root / "data/sub/notes.txt")}
+    with daemon.client(timeout=60) as c:
+        outcome = c.submit([CallSpec("move_file", {"source": "data", "destination": "moved"}, "m")])
+        assert outcome.results[0].ok
+        (result,) = c.undo(outcome.batch_id).results
+    assert result.ok, result.content
+    assert tree(root) == before
+    for path, st in stats.items():
+        now = path.stat()
+        assert (now.st_ino, now.st_nlink, now.st_mtime_ns) == (st.st_ino, st.st_nlink, st.st_mtime_ns), path
+
+
+def test_a_tree_within_the_bound_changed_again_by_the_batch_is_made_again_from_its_contents(
+    daemon: DaemonProcess, root: Path
+) -> None:
+    for i in range(1, 8):
+        (root / "data" / f"part{i}.bin").unlink()
+    before = tree(root)
+    with daemon.client(timeout=60) as c:
+        calls = [
+            CallSpec("move_file", {"source": "data", "destination": "moved"}, "m"),
+            CallSpec("write_file", {"path": "moved/sub/notes.txt", "content": "new\n", "overwrite": True}, "w"),
+            CallSpec("write_file", {"path": "data/other.txt", "content": "other\n"}, "o"),
+        ]
+        outcome = c.submit(calls)
+        assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
+        (result,) = c.undo(outcome.batch_id).results
+    assert result.ok, result.content
+    assert tree(root) == before

@@ -281,7 +281,7 @@ def test_an_undo_that_fails_midway_puts_back_what_it_had_done(tmp_path: Path, ro
     finally:
         d.stop()
     assert not result.ok and result.error.code == "UNDO_FAILED", result.content
-    assert "nothing was changed" in result.content
+    assert "nothing was changed" in result.content, result.content
     assert tree(root) == after
     assert not [p for p in root.rglob(".toold-undo-*")]
 

@@ -85,11 +85,12 @@ def capture(
     ``denied`` file (a secret below a deleted directory) is never read: its bytes must
     not leave the workspace, so it is "not undoable".
 
-    ``moves`` maps a path the call moves to where it moves it. Such a path that cannot be
-    taken whole (past the bound, a denied or unreadable file below) gets one image that
-    says where it went, and an undo moves it back from there: a moved tree larger than
-    the bound could not be undone at all, and reading it cost up to the bound (its sizes
-    are now weighed first, and nothing is read when they are past it)."""
+    ``moves`` maps a path the call moves to where it moves it; its image says where it
+    went, and an undo moves it back from there when nothing else changed it since. Such
+    a path that cannot be taken whole (past the bound, a denied or unreadable file
+    below) gets that one image and no other: a moved tree larger than the bound could not
+    be undone at all, and reading it cost up to the bound (its sizes are now weighed
+    first, and nothing is read when they are past it)."""
     images: list[Image] = []
     used = 0
     seen: set[str] = set()
@@ -111,8 +112,8 @@ def capture(
             seen.update(names)
             if why:
                 images.append(Image(path=str(path), kind="unknown", note=why, moved_to=str(moved_to)))
-            else:
-                images += taken
+            else:  # (its top says where it went: an undo may still move it back)
+                images += [msgspec.structs.replace(taken[0], moved_to=str(moved_to)), *taken[1:]]
                 used += sum(len(image.data) for image in taken)
             continue
         for index, name in enumerate(names):
@@ -369,7 +370,7 @@ def changes_after(before: list[Image]) -> list[Change]:
     changed: list[Change] = []
     known = {image.path for image in before}
     # (a tree an undo moves back whole needs no change for each entry in it)
-    moved_whole = {image.moved_to for image in before if image.moved_to}
+    moved_whole = {image.moved_to for image in before if image.moved_to and image.kind == "unknown"}
     for image in before:
         by_identity = _holds_any(image.path, moved_whole)  # (a directory made for one too)
         after_kind, after_hash, after_mode = state_and_mode_of(image.path, by_identity=by_identity)

@@ -64,9 +64,13 @@ class UndoLedger:
             last[change.path] = change
         stale = _stale_tree_hashes(changes)
         born = _born_in_the_batch(first)
-        moved_back = _moved_back(changes, first, last)
-        removals = [p for p in first if first[p].kind == "absent" or p in born]
-        restorations = [p for p in first if first[p].kind != "absent" and p not in born and p not in moved_back]
+        moved_back = _moved_back(changes, first, last, kept_too=not force)
+        # (what was below a path moved back goes back with it, whatever was kept of it)
+        within = _below_any(first, moved_back)
+        removals = [p for p in first if (first[p].kind == "absent" or p in born) and p not in within]
+        restorations = [
+            p for p in first if first[p].kind != "absent" and p not in born and p not in moved_back and p not in within
+        ]
         # Trees moved back come first, while nothing else has touched where they are or
         # were; then children are removed before their parents, parents made before
         # their children.
@@ -111,16 +115,23 @@ class UndoLedger:
 
 
 def _moved_back(
-    changes: list[StoredChange], first: dict[str, StoredChange], last: dict[str, StoredChange]
+    changes: list[StoredChange], first: dict[str, StoredChange], last: dict[str, StoredChange], *, kept_too: bool
 ) -> dict[str, str]:
     """The paths an undo puts back by moving them back (each to where it was moved): a
-    call moved them whole without keeping their contents, and no other call of the batch
-    changed them, where they went, anything below either or anything above them. A
-    later change there would make the move back put the wrong thing in place."""
+    call moved them whole, and no other call of the batch changed them, where they went,
+    anything below either or anything above them. A later change there would make the
+    move back put the wrong thing in place; the undo then makes them again from their
+    saved contents, when the call could keep them. A move back is exact (the same
+    files: their links, times and attributes) and costs a rename, where making a tree
+    again wrote every file of it. Not ``kept_too`` (a forced undo), only those whose
+    contents were not kept move back: what was kept is made again as it was, changes
+    made since inside it taken back, as a forced undo does with any path."""
     found: dict[str, str] = {}
     for path, change in first.items():
         destination = change.moved_to
         if not destination or last[path] is not change or change.after_kind != "absent":
+            continue
+        if not kept_too and change.kind != "unknown":
             continue
         if destination not in last or last[destination].index != change.index:
             continue
@@ -129,6 +140,12 @@ def _moved_back(
         if not any(other.index != change.index and _related(other.path, path, destination) for other in changes):
             found[path] = destination
     return found
+
+
+def _below_any(paths: dict[str, StoredChange], tops: dict[str, str]) -> set[str]:
+    """Those of ``paths`` strictly below one of ``tops``."""
+    prefixes = tuple(top.rstrip(os.sep) + os.sep for top in tops)
+    return {path for path in paths if prefixes and path.startswith(prefixes)}
 
 
 def _related(other: str, moved: str, destination: str) -> bool:

@@ -387,6 +387,8 @@ class Rollback:
 
     def _restore(self, shown: str, image: Image) -> None:
         path = self.ctx.resolve(shown, follow_last=False)
+        if image.kind == "absent" and not os.path.lexists(path):
+            return  # (making its parents to find nothing there would block a tree moved back)
         with parent_dir(self.ctx.sandbox, path, create=True, shown=shown) as (dir_fd, name):
             current = _lstat(dir_fd, name)
             if current is not None and stat.S_ISDIR(current.st_mode):
