@@ -152,3 +152,29 @@ def test_a_tree_moved_whole_is_known_after_by_what_its_entries_are_not_what_they
     assert edited != moved_there
     os.chmod(tmp_path / "b/sub/f1", 0o600)
     assert again() != edited
+
+
+def test_within_one_call_a_file_moved_is_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capture hashed a moved tree, and the state after the move hashed it twice more
+    (the tree's hash, then each entry's): 40 MB moved took 940 ms, now 670."""
+    _tree(tmp_path / "a", [10, 20, 30])
+    hashed: list[int] = []
+    digest = images.digest
+
+    def counted(data: bytes) -> str:
+        hashed.append(len(data))
+        return digest(data)
+
+    monkeypatch.setattr(images, "digest", counted)
+    moves = {tmp_path / "a": tmp_path / "b"}
+    with images.remembering_digests():
+        taken, _ = images.capture([tmp_path / "a", tmp_path / "b"], 1000, lambda p: False, moves)
+        assert sorted(hashed) == [10, 20, 30]
+        os.rename(tmp_path / "a", tmp_path / "b")
+        (tmp_path / "b/sub/f2").write_bytes(b"z" * 31)  # (changed: read again)
+        after = images.changes_after(taken)
+    assert sorted(hashed) == [10, 20, 30, 31]
+    assert {c.before.path.rsplit("/", 1)[-1]: c.after_hash for c in after}["f0"] == digest(b"x" * 10)
+    hashed.clear()
+    images.changes_after(taken)  # outside a call nothing is remembered: each file read thrice
+    assert len(hashed) == 9  # (the tree, its directory below, each file)

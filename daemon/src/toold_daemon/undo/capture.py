@@ -9,7 +9,7 @@ import msgspec
 
 from ..errors import ToolError, from_os_error
 from ..tools._base import Tool, ToolContext, ToolOutput
-from .images import Change, capture, changes_after
+from .images import Change, capture, changes_after, remembering_digests
 
 
 def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
@@ -17,6 +17,11 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     what it did to each path it declares. A call that fails after changing some of them
     (a recursive delete stopped by a directory it may not empty, a disk error) raises
     its error with those changes (``ToolError.changes``): what it did stays undoable."""
+    with remembering_digests():
+        return _run_capturing(tool, args, ctx)
+
+
+def _run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     if ctx.undo_budget < 0 or not tool.side_effecting:
         return tool.run(args, ctx)
     paths = tool.changes(args, ctx)
