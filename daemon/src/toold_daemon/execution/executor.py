@@ -251,30 +251,35 @@ class Executor:
         if self.undo is not None and tool.side_effecting:
             ctx.undo_budget = max(0, self.undo.max_bytes_per_batch - batch.undo_bytes)
             if isinstance(call.args, RestoreArgs):
-                ctx.blobs = self.undo.blobs_for(batch.identity.uid, call.args)
+                ctx.blobs = await self.undo.blobs_for(batch.identity.uid, call.args)
         timeout = tool.timeout_seconds(call.args) or self.timeout_for(tool)
         started = time.monotonic()
         output = None
         failure: ToolResult | None = None
+        failed: ToolError | None = None
         with trio.move_on_after(timeout) as scope:
             batch.current_scope = scope
             try:
                 output = await self.runner.run(tool, call.args, ctx, batch.identity)
             except ToolError as exc:
-                limits = self.config.tools.output
-                failure = results.failure(
-                    call.call_id,
-                    self._failed_after_changes(batch, call, exc) if exc.changes else exc,
-                    duration_ms=_ms(started),
-                    max_bytes=limits.max_bytes,
-                    max_lines=limits.max_lines,
-                )
+                # (kept past this block without its traceback: through the traceback's frame,
+                # this one, it would hold itself, and the batch would wait for the collector)
+                failed = exc.with_traceback(None)
             except _Cancelled:
                 pass
             except Exception as exc:
                 failure = results.crashed(call.call_id, exc, duration_ms=_ms(started))
             finally:
                 batch.current_scope = None
+        if failed is not None:
+            limits = self.config.tools.output
+            return results.failure(
+                call.call_id,
+                await self._failed_after_changes(batch, call, failed) if failed.changes else failed,
+                duration_ms=_ms(started),
+                max_bytes=limits.max_bytes,
+                max_lines=limits.max_lines,
+            )
         if failure is not None:
             return failure
         limits = self.config.tools.output
@@ -311,7 +316,7 @@ class Executor:
         self.reads.update(batch.session_id, output.records)
         content, data = output.content, output.data
         if output.changes and self.undo is not None:
-            not_undoable = self._keep_for_undo(batch, call, output.changes)
+            not_undoable = await self._keep_for_undo(batch, call, output.changes)
             if not_undoable:  # said in the result, never silently
                 content += f"\n[toold: not undoable: {'; '.join(not_undoable[:20])}]"
                 data = {**(data or {}), "not_undoable": not_undoable}
@@ -328,17 +333,18 @@ class Executor:
             unseen=output.unseen,
         )
 
-    def _keep_for_undo(self, batch: Batch, call: PreparedCall, changes: list[Any]) -> list[str]:
+    async def _keep_for_undo(self, batch: Batch, call: PreparedCall, changes: list[Any]) -> list[str]:
         """Keep what the call changed for its batch's undo; the paths that cannot be put
-        back ("path (why)")."""
+        back ("path (why)"). On a thread: hashing and writing up to the undo bound (64 MiB)
+        held the loop, and every other client, for a quarter of a second."""
         assert self.undo is not None
-        kept = self.undo.keep(changes)
+        kept = await trio.to_thread.run_sync(self.undo.keep, changes)
         batch.undo_bytes += kept.stored_bytes
         call.undo_bytes = kept.stored_bytes
         call.changes = kept.changes
         return kept.not_undoable
 
-    def _failed_after_changes(self, batch: Batch, call: PreparedCall, error: ToolError) -> ToolError:
+    async def _failed_after_changes(self, batch: Batch, call: PreparedCall, error: ToolError) -> ToolError:
         """A tool that failed after changing some paths (``undo.capture``): what it changed
         is kept for undo like a success's, and its error says what that was."""
         sandbox = batch.sandbox or self.sandbox
@@ -346,7 +352,7 @@ class Executor:
         if self.undo is None:
             how = "this daemon keeps no undo data"
         else:
-            not_undoable = self._keep_for_undo(batch, call, error.changes)
+            not_undoable = await self._keep_for_undo(batch, call, error.changes)
             how = "toolctl undo puts them back" + (
                 f"; not undoable: {'; '.join(not_undoable[:20])}" if not_undoable else ""
             )

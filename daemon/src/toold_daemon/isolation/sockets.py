@@ -25,7 +25,7 @@ class PeerGone(Exception):
     """The process at the other end closed the socket (it exited), or broke the framing."""
 
 
-async def send_with_fd(sock: trio.socket.SocketType, data: bytes, fd: int | list[int]) -> None:
+async def send_with_fd(sock: trio.socket.SocketType, data: bytes | bytearray, fd: int | list[int]) -> None:
     """``data`` with ``fd`` attached to its first byte: sent at once where the socket has
     room (nearly always), else as trio sends."""
     fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] if isinstance(fd, int) else fd))]

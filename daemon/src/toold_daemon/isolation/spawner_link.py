@@ -65,7 +65,7 @@ class SpawnerLink:
             )
         return reply.pid
 
-    async def exchange(self, data: bytes, fds: int | list[int] | None, *, token: str = "") -> Spawned:
+    async def exchange(self, data: bytes | bytearray, fds: int | list[int] | None, *, token: str = "") -> Spawned:
         """Send one frame to the spawner and read its reply, whole, whatever cancels the
         caller: a request whose reply stayed unread (or half read) would hand every later
         caller the previous one's answer, or a length read from the middle of a frame.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -153,6 +153,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True, tag="outcome", omit_def
 
 ChildMessage = Chunk | Outcome
 _encoder = msgspec.msgpack.Encoder()
+T = TypeVar("T")
 child_decoder = msgspec.msgpack.Decoder(ChildMessage)
 
 
@@ -161,12 +162,17 @@ def failure(type_: str, code: str, message: str, **details: Any) -> Outcome:
     return Outcome(ok=False, error_type=type_, error_code=code, error_message=message, error_details=details)
 
 
-def frame(message: msgspec.Struct) -> bytes:
+def frame(message: msgspec.Struct) -> bytearray:
+    """``message`` encoded behind its length, in one buffer: an undo's request carries up
+    to the undo bound, and joining header and body copied it once more on the loop."""
+    buffer = bytearray(_HEADER.size)
     try:
-        body = _encoder.encode(message)
+        _encoder.encode_into(message, buffer, _HEADER.size)
     except UnicodeEncodeError:  # (rare: a name that is not UTF-8)
-        body = _encoder.encode(_in_utf8(message))
-    return _HEADER.pack(len(body)) + body
+        del buffer[_HEADER.size :]
+        _encoder.encode_into(_in_utf8(message), buffer, _HEADER.size)
+    _HEADER.pack_into(buffer, 0, len(buffer) - _HEADER.size)
+    return buffer
 
 
 def _in_utf8(message: msgspec.Struct) -> msgspec.Struct:
@@ -271,14 +277,32 @@ class FrameBuffer:
 
     def next(self) -> bytes | None:
         """The next complete frame body, or None until more bytes arrive."""
+        end = self._complete()
+        if end is None:
+            return None
+        with memoryview(self._buffer) as view:
+            body = bytes(view[_HEADER.size : end])  # (one copy: a slice of the bytearray was another)
+        del self._buffer[:end]
+        return body
+
+    def decode_next(self, decoder: msgspec.msgpack.Decoder[T]) -> T | None:
+        """The next complete frame decoded, or None until more bytes arrive. Decoded where
+        it lies: a copy of an outcome carrying an undo's pre-images (up to 64 MiB) took
+        50 ms of the loop here."""
+        end = self._complete()
+        if end is None:
+            return None
+        with memoryview(self._buffer) as view, view[_HEADER.size : end] as body:
+            message = decoder.decode(body)
+        del self._buffer[:end]
+        return message
+
+    def _complete(self) -> int | None:
+        """Where the first frame ends, once it is all here."""
         if len(self._buffer) < _HEADER.size:
             return None
         (size,) = _HEADER.unpack_from(self._buffer)
         if size > self._limit:
             raise ValueError(f"frame of {size} bytes is over the limit")
         end = _HEADER.size + size
-        if len(self._buffer) < end:
-            return None
-        body = bytes(self._buffer[_HEADER.size : end])
-        del self._buffer[:end]
-        return body
+        return end if len(self._buffer) >= end else None

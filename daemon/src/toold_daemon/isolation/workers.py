@@ -63,6 +63,12 @@ def kind_of(request: SpawnRequest, config_generation: int) -> Kind:
     return (request.uid, request.gid, tuple(request.roots), config_generation, tuple(request.require))
 
 
+#: The most bytes one write to a worker hands the kernel. A write to a non-blocking socket
+#: goes on for as long as the worker drains it on the other CPU: one write of an undo's
+#: 60 MB request held the loop, and every other client, for 200 ms.
+WRITE_PIECE = 256 << 10
+
+
 class Worker(msgspec.Struct, eq=False):
     pid: int
     sock: trio.socket.SocketType
@@ -80,23 +86,25 @@ class Worker(msgspec.Struct, eq=False):
     def uid(self) -> int:
         return self.kind[0]
 
-    async def send(self, data: bytes) -> None:
-        """All of ``data`` (a request, or what a begun call's first write left)."""
+    async def send(self, data: bytes | bytearray | memoryview) -> None:
+        """All of ``data`` (a request, or what a begun call's first write left), a piece
+        at a time (``WRITE_PIECE``)."""
         view = memoryview(data)
         while view:
-            view = view[await self.sock.send(view) :]
+            view = view[await self.sock.send(view[:WRITE_PIECE]) :]
 
     async def receive(self, spin: float = 0.0) -> Chunk | Outcome:
         """The worker's next message (one recv usually brings a whole frame). ``spin``:
         first poll for it this long without yielding (see ``SPIN_SECONDS``)."""
-        while (body := self.buffer.next()) is None:
+        while True:
+            message: Chunk | Outcome | None = self.buffer.decode_next(child_decoder)
+            if message is not None:
+                return message
             data = _read_soon(self.sock.fileno(), spin) if spin else None
             data = data if data is not None else await self.sock.recv(65536)
             if not data:
                 raise PeerGone
             self.buffer.add(data)
-        message: Chunk | Outcome = child_decoder.decode(body)
-        return message
 
     def alive(self) -> bool:
         """An idle worker sends nothing: a readable socket means it has exited (end of
@@ -135,7 +143,7 @@ class Begun(msgspec.Struct, eq=False):
 
     request: SpawnRequest
     worker: Worker
-    unsent: bytes
+    unsent: bytes | bytearray | memoryview
 
 
 class Workers:
@@ -216,7 +224,7 @@ class Workers:
                 self._hold(worker)
                 data = frame(request)
                 try:
-                    sent = os.write(worker.sock.fileno(), data)
+                    sent = os.write(worker.sock.fileno(), memoryview(data)[:WRITE_PIECE])
                 except BlockingIOError:
                     sent = 0
                 except OSError:
@@ -224,7 +232,7 @@ class Workers:
                     return None
                 self._in_flight += 1
                 self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
-                return Begun(request, worker, data[sent:])
+                return Begun(request, worker, memoryview(data)[sent:])
         return None
 
     def abandon(self, begun: Begun) -> None:
@@ -259,7 +267,8 @@ class Workers:
         """One try: a worker whose workspace was made anew answers ``STALE`` and exits, and
         the call is tried once more on a fresh one."""
         if begun is None:
-            worker, unsent = await self._take(request, config), frame(request)
+            worker = await self._take(request, config)
+            unsent: bytes | bytearray | memoryview = frame(request)
             self._in_flight += 1
             self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
         else:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import trio
 
 from ..records.journal import Journal
 from ..records.stored_batches import StoredBatch, StoredChange
@@ -98,19 +99,23 @@ class UndoLedger:
             "irreversible": _irreversible(stored, cannot_reverse),
         }
 
-    def blobs_for(self, uid: int, args: RestoreArgs) -> dict[str, bytes]:
+    async def blobs_for(self, uid: int, args: RestoreArgs) -> dict[str, bytes]:
         """The saved bytes ``args`` names, if the batch it undoes is ``uid``'s (or uid is
-        root's) and the journal recorded those hashes for it; nothing otherwise."""
+        root's) and the journal recorded those hashes for it; nothing otherwise. Read on
+        a thread: up to the undo bound, each blob hashed to check it."""
         stored = self.journal.load(args.undoes)
         if stored is None or uid not in (stored.identity.uid, 0):
             return {}
         recorded = {change.hash for change in self.journal.changes(args.undoes)}
+        wanted = list(dict.fromkeys(entry.hash for entry in args.entries if entry.hash and entry.hash in recorded))
+        return await trio.to_thread.run_sync(self._read_blobs, wanted)
+
+    def _read_blobs(self, names: list[str]) -> dict[str, bytes]:
         blobs: dict[str, bytes] = {}
-        for entry in args.entries:
-            if entry.hash and entry.hash in recorded and entry.hash not in blobs:
-                data = self.store.get(entry.hash)
-                if data is not None:
-                    blobs[entry.hash] = data
+        for name in names:
+            data = self.store.get(name)
+            if data is not None:
+                blobs[name] = data
         return blobs
 
 
