@@ -13,7 +13,7 @@ from toold_daemon.config import Config
 from toold_daemon.sandbox import Sandbox
 from toold_daemon.tools import ToolContext
 from toold_daemon.undo import images
-from toold_daemon.undo.restore import Entry, Rollback
+from toold_daemon.undo.rollback import Rollback
 
 
 def _capture(path: Path) -> list[images.Image]:
@@ -69,10 +69,9 @@ def test_a_rollback_keeps_a_large_file_by_a_second_name(tmp_path: Path) -> None:
         f.truncate(images.HASHED_MAX_BYTES + 1)
     inode = big.stat().st_ino
     ctx = ToolContext(call_id="undo", sandbox=Sandbox([tmp_path]), config=Config())
-    entry = Entry(path="big.bin", expect_kind="file", kind="absent")
     for outcome in ("failed", "done"):
         undo = Rollback(ctx, f"t{outcome}")
-        undo.remember(entry)
+        undo.remember("big.bin")
         assert not undo.before and len(undo.linked) == 1  # nothing held in memory
         big.unlink()  # the step: the undo takes it away
         if outcome == "failed":

@@ -18,7 +18,6 @@ result names what was and what was not.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from pathlib import Path
@@ -34,17 +33,15 @@ from ..sandbox.attributes import give_attributes
 from ..sandbox.paths import remembering_missing
 from ..sandbox.trees import walk
 from ..sandbox.writes import (
-    WHOLE_READ_MAX_BYTES,
     atomic_write,
-    clipped,
     delete,
-    move,
     parent_dir,
     set_mode,
     temp_prefix,
 )
 from ..tools._base import Tool, ToolArgs, ToolContext, ToolOutput
-from .images import IDENTITY_TREE, Image, Kind, image_of, state_and_mode_of
+from .images import IDENTITY_TREE, Kind, image_of, state_and_mode_of
+from .rollback import ASIDE_PREFIX, Rollback, aside_token, lstat_at, move_by_name
 
 
 class Entry(ToolArgs, frozen=True):
@@ -164,7 +161,8 @@ class RestoreFiles(Tool[RestoreArgs]):
         try:
             for entry in usable:  # in the plan's order: removals deepest first, then outermost first
                 ctx.check_cancelled()
-                undo.remember(entry)
+                if not entry.moved_from:  # (what moves back is remembered once moved)
+                    undo.remember(entry.path)
                 _put_back(entry, ctx, undo)
                 restored.append(entry.path)
         except BaseException as exc:
@@ -283,138 +281,6 @@ def _changed_since(entry: Entry, ctx: ToolContext) -> bool:
     return digest != entry.expect_hash
 
 
-class Rollback:
-    """What the undo changed so far, to put back if a later step fails: each path's state
-    before the undo touched it (bytes of files and symlinks, in memory; a large file, a
-    second name for it beside it), and the trees it took away, set aside under a
-    temporary name beside them until the undo completes."""
-
-    def __init__(self, ctx: ToolContext, token: str) -> None:
-        self.ctx = ctx
-        self.prefix = f"{ASIDE_PREFIX}{token}-"
-        self.before: list[tuple[Entry, Image]] = []
-        self.aside: list[tuple[str, str]] = []  # (path shown, its temporary name's path)
-        self.linked: list[tuple[str, str]] = []  # large files: (path shown, a second name's path)
-        self.moved: list[Entry] = []  # trees moved back, to move where the batch left them again
-
-    def remember(self, entry: Entry) -> None:
-        if entry.moved_from:
-            return  # (``moved_back`` once it has moved: nothing else of it is changed)
-        path = self.ctx.resolve(entry.path, follow_last=False)
-        if _is_dir(path):
-            self.before.append((entry, Image(path=str(path), kind="dir")))
-        elif not self._linked_aside(entry.path, path):
-            self.before.append((entry, image_of(str(path))))
-
-    def _linked_aside(self, shown: str, path: Path) -> bool:
-        """A file too large to hold in memory (a 5 GB one failed with MemoryError) gets a
-        second name beside it instead, which a rollback renames back over the path."""
-        try:
-            if not stat.S_ISREG((st := os.lstat(path)).st_mode) or st.st_size <= WHOLE_READ_MAX_BYTES:
-                return False
-            with parent_dir(self.ctx.sandbox, path, shown=shown) as (dir_fd, name):
-                aside = clipped(f"{self.prefix}{len(self.aside) + len(self.linked)}-{name}", 200)
-                os.link(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
-            return False  # (a filesystem without hard links: held in memory, as far as it goes)
-        self.linked.append((shown, os.path.join(os.path.dirname(shown), aside) if "/" in shown else aside))
-        return True
-
-    def moved_back(self, entry: Entry) -> None:
-        self.moved.append(entry)
-
-    def set_aside(self, dir_fd: int, name: str, shown: str) -> None:
-        """Move a tree out of the way (one rename) instead of removing it yet."""
-        aside = clipped(f"{self.prefix}{len(self.aside)}-{name}", 200)
-        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        self.aside.append((shown, os.path.join(os.path.dirname(shown), aside) if "/" in shown else aside))
-
-    def holds_only_set_aside(self, dir_fd: int, name: str) -> bool:
-        """Whether directory ``name`` is empty but for trees this undo set aside in it."""
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except OSError:
-            return False
-        try:
-            entries = os.listdir(fd)
-        finally:
-            os.close(fd)
-        return bool(entries) and all(entry.startswith(self.prefix) for entry in entries)
-
-    def commit(self) -> None:
-        """Remove the trees set aside, outermost first (one set aside inside another goes
-        with it), and the second names of large files."""
-        for _shown, aside in [*reversed(self.aside), *self.linked]:
-            try:
-                path = self.ctx.resolve(aside, follow_last=False)
-                with parent_dir(self.ctx.sandbox, path, shown=aside) as (dir_fd, name):
-                    delete(dir_fd, name, recursive=True, shown=aside, prefix=aside)
-            except ToolError as exc:
-                if exc.type != ToolErrorType.FILE_NOT_FOUND:
-                    raise
-
-    def back(self) -> list[str]:
-        """Put every touched path back as it was before the undo; the paths that could not be."""
-        # The trees set aside first, outermost first (one may hold another); a directory
-        # that existed before the undo was only ever set aside, so it is back after this.
-        left = self._renamed_back(self.aside)
-        for entry, image in reversed(self.before):
-            if image.kind == "dir":
-                continue
-            try:
-                self._restore(entry.path, image)
-            except (OSError, ToolError):
-                left.append(entry.path)
-        left += self._renamed_back(self.linked)
-        for entry in reversed(self.moved):  # last: where they go back to is as it was again
-            try:
-                _move(self.ctx, entry.path, entry.moved_from)
-            except (OSError, ToolError):
-                left.append(entry.moved_from)
-        return left
-
-    def _renamed_back(self, names: list[tuple[str, str]]) -> list[str]:
-        """Each (path shown, its other name) renamed back, last first; those that could not be."""
-        left = []
-        for shown, aside in reversed(names):
-            try:
-                src = self.ctx.resolve(aside, follow_last=False)
-                with parent_dir(self.ctx.sandbox, src, shown=aside) as (dir_fd, name):
-                    os.rename(name, os.path.basename(shown), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except (OSError, ToolError):
-                left.append(shown)
-        return left
-
-    def _restore(self, shown: str, image: Image) -> None:
-        path = self.ctx.resolve(shown, follow_last=False)
-        if image.kind == "absent" and not os.path.lexists(path):
-            return  # (making its parents to find nothing there would block a tree moved back)
-        with parent_dir(self.ctx.sandbox, path, create=True, shown=shown) as (dir_fd, name):
-            current = _lstat(dir_fd, name)
-            if current is not None and stat.S_ISDIR(current.st_mode):
-                delete(dir_fd, name, recursive=True, shown=shown, prefix=shown)
-                current = None
-            if image.kind == "absent":
-                if current is not None:
-                    os.unlink(name, dir_fd=dir_fd)
-            elif image.kind == "symlink":
-                if current is not None:
-                    os.unlink(name, dir_fd=dir_fd)
-                os.symlink(image.data, name, dir_fd=dir_fd)
-            elif image.kind == "file":
-                attributes = (image.uid, image.gid, image.xattrs)
-                atomic_write(dir_fd, name, image.data, mode=image.mode, shown=shown, attributes=attributes)
-
-
-ASIDE_PREFIX = ".toold-undo-"
-
-
-def aside_token(undoes: str) -> str:
-    """The mark of one batch's undo in the names of the trees it sets aside: the same in
-    a run the crash cut short and in the run that finishes it."""
-    return hashlib.sha256(undoes.encode()).hexdigest()[:12]
-
-
 def _put_back_already(entry: Entry, ctx: ToolContext) -> bool:
     """Whether the path is already in the state the undo puts back."""
     path = str(ctx.resolve(entry.path, follow_last=False))
@@ -483,17 +349,10 @@ def _clear_leftovers(entries: list[Entry], ctx: ToolContext, token: str) -> None
                     raise
 
 
-def _is_dir(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
     if entry.moved_from:
-        _move(ctx, entry.moved_from, entry.path)
-        undo.moved_back(entry)
+        move_by_name(ctx, entry.moved_from, entry.path)
+        undo.moved_back(entry.path, entry.moved_from)
         return
     path = ctx.resolve(entry.path, follow_last=False)
     if entry.kind == "absent" and image_of(str(path), attributes=False).kind == "absent":
@@ -501,7 +360,7 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
         # deleted, then wrote a file in its place), where no directory is to be made.
         return
     with parent_dir(ctx.sandbox, path, create=True, shown=entry.path) as (dir_fd, name):
-        current = _lstat(dir_fd, name)
+        current = lstat_at(dir_fd, name)
         if entry.kind == "absent":
             # a directory the batch made goes with what is in it: it was checked to be as
             # the batch left it (or --force said to take it anyway); set aside until the
@@ -537,28 +396,6 @@ def _put_back(entry: Entry, ctx: ToolContext, undo: Rollback) -> None:
             atomic_write(dir_fd, name, _blob(entry, ctx), mode=entry.mode, shown=entry.path, attributes=attributes)
 
 
-def _move(ctx: ToolContext, source: str, destination: str) -> None:
-    """Move ``source`` to ``destination`` (which must not exist), as ``move_file`` does:
-    one rename, or across filesystems a copy and a delete."""
-    with (
-        parent_dir(ctx.sandbox, ctx.resolve(source, follow_last=False), shown=source) as (src_fd, src_name),
-        parent_dir(ctx.sandbox, ctx.resolve(destination, follow_last=False), create=True, shown=destination) as (
-            dst_fd,
-            dst_name,
-        ),
-    ):
-        move(
-            src_fd,
-            src_name,
-            dst_fd,
-            dst_name,
-            overwrite=False,
-            shown_src=source,
-            shown_dst=destination,
-            sandbox=ctx.sandbox,
-        )
-
-
 def _blob(entry: Entry, ctx: ToolContext) -> bytes:
     data = ctx.blobs.get(entry.hash)
     if data is None:
@@ -566,13 +403,6 @@ def _blob(entry: Entry, ctx: ToolContext) -> bytes:
             ToolErrorType.EXECUTION_FAILED, "UNDO_DATA_MISSING", f"the saved content of {entry.path} is gone"
         )
     return data
-
-
-def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
 
 
 def _remove(dir_fd: int, name: str, current: os.stat_result | None) -> None:
