@@ -15,17 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DaemonProcess, module_daemon
+from tests.e2e.test_undo_trees import CONFIG as EVERYTHING
 from toold_client import CallSpec
 
-EVERYTHING = """
-[tools.approval]
-preset = "all"
-
-[[tools.approval.rules]]
-tool = "*"
-decision = "allow"
-conditions = [{ param = "path", operator = "matches", value = ".*" }]
-"""
 CAPABILITY = struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)  # CAP_NET_BIND_SERVICE
 
 

@@ -351,28 +351,31 @@ def identity_tree_digest(path: str) -> str:
     moves back whole. Its contents' hash read every file: moving a directory of 18 GB
     ran past the call's time limit after the move was made, and the call said it had
     failed. Any change to an entry changes its ctime, which no one may set."""
-    h = hashlib.sha256()
-    count = 0
-    cut = len(os.path.join(path, ""))
-    for directory, dirs, files in walk(path):
-        dirs.sort()
-        for name in [*sorted(files), *dirs]:
-            count += 1
-            if count > IDENTITY_TREE_MAX_ENTRIES:
-                return ""
-            full = os.path.join(directory, name)
-            try:
-                st = os.lstat(full)
-            except OSError:
-                h.update(f"{full[cut:]}\0gone\n".encode())
-                continue
-            identity = f"{st.st_mode:o}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-            h.update(f"{full[cut:]}\0{identity}\n".encode())
-    return IDENTITY_TREE + h.hexdigest()
+    digest_ = _tree_hash(path, _identity, IDENTITY_TREE_MAX_ENTRIES)
+    return IDENTITY_TREE + digest_ if digest_ else ""
 
 
 def tree_digest(path: str) -> str:
     """One hash of a directory tree: each entry's relative path, kind, mode and content."""
+    return _tree_hash(path, _contents, MAX_ENTRIES)
+
+
+def _identity(full: str) -> str:
+    try:
+        st = os.lstat(full)
+    except OSError:
+        return "gone"
+    return f"{st.st_mode:o}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _contents(full: str) -> str:
+    entry = image_of(full, attributes=False)
+    return f"{entry.kind}\0{entry.mode}\0{entry.hash}"
+
+
+def _tree_hash(path: str, describe: Callable[[str], str], max_entries: int) -> str:
+    """The hash of every entry below ``path`` (its relative path and ``describe`` of it),
+    in a fixed order; "" past ``max_entries`` (not compared)."""
     h = hashlib.sha256()
     count = 0
     cut = len(os.path.join(path, ""))  # (a canonical path: its entries' paths start so)
@@ -380,11 +383,10 @@ def tree_digest(path: str) -> str:
         dirs.sort()
         for name in [*sorted(files), *dirs]:
             count += 1
-            if count > MAX_ENTRIES:
+            if count > max_entries:
                 return ""
             full = os.path.join(directory, name)
-            entry = image_of(full, attributes=False)
-            h.update(f"{full[cut:]}\0{entry.kind}\0{entry.mode}\0{entry.hash}\n".encode())
+            h.update(f"{full[cut:]}\0{describe(full)}\n".encode())
     return h.hexdigest()
 
 
