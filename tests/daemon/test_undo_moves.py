@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from toold_daemon.records.stored_batches import StoredChange
@@ -178,3 +179,18 @@ def test_within_one_call_a_file_moved_is_hashed_once(tmp_path: Path, monkeypatch
     hashed.clear()
     images.changes_after(taken)  # outside a call nothing is remembered: each file read thrice
     assert len(hashed) == 9  # (the tree, its directory below, each file)
+
+
+def test_a_restore_moving_back_from_a_path_it_does_not_name_is_refused_before_anything() -> None:
+    """``restore_files`` moves back only from a path with an entry of its own (which the
+    checks compare and the sandbox resolves like any other)."""
+    from toold_daemon.errors import ToolError
+    from toold_daemon.undo.restore import Entry, RestoreArgs, RestoreFiles
+
+    stray = Entry(path="data", expect_kind="absent", kind="dir", moved_from="../elsewhere")
+    with pytest.raises(ToolError) as refused:
+        RestoreFiles().validate(RestoreArgs(undoes="b", entries=[stray]))
+    assert refused.value.code == "BAD_ARGS" and "entry of its own" in refused.value.message
+    named = Entry(path="moved", expect_kind="dir", kind="absent")
+    known = msgspec.structs.replace(stray, moved_from="moved")
+    RestoreFiles().validate(RestoreArgs(undoes="b", entries=[known, named]))  # (no error)
