@@ -17,6 +17,7 @@ from toold_daemon.globmatch import (
     literal_prefix,
     matches,
 )
+from toold_daemon.sandbox.paths import FirstMatch
 
 
 def reference(pattern: str, path: str) -> bool:
@@ -91,3 +92,25 @@ def test_braces_expand_first() -> None:
     with pytest.raises(GlobTooComplex):
         compile_glob("{a,b}" * 9)  # 512 alternatives
     assert len(expand_braces("{a,b}" * 8)) == MAX_ALTERNATIVES
+
+
+@given(
+    st.lists(st.lists(pattern_segment, min_size=1, max_size=3).map("/".join), min_size=1, max_size=6, unique=True),
+    st.lists(segment, min_size=1, max_size=4).map("/".join),
+)
+def test_one_regex_over_many_patterns_names_the_first_that_matches(patterns: list[str], path: str) -> None:
+    """The sandbox matches its denied and protected patterns in one pass: the pattern it
+    names must be the first in order that matches on its own, or none when none does."""
+    first = FirstMatch.of(tuple(patterns), tuple(patterns)).first(path)
+    assert first == next((p for p in patterns if matches(p, path)), None), (patterns, path)
+
+
+def test_one_regex_over_many_patterns_with_braces_and_case() -> None:
+    patterns = ("**/*.{pem,key}", "/srv/x/**", "**/.ENV", "secrets/**")
+    first = FirstMatch.of(patterns, patterns).first
+    assert first("a/b/server.key") == "**/*.{pem,key}"
+    assert first("a/.env") == "**/.ENV"  # compiled casefolded: subjects are casefolded by the caller
+    assert first("secrets/.env") == "**/.ENV"  # both match: the first written wins
+    assert first("secrets/a.txt") == "secrets/**"
+    assert first("a/b.txt") is None
+    assert FirstMatch.of((), ()).first("a") is None

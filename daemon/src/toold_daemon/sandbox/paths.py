@@ -12,6 +12,7 @@ following it out of the roots.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -21,7 +22,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from ..errors import bad_args, from_os_error, sandbox_violation
-from ..globmatch import compile_glob, last_name_glob
+from ..globmatch import glob_regex, last_name_glob
 from .denied_tree import denied_inodes
 from .homes import HOME_DOTFILES, home_directories, home_dotfile
 from .lookups import LocalRoot, WouldBlock, local_root, open_path, refuse_to_wait
@@ -33,8 +34,9 @@ UNCHECKED_FOR_TESTS = os.environ.get("TOOLD_TEST_UNCHECKED_PATHS") == "1"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _folded_glob(pattern: str) -> re.Pattern[str]:
-    """Denied and protected patterns match names whatever their case: they are compiled
+def _folded_source(pattern: str) -> str:
+    """The regex source matching ``pattern`` whatever the case of the names it meets.
+    Denied and protected patterns match names whatever their case: they are compiled
     casefolded, and a path is casefolded before it is matched. A directory may fold case
     (ext4 and tmpfs ``casefold``, vfat, exfat, a host folder shared into a VM): there
     ``.ENV`` opens ``.env``, ``.GIT/hooks`` is ``.git/hooks``, and Unicode folds more
@@ -42,14 +44,36 @@ def _folded_glob(pattern: str) -> re.Pattern[str]:
     ask cheaply says which directories fold; refusing ``.ENV`` where it is a file of its
     own is the price. (``casefold`` then a plain match costs a walk ~60 ns a name, where
     ``re.IGNORECASE`` cost 360 and misses ``ß``.)"""
-    return compile_glob(pattern.casefold())
+    return glob_regex(pattern.casefold())
 
 
-def _alternation(patterns: list[tuple[str, re.Pattern[str]]]) -> re.Pattern[str] | None:
-    """One regex answering "does any of these match?" in a single pass."""
-    if not patterns:
-        return None
-    return re.compile("|".join(f"(?:{regex.pattern})" for _, regex in patterns), re.DOTALL)
+class FirstMatch:
+    """Which of several patterns matches a (casefolded) subject first, in one pass of one
+    regex: each pattern's regex in a group of its own, in order, so the group that took
+    the match names the pattern (the translated globs hold no groups). Compiled once per
+    list of patterns, not per sandbox: every session and worker builds one."""
+
+    __slots__ = ("_match", "patterns")
+
+    def __init__(self, patterns: tuple[str, ...], regex: re.Pattern[str] | None) -> None:
+        self.patterns = patterns
+        self._match = regex.match if regex is not None else None
+
+    @classmethod
+    @functools.lru_cache(maxsize=64)
+    def of(cls, patterns: tuple[str, ...], globs: tuple[str, ...]) -> FirstMatch:
+        """``patterns`` as written, ``globs`` what each matches (same order)."""
+        if not patterns:
+            return cls(patterns, None)
+        regex = re.compile("|".join(f"({_folded_source(glob)})" for glob in globs), re.DOTALL)
+        assert regex.groups == len(patterns), "a translated glob holds a capturing group"
+        return cls(patterns, regex)
+
+    def first(self, subject: str) -> str | None:
+        if self._match is None:
+            return None
+        found = self._match(subject)
+        return self.patterns[found.lastindex - 1] if found is not None and found.lastindex else None
 
 
 def _names_first(patterns: Iterable[str]) -> re.Pattern[str] | None:
@@ -58,7 +82,7 @@ def _names_first(patterns: Iterable[str]) -> re.Pattern[str] | None:
     names = [last_name_glob(p) for p in patterns]
     if not names or any(name is None for name in names):
         return None
-    return re.compile("|".join(f"(?:{_folded_glob(name).pattern})" for name in names if name), re.DOTALL)
+    return re.compile("|".join(f"(?:{_folded_source(name)})" for name in names if name), re.DOTALL)
 
 
 def _canonical(path: str) -> str:
@@ -197,22 +221,21 @@ class Sandbox:
         self.denied_patterns: tuple[str, ...] = tuple(dict.fromkeys(denied_patterns))
         # Absolute patterns ("/srv/secrets/**") match the absolute path; the others match the
         # path relative to its root, which is shorter and so cheaper to match on every call.
-        self._denied_abs = [(p, _folded_glob(p.lstrip("/"))) for p in self.denied_patterns if p.startswith("/")]
-        self._denied_rel = [(p, _folded_glob(p)) for p in self.denied_patterns if not p.startswith("/")]
+        absolute = tuple(p for p in self.denied_patterns if p.startswith("/"))
+        relative = tuple(p for p in self.denied_patterns if not p.startswith("/"))
+        self._denied_abs = FirstMatch.of(absolute, tuple(p.lstrip("/") for p in absolute))
+        self._denied_rel = FirstMatch.of(relative, relative)
         self.protected_patterns: tuple[str, ...] = tuple(dict.fromkeys(protected_patterns))
-        self._protected = [(p, _folded_glob(p)) for p in self.protected_patterns]
-        self._protected_any = _alternation(self._protected)
+        self._protected = FirstMatch.of(self.protected_patterns, self.protected_patterns)
         #: Dot-entries directly in any home directory are protected too (``HOME_DOTFILES``).
         self.protect_homes = protect_homes
-        self._denied_abs_any = _alternation(self._denied_abs)
-        self._denied_rel_any = _alternation(self._denied_rel)
         self._denied_names = _names_first(p.lstrip("/") for p in self.denied_patterns)
         self._protected_names = _names_first(self.protected_patterns)
         for root in self.roots:
             # Relative patterns see paths relative to the root, so a root *inside* a denied
             # location (say ~/.ssh) would escape them: refuse such a root outright.
             inside = (root / "probe").as_posix().lstrip("/").casefold()
-            hit = next((p for p, regex in self._denied_rel if regex.match(inside)), None)
+            hit = self._denied_rel.first(inside)
             if hit is not None:
                 raise ValueError(f"sandbox root {root} lies inside a location denied by pattern {hit}")
 
@@ -334,13 +357,7 @@ class Sandbox:
             if index is not None and text != self._root_prefixes[index][0]
             else text.lstrip("/")
         )
-        for candidates, combined, subject in (
-            (self._denied_rel, self._denied_rel_any, rel.casefold()),
-            (self._denied_abs, self._denied_abs_any, text.lstrip("/").casefold()),
-        ):
-            if combined is not None and combined.match(subject):
-                return next(p for p, regex in candidates if regex.match(subject))
-        return None
+        return self._denied_rel.first(rel.casefold()) or self._denied_abs.first(text.lstrip("/").casefold())
 
     def refuse_denied_link(self, st: os.stat_result, shown: str) -> None:
         """Refuse a regular file that is another name (a hard link) of a denied file
@@ -365,9 +382,7 @@ class Sandbox:
         if self.protect_homes and home_dotfile(text, home_directories()) is not None:
             return HOME_DOTFILES
         rel = text[len(self._root_prefixes[index][1]) :].casefold()
-        if self._protected_any is None or not self._protected_any.match(rel):
-            return None
-        return next((p for p, regex in self._protected if regex.match(rel)), None)
+        return self._protected.first(rel)
 
     def display(self, path: Path | str) -> str:
         """Canonical ``path`` as shown to the model: relative to the first root, else absolute."""
