@@ -37,7 +37,7 @@ def run_child(request: SpawnRequest, fds: list[int], work: Work, spawner_pid: in
         # channel, or it could write forged frames (a fake outcome) to the daemon.
         os.set_inheritable(channel, False)
         try:
-            layers = confine(request, fds, spawner_pid, work.landlock, protected=(daemon_pid,))
+            layers = confine(request, fds, spawner_pid, work.landlock, protected=(daemon_pid,), groups=work.groups)
         except ConfinementFailed as exc:
             if request.stdio:
                 os.write(fds[1], f"toold: {exc}\n".encode(errors="surrogateescape"))

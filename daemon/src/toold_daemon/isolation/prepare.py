@@ -21,7 +21,7 @@ from ..config import Config
 from ..sandbox import Sandbox, build_sandbox
 from ..tools._base import Tool
 from . import kernel
-from .confine import landlock_ruleset
+from .confine import landlock_ruleset, supplementary_groups
 from .roots import roots_identity
 from .wire import SpawnRequest
 
@@ -38,6 +38,7 @@ class Work(msgspec.Struct):
     sandbox: Sandbox | str | None  # a string: why the roots could not be resolved
     landlock: int | str  # a ruleset fd (the child's copy is closed after use) or why not
     tools: dict[str, Tool[Any]] = msgspec.field(default_factory=dict)  # what a tool worker may run
+    groups: list[int] | None = None  # the client's groups, looked up here (``supplementary_groups``)
 
 
 class Preparer:
@@ -83,7 +84,8 @@ class Preparer:
             tools_only=request.worker,
             narrow=request.narrow_reads,
         )
-        return Work(tool, args, config, sandbox, ruleset, self.tools if request.worker else {})
+        groups = supplementary_groups(request.uid, request.gid)
+        return Work(tool, args, config, sandbox, ruleset, self.tools if request.worker else {}, groups)
 
     def _config(self, data: bytes) -> Config:
         return _cached(self._configs, data, lambda: msgspec.msgpack.decode(data, type=Config))
