@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from toold_daemon.service.activation import ActivationError, take_activated_socket
+from toold_daemon.operation.activation import ActivationError, take_activated_socket
 
 
 def test_variables_meant_for_another_process_are_ignored_and_removed() -> None:

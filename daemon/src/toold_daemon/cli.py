@@ -13,10 +13,10 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, endpoint_refusal
+from .config import SYSTEM_CONFIG, SYSTEM_SPAWNER_SOCKET, Config, ConfigError, endpoint_refusal, planned_endpoint
 from .config.loading import load_file
 from .isolation.admission import Admission
 from .isolation.probe import Probe
@@ -24,14 +24,16 @@ from .isolation.spawner import start as start_spawner
 from .isolation.spawner_socket import SpawnerUnreachable
 from .isolation.spawner_socket import connect as connect_spawner
 from .isolation.spawner_socket import listen as listen_for_daemons
-from .operation.checks import Check
+from .operation.activation import ActivationError, take_activated_socket
 from .operation.hardening import harden_process
 from .records import logs
-from .service.activation import ActivationError, take_activated_socket
 from .tools import Tool, web_search
 from .tools.builtin import builtin_tools
 from .tools.custom import taken_names
 from .tools.plugin_loader import PluginReport, load_plugins
+
+if TYPE_CHECKING:
+    from .operation.checks import Check
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -179,13 +181,12 @@ def run_spawner(path: str, config: Config, tools: list[Tool[Any]], admission: Ad
 def admission_for(args: argparse.Namespace, config: Config) -> Admission:
     """The spawner's own rules, from the administrator's config and command line."""
     from .sandbox import build_sandbox
-    from .server import resolve_endpoint_quietly
 
     try:
         roots = tuple(str(r) for r in build_sandbox(config, getattr(args, "root", None) or []).roots)
     except (OSError, ValueError):
         roots = ()  # serving fails on these roots anyway, and says why
-    endpoint = resolve_endpoint_quietly(config, getattr(args, "endpoint", None) or "")
+    endpoint = planned_endpoint(config, getattr(args, "endpoint", None) or "")
     daemon = config.daemon
     return Admission(
         daemon_roots=roots,
@@ -262,7 +263,7 @@ def doctor(
 
     from .isolation.runner import SpawnRunner
     from .operation.checks import service_checks
-    from .server import ServeOptions, resolve_endpoint_quietly, state_dir_of
+    from .server import ServeOptions, state_dir_of
 
     servers: dict[str, str] = {}
 
@@ -277,7 +278,7 @@ def doctor(
             runner.close()
 
     layers = trio.run(probe)
-    endpoint = resolve_endpoint_quietly(config, args.endpoint)
+    endpoint = planned_endpoint(config, args.endpoint)
     spawner_socket = args.spawner_socket or config.daemon.spawner_socket
     if not spawner_socket and os.path.exists(SYSTEM_SPAWNER_SOCKET):
         spawner_socket = SYSTEM_SPAWNER_SOCKET  # the installed service's
@@ -331,6 +332,7 @@ async def try_servers(config: Config, runner: Any) -> dict[str, str]:
 def server_check(name: str, report: str) -> Check:
     """A configured server that starts and lists tools is on; one that does not is a
     required row that is off (its tools cannot be offered)."""
+    from .operation.checks import Check
 
     started = report.endswith("tools") or " tools; " in report
     return Check(f"mcp {name}", started, report or "did not start", required=not started)

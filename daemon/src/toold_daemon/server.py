@@ -250,11 +250,6 @@ def _drop_privileges(
         log.info("protocol process %s: %s", name, state_)
 
 
-def resolve_endpoint_quietly(config: Config, endpoint: str) -> str:
-    """The endpoint ``serve`` will use, without preparing anything on disk."""
-    return endpoint or config.daemon.endpoint or f"ipc://{default_runtime_dir() / SOCKET_NAME}"
-
-
 def resolve_endpoint(config: Config, options: ServeOptions) -> str:
     endpoint = options.endpoint or config.daemon.endpoint
     if endpoint:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from toold_protocol import MAX_CALLS_PER_BATCH
+from toold_protocol import MAX_CALLS_PER_BATCH, SOCKET_NAME, default_runtime_dir
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 Seconds = Annotated[float, Meta(gt=0, le=86400)]
@@ -547,3 +547,9 @@ class Config(_Section, frozen=True):
 
 class ConfigError(Exception):
     """A configuration file could not be used; the message names file and line."""
+
+
+def planned_endpoint(config: Config, endpoint: str) -> str:
+    """The endpoint ``serve`` will use, without preparing anything on disk: the command
+    line's, else the configuration's, else the default socket in the runtime directory."""
+    return endpoint or config.daemon.endpoint or f"ipc://{default_runtime_dir() / SOCKET_NAME}"
