@@ -88,23 +88,40 @@ class Worker(msgspec.Struct, eq=False):
 
     async def send(self, data: bytes | bytearray | memoryview) -> None:
         """All of ``data`` (a request, or what a begun call's first write left), a piece
-        at a time (``WRITE_PIECE``)."""
+        at a time (``WRITE_PIECE``), with plain non-blocking writes: the event loop is
+        waited on only while the socket is full, and yielded to between the pieces of a
+        large request. (trio's ``send`` takes a trip through the loop after every write,
+        even one that went out at once: under load, a scheduler round per call.)"""
         view = memoryview(data)
+        fd = self.sock.fileno()
         while view:
-            view = view[await self.sock.send(view[:WRITE_PIECE]) :]
+            try:
+                sent = os.write(fd, view[:WRITE_PIECE])
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self.sock)
+                continue
+            view = view[sent:]
+            if view:
+                await trio.lowlevel.checkpoint()  # the rest of a large request: others first
 
     async def receive(self, spin: float = 0.0) -> Chunk | Outcome:
-        """The worker's next message (one recv usually brings a whole frame). ``spin``:
-        first poll for it this long without yielding (see ``SPIN_SECONDS``)."""
+        """The worker's next message (one read usually brings a whole frame), read with
+        plain non-blocking reads as ``send`` writes. ``spin``: first poll for it this long
+        without yielding (see ``SPIN_SECONDS``)."""
+        fd = self.sock.fileno()
+        pieces = 0
         while True:
             message: Chunk | Outcome | None = self.buffer.decode_next(child_decoder)
             if message is not None:
                 return message
-            data = _read_soon(self.sock.fileno(), spin) if spin else None
-            data = data if data is not None else await self.sock.recv(65536)
+            if pieces:  # a message in several pieces (a large outcome): others are served in between
+                await trio.lowlevel.checkpoint()
+            data = _read_soon(fd, spin) if spin else None
+            data = data if data is not None else await _read_when_ready(self.sock)
             if not data:
                 raise PeerGone
             self.buffer.add(data)
+            pieces += 1
 
     def alive(self) -> bool:
         """An idle worker sends nothing: a readable socket means it has exited (end of
@@ -124,6 +141,16 @@ class Worker(msgspec.Struct, eq=False):
 #: again on a virtual machine. bench_roundtrip: read_file p50 -10 to -20 %.
 SPIN_SECONDS = 0.0003
 _SPARE_CORE = len(os.sched_getaffinity(0)) > 1
+
+
+async def _read_when_ready(sock: trio.socket.SocketType) -> bytes:
+    """What non-blocking ``sock`` holds, waiting on the event loop only while it is empty."""
+    fd = sock.fileno()
+    while True:
+        try:
+            return os.read(fd, 65536)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
 
 
 def _read_soon(fd: int, seconds: float) -> bytes | None:
