@@ -29,9 +29,12 @@ def crash(daemon: DaemonProcess) -> None:
 
 
 def restarted(tmp: Path, root: Path) -> DaemonProcess:
-    """A new daemon on the killed one's state; the killed one's log is kept beside."""
+    """A new daemon on the killed one's state; the killed one's log is kept beside. It
+    listens on a socket of its own: a request the undo's client had queued for the killed
+    daemon (sent before that daemon read it) would otherwise reach this one, as the
+    client library means it to, and start the undo here after the test has looked."""
     os.replace(tmp / "daemon.log", tmp / "daemon-killed.log")
-    d = start_daemon(tmp, root, config=CONFIG)
+    d = start_daemon(tmp, root, config=CONFIG, socket_dir=tmp / "run-restarted")
     wait_ready(d)
     return d
 
