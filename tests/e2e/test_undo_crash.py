@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pprint
 import shutil
 import sqlite3
 import tempfile
@@ -56,16 +57,17 @@ def undos_settled(d: DaemonProcess, timeout: float = 30.0) -> list[str]:
             time.sleep(0.05)
 
 
-def what_is_known(tmp: Path) -> dict[str, object]:
+def what_is_known(tmp: Path) -> str:
     """For a failure's message: the journal's batches (id, state, tools), read from its
-    file, and both daemons' logs."""
+    file, and both daemons' logs. A text, which pytest prints whole (a dict's repr it cuts
+    at a few hundred characters, which hid the cause of a failure once)."""
     with contextlib.closing(sqlite3.connect(tmp / "state" / "journal.sqlite3")) as db:
         batches = db.execute(
             "SELECT b.batch_id, b.state, group_concat(c.tool) FROM batches b JOIN calls c USING (batch_id) "
             "GROUP BY b.batch_id ORDER BY b.batch_id"
         ).fetchall()
     logs = {name: (tmp / name).read_text()[-3000:] for name in ("daemon-killed.log", "daemon.log")}
-    return {"journal": batches, "logs": logs}
+    return "journal: " + pprint.pformat(batches) + "".join(f"\n--- {name}:\n{text}" for name, text in logs.items())
 
 
 def leftovers(root: Path) -> list[Path]:
@@ -193,8 +195,9 @@ def test_an_undo_killed_at_any_point_ends_as_before_or_as_after_never_between(
             for result in (r for rs in results for r in rs):
                 assert not result.ok, result.content  # a finished undo that changed nothing failed cleanly
         else:
-            assert now == before, (states, [r.content for rs in results for r in rs], what_is_known(tmp))
-            assert states == ["finished"], (states, what_is_known(tmp))
+            contents = [r.content for rs in results for r in rs]
+            assert now == before, f"undo states {states}, results {contents}\n{what_is_known(tmp)}"
+            assert states == ["finished"], f"undo states {states}\n{what_is_known(tmp)}"
         assert not leftovers(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
