@@ -9,11 +9,14 @@ each round.
 
 With ``--against DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base
 COMMIT``) a daemon of that tree runs beside this tree's, rounds alternating between
-them, and the ratio of their rates is reported round by round. With ``--config FILE``
-the second daemon is this tree's under that configuration instead, which measures what
-a setting costs under load (``[journal]\nenabled = false``: the journal's share).
+them, and the ratio of their rates and of their protocol CPU per call is reported.
+``--against`` may be given several times: every tree is measured in the same run, which
+puts a bisect's points side by side (a regression spread over many commits shows where
+its steps are). With ``--config FILE`` the second daemon is this tree's under that
+configuration instead, which measures what a setting costs under load
+(``[journal]\nenabled = false``: the journal's share).
 
-    .venv/bin/python bench/bench_throughput.py [rounds] [--against DIR | --config FILE]
+    .venv/bin/python bench/bench_throughput.py [rounds] [--against DIR ... | --config FILE]
 """
 
 from __future__ import annotations
@@ -99,14 +102,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("rounds", type=int, nargs="?", default=3)
     other = parser.add_mutually_exclusive_group()
-    other.add_argument("--against", type=Path, help="another checkout, measured in the same run")
+    other.add_argument(
+        "--against", type=Path, action="append", default=[], help="another checkout, measured in the same run"
+    )
     other.add_argument("--config", type=Path, help="this tree under this configuration, measured in the same run")
     args = parser.parse_args()
     trees: dict[str, tuple[dict[str, str] | None, tuple[str, ...]]] = {"this tree": (None, ())}
-    against = args.against or args.config
-    if args.against:
-        trees[str(args.against)] = (tree_environment(args.against.resolve()), ())
-    elif args.config:
+    for checkout in args.against:
+        trees[str(checkout)] = (tree_environment(checkout.resolve()), ())
+    if args.config:
         trees[str(args.config)] = (None, ("--config", str(args.config.resolve())))
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = four_kb_root(Path(tmp))
@@ -134,12 +138,16 @@ def main() -> None:
             f"(range {min(ratios):.3f}-{max(ratios):.3f})   protocol CPU "
             f"{statistics.median(c for _, c in figures):.0f} µs/call"
         )
-    if against:
-        ours, theirs = reads["this tree"], reads[str(against)]
+    ours = reads["this tree"]
+    for name, theirs in reads.items():
+        if name == "this tree":
+            continue
         ratios = [a / b for (a, _), (b, _) in zip(ours, theirs, strict=True)]
+        cpu = [a / b for (_, a), (_, b) in zip(ours, theirs, strict=True)]
         print(
-            f"this tree / {against}: {statistics.median(ratios):.2f}x "
-            f"(range {min(ratios):.2f}-{max(ratios):.2f}x over {args.rounds} rounds)"
+            f"this tree / {name}: {statistics.median(ratios):.2f}x the calls "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f}x over {args.rounds} rounds), "
+            f"{statistics.median(cpu):.3f}x the protocol CPU per call (range {min(cpu):.3f}-{max(cpu):.3f}x)"
         )
 
 
