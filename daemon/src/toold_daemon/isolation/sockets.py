@@ -68,17 +68,22 @@ def _length(header: bytes) -> int:
 
 
 async def _receive_exact(sock: trio.socket.SocketType, size: int) -> bytes:
-    """``size`` bytes, read as they are there; the event loop is waited on only while
-    none are."""
+    """``size`` bytes, read as they are there."""
     parts = bytearray()
-    fd = sock.fileno()
     while len(parts) < size:
-        try:
-            data = os.read(fd, min(size - len(parts), _READ_AT_ONCE))
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
-            continue
+        data = await read_when_ready(sock, min(size - len(parts), _READ_AT_ONCE))
         if not data:
             raise PeerGone
         parts += data
     return bytes(parts)
+
+
+async def read_when_ready(sock: trio.socket.SocketType, size: int = _READ_AT_ONCE) -> bytes:
+    """Up to ``size`` bytes of non-blocking ``sock`` (b"" at its end), with a plain read:
+    the event loop is waited on only while there is nothing to read."""
+    fd = sock.fileno()
+    while True:
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)

@@ -33,7 +33,7 @@ import trio
 
 from ..pool_shares import per_uid_share
 from .cgroup import Cgroups, CgroupUnavailable
-from .sockets import PeerGone, receive_frame
+from .sockets import PeerGone, read_when_ready, receive_frame
 from .wire import MAX_FRAME, Chunk, FrameBuffer, Outcome, SpawnRequest, child_decoder, frame
 from .worker import STALE
 
@@ -107,17 +107,24 @@ class Worker(msgspec.Struct, eq=False):
     async def receive(self, spin: float = 0.0) -> Chunk | Outcome:
         """The worker's next message (one read usually brings a whole frame), read with
         plain non-blocking reads as ``send`` writes. ``spin``: first poll for it this long
-        without yielding (see ``SPIN_SECONDS``)."""
+        without yielding (see ``SPIN_SECONDS``).
+
+        The worker runs as the client, who can make it say anything: each streamed chunk,
+        and each further piece of a message, leaves the other tasks a turn first, or a
+        worker streaming faster than it is read would hold the loop (the outcome, a call's
+        last message, is returned at once)."""
         fd = self.sock.fileno()
         pieces = 0
         while True:
             message: Chunk | Outcome | None = self.buffer.decode_next(child_decoder)
+            if isinstance(message, Chunk):
+                await trio.lowlevel.checkpoint()
             if message is not None:
                 return message
             if pieces:  # a message in several pieces (a large outcome): others are served in between
                 await trio.lowlevel.checkpoint()
             data = _read_soon(fd, spin) if spin else None
-            data = data if data is not None else await _read_when_ready(self.sock)
+            data = data if data is not None else await read_when_ready(self.sock)
             if not data:
                 raise PeerGone
             self.buffer.add(data)
@@ -141,16 +148,6 @@ class Worker(msgspec.Struct, eq=False):
 #: again on a virtual machine. bench_roundtrip: read_file p50 -10 to -20 %.
 SPIN_SECONDS = 0.0003
 _SPARE_CORE = len(os.sched_getaffinity(0)) > 1
-
-
-async def _read_when_ready(sock: trio.socket.SocketType) -> bytes:
-    """What non-blocking ``sock`` holds, waiting on the event loop only while it is empty."""
-    fd = sock.fileno()
-    while True:
-        try:
-            return os.read(fd, 65536)
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
 
 
 def _read_soon(fd: int, seconds: float) -> bytes | None:
