@@ -28,10 +28,9 @@ from typing import Any
 import msgspec
 import trio
 
-from toold_protocol import SOCKET_NAME
 from toold_protocol import default_runtime_dir as protocol_runtime_dir
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, planned_endpoint
 from .egress.calls import EgressCall
 from .execution.executor import Executor
 from .execution.runner import ThreadRunner
@@ -251,12 +250,13 @@ def _drop_privileges(
 
 
 def resolve_endpoint(config: Config, options: ServeOptions) -> str:
-    endpoint = options.endpoint or config.daemon.endpoint
-    if endpoint:
-        return endpoint
-    directory = default_runtime_dir()
-    prepare_runtime_dir(directory, heir=service_user_uid(config), shared=bool(config.daemon.socket_group))
-    return f"ipc://{directory / SOCKET_NAME}"
+    """``planned_endpoint``, with the default socket's directory made ready when it is
+    the one used."""
+    if not (options.endpoint or config.daemon.endpoint):
+        prepare_runtime_dir(
+            default_runtime_dir(), heir=service_user_uid(config), shared=bool(config.daemon.socket_group)
+        )
+    return planned_endpoint(config, options.endpoint)
 
 
 async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str], None] | None = None) -> None:
