@@ -5,7 +5,10 @@ against 16 processes pinging a raw ZeroMQ echo server (msgspec framing) in the s
 The daemon's protocol loop only speaks the protocol; the reads run in tool workers,
 which can use the other cores. Several rounds; median and range reported, with the
 protocol process's CPU time per call (its journal thread included) over the middle of
-each round.
+each round, and the whole machine's (every process: clients, daemon, workers, kernel).
+The latter bounds what any change of process shape can reach: at that CPU per call, the
+machine's cores, all busy, carry at most ``cores / cpu per call`` calls a second (the
+"ceiling" printed), however the daemon's work is spread over processes.
 
 With ``--against DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base
 COMMIT``) a daemon of that tree runs beside this tree's, rounds alternating between
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import zmq
@@ -69,25 +73,38 @@ def _read_client(endpoint: str, start: float, counts: multiprocessing.Queue) -> 
     counts.put(done)
 
 
-def rate(target: object, endpoint: str, protocol: psutil.Process | None = None) -> tuple[float, float]:
-    """Calls per second of ``CLIENTS`` processes running ``target``, and ``protocol``'s CPU
-    µs per call over the middle of the round (0 without a process to watch)."""
+class Round(NamedTuple):
+    calls_per_second: float
+    protocol_cpu: float  # µs per call, the protocol process (0 when not watched)
+    machine_cpu: float  # µs per call, every process on the machine (0 when not watched)
+
+
+def _machine_busy() -> float:
+    """Seconds of CPU every core has spent not idle since boot."""
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "guest", 0.0))
+
+
+def rate(target: object, endpoint: str, protocol: psutil.Process | None = None) -> Round:
+    """Calls per second of ``CLIENTS`` processes running ``target``, and the CPU µs per
+    call of ``protocol`` and of the whole machine over the middle of the round."""
     counts: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     start = time.time() + 1.0
     procs = [multiprocessing.Process(target=target, args=(endpoint, start, counts)) for _ in range(CLIENTS)]
     for proc in procs:
         proc.start()
-    cpu = 0.0
+    cpu = machine = 0.0
     if protocol is not None:
         time.sleep(max(0.0, start + 0.5 - time.time()))
-        before = sum(protocol.cpu_times()[:2])
+        before, machine_before = sum(protocol.cpu_times()[:2]), _machine_busy()
         time.sleep(SECONDS - 1.0)
-        cpu = sum(protocol.cpu_times()[:2]) - before
+        cpu, machine = sum(protocol.cpu_times()[:2]) - before, _machine_busy() - machine_before
     total = sum(counts.get(timeout=60) for _ in procs)
     for proc in procs:
         proc.join()
     calls_per_second = total / SECONDS
-    return calls_per_second, cpu / (calls_per_second * (SECONDS - 1.0)) * 1e6
+    calls_measured = calls_per_second * (SECONDS - 1.0)
+    return Round(calls_per_second, cpu / calls_measured * 1e6, machine / calls_measured * 1e6)
 
 
 def protocol_process(endpoint: str) -> psutil.Process:
@@ -121,29 +138,32 @@ def main() -> None:
         }
         protocols = {name: protocol_process(endpoint) for name, endpoint in endpoints.items()}
         echo_rates: list[float] = []
-        reads: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+        reads: dict[str, list[Round]] = {name: [] for name in trees}
         for round_ in range(args.rounds):
-            echo_rates.append(rate(_echo_client, echo_endpoint)[0])
+            echo_rates.append(rate(_echo_client, echo_endpoint).calls_per_second)
             for name in list(trees) if round_ % 2 == 0 else list(trees)[::-1]:
                 reads[name].append(rate(_read_client, endpoints[name], protocols[name]))
         server.terminate()
     print(f"# {CLIENTS} clients at once, {SECONDS:g} s per round, {args.rounds} rounds ({sys.platform})")
     print(f"raw zmq echo [baseline]        {statistics.median(echo_rates):9.0f} calls/s")
+    cores = psutil.cpu_count() or 1
     for name, figures in reads.items():
-        rates = [r for r, _ in figures]
+        rates = [r.calls_per_second for r in figures]
         ratios = [r / e for r, e in zip(rates, echo_rates, strict=True)]
         label = "read_file 4 KB via Client.call" + ("" if name == "this tree" else f" ({name})")
+        machine = statistics.median(r.machine_cpu for r in figures)
         print(
             f"{label} {statistics.median(rates):9.0f} calls/s   ratio {statistics.median(ratios):.3f} "
             f"(range {min(ratios):.3f}-{max(ratios):.3f})   protocol CPU "
-            f"{statistics.median(c for _, c in figures):.0f} µs/call"
+            f"{statistics.median(r.protocol_cpu for r in figures):.0f} µs/call   all processes "
+            f"{machine:.0f} µs/call (ceiling on {cores} cores {cores * 1e6 / machine:.0f} calls/s)"
         )
     ours = reads["this tree"]
     for name, theirs in reads.items():
         if name == "this tree":
             continue
-        ratios = [a / b for (a, _), (b, _) in zip(ours, theirs, strict=True)]
-        cpu = [a / b for (_, a), (_, b) in zip(ours, theirs, strict=True)]
+        ratios = [a.calls_per_second / b.calls_per_second for a, b in zip(ours, theirs, strict=True)]
+        cpu = [a.protocol_cpu / b.protocol_cpu for a, b in zip(ours, theirs, strict=True)]
         print(
             f"this tree / {name}: {statistics.median(ratios):.2f}x the calls "
             f"(range {min(ratios):.2f}-{max(ratios):.2f}x over {args.rounds} rounds), "
