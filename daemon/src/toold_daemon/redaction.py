@@ -18,14 +18,26 @@ _SECRET = re.compile(
 _SECRET_NAME = re.compile(r"(?i)api[_-]?key|token|secret|password|passwd|authorization|credential")
 
 
-#: Every match of ``_SECRET`` contains one of these (lower case): texts without any, nearly
-#: all of them, skip the regular expression (a tenth of its cost on a summary).
-_SECRET_WORDS = ("key", "token", "secret", "passw", "authorization", "bearer")
+#: Letters ``_SECRET`` (case-insensitive) takes for ``s`` and ``i`` but ``str.lower``
+#: keeps apart (the long s, the dotless i, and the dot ``İ`` leaves when lowered).
+_FOLDED_APART = str.maketrans({"\u017f": "s", "\u0131": "i", "\u0307": None})
 
 
 def hide_secrets(text: str) -> str:
+    # Every match of ``_SECRET`` contains one of these words: texts without any, nearly all
+    # of them, skip the regular expression (a tenth of its cost on a summary). Spelled out,
+    # the test costs a third of ``any`` over a tuple (every audit record passes here).
     lowered = text.lower()
-    if not any(word in lowered for word in _SECRET_WORDS):
+    if not lowered.isascii():
+        lowered = lowered.translate(_FOLDED_APART)  # "ſecret=…" is hidden as "secret=…" is
+    if not (
+        "key" in lowered
+        or "token" in lowered
+        or "secret" in lowered
+        or "passw" in lowered
+        or "authorization" in lowered
+        or "bearer" in lowered
+    ):
         return text
     return _SECRET.sub(lambda m: m.group(1) + "***", text)
 
