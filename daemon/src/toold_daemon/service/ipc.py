@@ -76,6 +76,7 @@ _INTAKE_BYTES = 64 << 20
 # per frame on the pump's path).
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: Serving frames in rotation stops after this long, to let the batch tasks run and read
 #: the frames that arrived meanwhile (another uid's among them).
 _SERVE_SECONDS = 0.0005
@@ -396,7 +397,10 @@ class IpcServer:
                 self._blocked.add(peer)  # until it is seen reading what it was handed
                 return
             try:
-                router.send_multipart([peer, queue[0]], flags=_NOBLOCK, copy=False)
+                # Two sends rather than ``send_multipart``: the same frames (libzmq takes
+                # the rest of a message whose first part it took), at half the cost.
+                router.send(peer, _NOBLOCK_MORE, copy=False)
+                router.send(queue[0], _NOBLOCK, copy=False)
             except zmq.Again:
                 self._blocked.add(peer)  # its pipe is full: try again shortly
                 return
@@ -473,7 +477,7 @@ class IpcServer:
         # Asked first rather than read until zmq.Again: raising it costs more than asking.
         while intake.waiting < _INTAKE_FRAMES and intake.bytes < _INTAKE_BYTES and _frames_wait(router):
             try:
-                frames = router.recv_multipart(flags=_NOBLOCK, copy=False)
+                frames = _receive_parts(router)
             except zmq.Again:
                 return
             peer = frames[0].bytes
@@ -579,6 +583,15 @@ def _zap_reply(request: list[bytes], refuse: Admission | None = None) -> list[by
         return [version, request_id, b"400", reason.encode()[:200], b"", b""]
     user_id = f"{identity.uid}:{identity.gid}:{identity.pid}".encode()
     return [version, request_id, b"200", b"OK", user_id, b""]
+
+
+def _receive_parts(sock: zmq.Socket[bytes]) -> list[zmq.Frame]:
+    """The parts of the next message (``recv_multipart`` without its per-part option
+    lookups); once its first part is read, the others are there."""
+    parts = [sock.recv(_NOBLOCK, copy=False)]
+    while parts[-1].more:
+        parts.append(sock.recv(_NOBLOCK, copy=False))
+    return parts
 
 
 def _frames_wait(sock: zmq.Socket[bytes]) -> bool:
