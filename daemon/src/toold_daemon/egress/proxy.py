@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import msgspec
 import trio
 
-from ..web.addresses import IPAddress, IPNetwork, Refused, address_refusal, literal_address
+from ..web.addresses import IPAddress, IPNetwork, Refused, address_refusal, literal_address, normal_host
 from .relay import Budget, relay
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,8 @@ class Proxy(msgspec.Struct):
         try:
             if not host or not 0 < port < 65536:
                 raise Denied(f"{host!r}:{port} is not a destination")
+            # judged, asked about, connected to and recorded as the name the resolver looks up
+            host = connection.host = normal_host(host)
             allowed, why = await self.decide(host, port)
             if not allowed:
                 raise Denied(why)

@@ -15,7 +15,15 @@ from typing import Literal
 import msgspec
 
 from ..config import NetworkConfig
-from ..web.addresses import IPNetwork, Refused, address_refusal, host_matches, literal_address, normal_host
+from ..web.addresses import (
+    IPNetwork,
+    Refused,
+    address_refusal,
+    host_matches,
+    host_pattern,
+    literal_address,
+    normal_host,
+)
 
 Judgement = Literal["allow", "deny", "ask"]
 
@@ -36,8 +44,8 @@ class EgressRules(msgspec.Struct, frozen=True):
         allowed_networks: Iterable[str] = (),
     ) -> EgressRules:
         return cls(
-            allowed_domains=tuple(d.lower().rstrip(".") for d in allowed_domains),
-            denied_domains=tuple(d.lower().rstrip(".") for d in denied_domains),
+            allowed_domains=tuple(host_pattern(d) for d in allowed_domains),
+            denied_domains=tuple(host_pattern(d) for d in denied_domains),
             ports=frozenset(allowed_ports),
             allowed_networks=tuple(ipaddress.ip_network(n, strict=False) for n in allowed_networks),
         )

@@ -20,7 +20,7 @@ from toold_protocol import ToolErrorType
 from ..config import Config, WebConfig
 from ..errors import ToolError, bad_args, sandbox_violation
 from ..output import NOTHING_UNSEEN, Truncation, Unseen, truncate
-from ..web.addresses import Reach, Refused, check_target, host_matches, normal_host
+from ..web.addresses import Reach, Refused, check_target, host_matches, host_pattern, normal_host
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import WebFetchData
 
@@ -135,7 +135,11 @@ class WebFetch(Tool[WebFetchArgs]):
 
     def prompts(self, args: WebFetchArgs, resolved: dict[str, Path], config: Config) -> bool:
         trusted = config.tools.web.trusted_hosts
-        return not (args.method in ("GET", "HEAD") and trusted and host_matches(_host(args.url), trusted))
+        return not (
+            args.method in ("GET", "HEAD")
+            and trusted
+            and host_matches(_host(args.url), [host_pattern(t) for t in trusted])
+        )
 
     def grant_scope(self, args: WebFetchArgs) -> str | None:
         """ "Allow for this session" covers the host (scheme and port included), for reads

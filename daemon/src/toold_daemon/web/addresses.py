@@ -68,8 +68,8 @@ class Reach(msgspec.Struct, frozen=True):
         return cls(
             ports=frozenset({80, 443, *allowed_ports}),
             allowed_networks=tuple(ipaddress.ip_network(n, strict=False) for n in allowed_networks),
-            denied_hosts=tuple(h.lower().rstrip(".") for h in denied_hosts),
-            allowed_hosts=tuple(h.lower().rstrip(".") for h in allowed_hosts),
+            denied_hosts=tuple(host_pattern(h) for h in denied_hosts),
+            allowed_hosts=tuple(host_pattern(h) for h in allowed_hosts),
         )
 
 
@@ -122,12 +122,40 @@ def literal_address(host: str) -> IPAddress | None:
 
 
 def normal_host(host: str) -> str:
-    """The host as it will be connected to: lower case, no trailing dot, and a numeric
-    host in its one canonical form (``0x7f.1`` → ``127.0.0.1``)."""
-    address = literal_address(host)
+    """The host as it will be connected to: the name the resolver looks up (see
+    ``ascii_host``), lower case, no trailing dot, and a numeric host in its one canonical
+    form (``0x7f.1`` → ``127.0.0.1``). Raises ``Refused`` for a name no resolver takes."""
+    ascii_name = ascii_host(host)
+    address = literal_address(ascii_name)
     if address is None:
-        return host.lower().rstrip(".")
+        return ascii_name.lower().rstrip(".")
     return str(address)
+
+
+def ascii_host(host: str) -> str:
+    """``host`` in the ASCII form a lookup of it uses: Python's resolver turns a name that
+    is not ASCII into IDNA's (the ``idna`` codec), which also maps letters to others and
+    drops some altogether (``ev\u00adil.com`` and ``ｅｖｉｌ。com`` are looked up as
+    ``evil.com``). Judging a name in any other spelling than the one looked up would let
+    such a spelling past a denied name; so names are judged, and connected to, as this
+    form."""
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise Refused(f"{host!r} is not a host name a resolver takes") from None
+
+
+def host_pattern(pattern: str) -> str:
+    """A configured host glob (``*.bücher.de``) as the names it is matched against are
+    written: ASCII, lower case, no trailing dot (one that cannot be written so is kept in
+    lower case, and matches nothing)."""
+    try:
+        written = ascii_host(pattern)
+    except Refused:
+        written = pattern
+    return written.lower().rstrip(".")
 
 
 def embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
