@@ -4,7 +4,8 @@ Python's resolver turns a name that is not ASCII into IDNA's ASCII form, and tha
 mapping changes names: it drops the soft hyphen and the zero-width joiners, folds the
 long s, full-width letters and ``ß``, and takes the ideographic full stop for a dot. A
 denied name written with any of them used to be judged as written (not denied) and then
-looked up as the denied name. Each spelling is tried against the rules of both the
+looked up as the denied name; so was one with a NUL after it (the C library's lookup
+stops there). Each spelling is tried against the rules of both the
 commands' egress proxy and ``web_fetch``, and through a real proxy: a command sends the
 raw request lines itself (curl would convert the name first)."""
 
@@ -60,7 +61,20 @@ def test_configured_names_in_any_script_are_matched_in_the_form_looked_up() -> N
     assert rules.judge("bucher.example", 443)[0] == "ask"
 
 
-@pytest.mark.parametrize("host", ["\ufffd.example", "a" * 64 + "\u00e9.example", "\u00ad.example", "a..\u00e9"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "\ufffd.example",
+        "a" * 64 + "\u00e9.example",
+        "\u00ad.example",
+        "a..\u00e9",
+        "denied.example\x00",  # looked up as denied.example: the C library stops at the NUL
+        "denied.example\x00.allowed.example",
+        "denied\x7f.example",
+        "denied.example\x1b[2J",
+        "den\x85ied.example",  # a C1 control: not a name either
+    ],
+)
 def test_a_name_no_resolver_takes_is_refused_not_judged_as_written(host: str) -> None:
     with pytest.raises(Refused):
         normal_host(host)
@@ -115,7 +129,7 @@ for line in ({connect!r}, {get!r}):
 """
 
 
-@pytest.mark.parametrize("spelled", ["loc\u00adalhost", "LOC\u00adALHOST", "localhost"])
+@pytest.mark.parametrize("spelled", ["loc\u00adalhost", "LOC\u00adALHOST", "localhost", "localhost\x00.example"])
 def test_a_command_cannot_reach_a_denied_name_through_a_respelling(
     daemon: DaemonProcess, local_web: Server, spelled: str
 ) -> None:
@@ -132,7 +146,11 @@ def test_a_command_cannot_reach_a_denied_name_through_a_respelling(
     assert result.content.count(" 403") == 2, result.content  # both refused, by the rules
     assert len(local_web.requests) == before  # nothing reached the server
     records = result.data["network"]
-    assert len(records) == 2 and all(r["host"] == "localhost" and "denied_domains" in r["refused"] for r in records)
+    assert len(records) == 2 and all(r["refused"] for r in records)
+    if "\x00" in spelled:  # no host name at all: refused as such, and kept as it came
+        assert all(r["host"] == spelled and "control character" in r["refused"] for r in records)
+    else:
+        assert all(r["host"] == "localhost" and "denied_domains" in r["refused"] for r in records)
 
 
 def test_the_same_command_reaches_an_allowed_name(daemon: DaemonProcess, local_web: Server) -> None:

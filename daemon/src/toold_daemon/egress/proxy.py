@@ -17,6 +17,7 @@ past its byte budget has its connections closed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -193,7 +194,8 @@ class Proxy(msgspec.Struct):
             if not host or not 0 < port < 65536:
                 raise Denied(f"{host!r}:{port} is not a destination")
             # judged, asked about, connected to and recorded as the name the resolver looks up
-            host = connection.host = normal_host(host)
+            with contextlib.suppress(Refused):  # (no host name: kept as it came, for the rules to refuse)
+                host = connection.host = normal_host(host)
             allowed, why = await self.decide(host, port)
             if not allowed:
                 raise Denied(why)

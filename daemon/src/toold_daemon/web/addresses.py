@@ -136,9 +136,13 @@ def ascii_host(host: str) -> str:
     """``host`` in the ASCII form a lookup of it uses: Python's resolver turns a name that
     is not ASCII into IDNA's (the ``idna`` codec), which also maps letters to others and
     drops some altogether (``ev\u00adil.com`` and ``ｅｖｉｌ。com`` are looked up as
-    ``evil.com``). Judging a name in any other spelling than the one looked up would let
-    such a spelling past a denied name; so names are judged, and connected to, as this
-    form."""
+    ``evil.com``), and the C library stops at a NUL. Judging a name in any other spelling
+    than the one looked up would let such a spelling past a denied name; so names are
+    judged, and connected to, as this form."""
+    if any(c < " " or c == "\x7f" for c in host):
+        # the C library's lookup ends a name at its first NUL ("localhost\x00x" is looked
+        # up as localhost), and no name holds a control character
+        raise Refused(f"{host!r} holds a control character; it is not a host name")
     if host.isascii():
         return host
     try:
