@@ -294,3 +294,24 @@ async def test_a_proxy_out_of_descriptors_accepts_again_once_it_can(web: Server)
         assert code == 0 and "toold" in out, out
         assert listener.failures == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_request_naming_its_url_reaches_the_server_with_the_judged_host(proxy: Running, web: Server) -> None:
+    """Attack (domain fronting): an allowed URL with another site's ``Host`` (twice, in two
+    spellings), which a server hosting many sites would route by. The proxy writes the
+    judged host instead, as a proxy must for a request naming its URL."""
+    stream = await trio.open_tcp_stream("127.0.0.1", proxy.port)
+    reply = b""
+    async with stream:
+        await stream.send_all(
+            f"GET http://LOCALHOST:{web.port}/json HTTP/1.1\r\nHost: evil.example\r\nhOsT: evil.example:80\r\n"
+            "X-Kept: yes\r\n\r\n".encode()
+        )
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some(65536):  # to the end: the server closes
+                reply += chunk
+    assert reply.startswith(b"HTTP/1.") and b"toold" in reply, reply
+    seen = web.requests[-1]
+    assert seen.headers.get("host") == f"localhost:{web.port}", seen.headers
+    assert seen.headers.get("x-kept") == "yes"  # the others go on as they came
+    assert (await recorded(proxy))[-1].host == "localhost"

@@ -146,7 +146,7 @@ class Proxy(msgspec.Struct):
         upstream = await self._open(host, port, connection, stream, http=True)
         if upstream is None:
             return
-        request = _origin_form(method, "/" + path, version, lines[1:])
+        request = _origin_form(method, "/" + path, version, lines[1:], host=_host_field(connection.host, port))
         await self._relay(stream, upstream, request + rest, connection)
 
     # ------------------------------------------------------------------ SOCKS5
@@ -357,12 +357,23 @@ def _split_host_port(authority: str, *, default: int) -> tuple[str, int]:
 
 
 _HOP_BY_HOP = {b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"}
+#: Header fields the proxy writes itself in a request it forwards.
+_REPLACED = _HOP_BY_HOP | {b"host"}
 
 
-def _origin_form(method: str, path: str, version: str, headers: list[bytes]) -> bytes:
-    kept = [h for h in headers if h.split(b":", 1)[0].strip().lower() not in _HOP_BY_HOP]
-    lines = [f"{method} {path} {version}".encode("latin-1"), *kept, b"Connection: close"]
-    return b"\r\n".join(lines) + b"\r\n\r\n"
+def _origin_form(method: str, path: str, version: str, headers: list[bytes], *, host: str) -> bytes:
+    """The request as the server takes it. Its ``Host`` is the one judged (as a proxy must
+    do with a request naming its URL, RFC 9112 3.2.2): one the command wrote beside an
+    allowed URL would ask a server hosting many sites (a CDN) for another site."""
+    kept = [h for h in headers if h.split(b":", 1)[0].strip().lower() not in _REPLACED]
+    lines = [f"{method} {path} {version}".encode("latin-1"), b"Host: " + host.encode("ascii"), *kept]
+    return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n"
+
+
+def _host_field(host: str, port: int) -> str:
+    """``Host`` for ``host`` (judged, in normal form) and ``port``."""
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port == 80 else f"{shown}:{port}"
 
 
 async def _answer(stream: trio.SocketStream, code: int, why: str) -> None:
