@@ -146,7 +146,11 @@ class WebFetch(Tool[WebFetchArgs]):
         or for POSTs: approving a GET never lets a POST run unasked."""
         url = _parse(args.url)
         kind = "POST" if args.method == "POST" else "GET"
-        return f"web_fetch:{kind}:{url.scheme}://{normal_host(url.host)}:{url.port or ''}"
+        try:
+            host = normal_host(url.host)
+        except Refused:  # no host name: refused when it is checked (a grant names it as it came)
+            host = url.host
+        return f"web_fetch:{kind}:{url.scheme}://{host}:{url.port or ''}"
 
     def timeout_seconds(self, args: WebFetchArgs) -> float | None:
         # A little longer than the fetch's own deadline, so that the tool says what timed out.
