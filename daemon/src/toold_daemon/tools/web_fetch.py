@@ -20,7 +20,7 @@ from toold_protocol import ToolErrorType
 from ..config import Config, WebConfig
 from ..errors import ToolError, bad_args, sandbox_violation
 from ..output import NOTHING_UNSEEN, Truncation, Unseen, truncate
-from ..web.addresses import Reach, Refused, check_target, host_matches, host_pattern, normal_host
+from ..web.addresses import Reach, Refused, check_target, host_matches, normal_host
 from ._base import Tool, ToolArgs, ToolContext, ToolOutput
 from ._data import WebFetchData
 
@@ -134,12 +134,9 @@ class WebFetch(Tool[WebFetchArgs]):
         return args.method == "POST"  # a POST asks unless a rule or the allowlist lets it run
 
     def prompts(self, args: WebFetchArgs, resolved: dict[str, Path], config: Config) -> bool:
-        trusted = config.tools.web.trusted_hosts
-        return not (
-            args.method in ("GET", "HEAD")
-            and trusted
-            and host_matches(_host(args.url), [host_pattern(t) for t in trusted])
-        )
+        if args.method not in ("GET", "HEAD") or not config.tools.web.trusted_hosts:
+            return True
+        return not host_matches(_host(args.url), reach_of(config.tools.web).trusted_hosts)
 
     def grant_scope(self, args: WebFetchArgs) -> str | None:
         """ "Allow for this session" covers the host (scheme and port included), for reads
@@ -215,7 +212,7 @@ def _kept(cut: str, content: str) -> int:
 
 
 def reach_of(web: WebConfig) -> Reach:
-    return Reach.of(web.allowed_ports, web.allowed_networks, web.denied_hosts, web.allowed_hosts)
+    return Reach.of(web.allowed_ports, web.allowed_networks, web.denied_hosts, web.allowed_hosts, web.trusted_hosts)
 
 
 def _content(response: Response, args: WebFetchArgs) -> tuple[str, int]:

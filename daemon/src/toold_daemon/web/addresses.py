@@ -56,6 +56,8 @@ class Reach(msgspec.Struct, frozen=True):
     allowed_networks: tuple[IPNetwork, ...] = ()
     denied_hosts: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
+    #: Hosts whose GETs run without asking (matched, like the others, in normal form).
+    trusted_hosts: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -64,12 +66,14 @@ class Reach(msgspec.Struct, frozen=True):
         allowed_networks: Iterable[str] = (),
         denied_hosts: Iterable[str] = (),
         allowed_hosts: Iterable[str] = (),
+        trusted_hosts: Iterable[str] = (),
     ) -> Reach:
         return cls(
             ports=frozenset({80, 443, *allowed_ports}),
             allowed_networks=tuple(ipaddress.ip_network(n, strict=False) for n in allowed_networks),
             denied_hosts=tuple(host_pattern(h) for h in denied_hosts),
             allowed_hosts=tuple(host_pattern(h) for h in allowed_hosts),
+            trusted_hosts=tuple(host_pattern(h) for h in trusted_hosts),
         )
 
 
