@@ -14,6 +14,18 @@ from toold_daemon.isolation.wire import Chunk, Outcome, frame
 from toold_daemon.isolation.workers import Worker
 
 
+class Bystander:
+    """Another task on the loop, counting the turns it gets."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    async def run(self) -> None:
+        while True:
+            self.turns += 1
+            await trio.lowlevel.checkpoint()
+
+
 def _worker() -> tuple[Worker, socket.socket]:
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
@@ -28,22 +40,17 @@ async def test_a_stream_of_chunks_already_read_leaves_other_tasks_their_turns() 
         for _ in range(chunks):  # all read into the daemon's buffer at once: no read ever waits
             worker.buffer.add(bytes(frame(Chunk(stream="stdout", data="x"))))
         worker.buffer.add(bytes(frame(Outcome(ok=True))))
-        turns = 0
-
-        async def bystander() -> None:
-            nonlocal turns
-            while True:
-                turns += 1
-                await trio.lowlevel.checkpoint()
+        bystander = Bystander()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(bystander)
+            nursery.start_soon(bystander.run)
             await trio.lowlevel.checkpoint()  # the bystander is running
             taken = 0
             while not isinstance(await worker.receive(), Outcome):
                 taken += 1
             nursery.cancel_scope.cancel()
         assert taken == chunks
+        turns = bystander.turns
         assert turns >= chunks // 2, f"the bystander ran {turns} times while {chunks} chunks were taken"
     finally:
         theirs.close()
@@ -54,24 +61,18 @@ async def test_a_large_outcome_in_pieces_leaves_other_tasks_their_turns() -> Non
     worker, theirs = _worker()
     try:
         body = bytes(frame(Outcome(ok=True, content="y" * (8 << 20))))
-        turns = 0
-
-        async def bystander() -> None:
-            nonlocal turns
-            while True:
-                turns += 1
-                await trio.lowlevel.checkpoint()
+        bystander = Bystander()
 
         async def peer() -> None:
             await trio.to_thread.run_sync(theirs.sendall, body)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(bystander)
+            nursery.start_soon(bystander.run)
             nursery.start_soon(peer)
             message = await worker.receive()
             nursery.cancel_scope.cancel()
         assert isinstance(message, Outcome) and len(message.content) == 8 << 20
-        assert turns >= 10, f"the bystander ran {turns} times while 8 MiB were read"
+        assert bystander.turns >= 10, f"the bystander ran {bystander.turns} times while 8 MiB were read"
     finally:
         theirs.close()
         worker.sock.close()

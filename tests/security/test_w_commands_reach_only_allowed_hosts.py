@@ -19,7 +19,7 @@ import pytest
 import trio
 from jsonschema import Draft202012Validator
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, module_daemon, start_daemon
 from tests.webserver import Server, serving
 from toold_client import APPROVE_ALL, DENY_ALL, Client, Decision
 from toold_daemon.egress.calls import EgressCalls
@@ -43,9 +43,6 @@ def unknown_web() -> Iterator[Server]:
 def daemon(
     tmp_path_factory: pytest.TempPathFactory, allowed_web: Server, unknown_web: Server
 ) -> Iterator[DaemonProcess]:
-    tmp = tmp_path_factory.mktemp("egress")
-    root = tmp / "root"
-    root.mkdir()
     config = f"""
 [tools.approval]
 allowlist = ["shell", "run_code"]
@@ -57,11 +54,8 @@ allowed_networks = ["127.0.0.0/8"]
 allowed_ports = [80, 443, {allowed_web.port}, {unknown_web.port}]
 ask_timeout_seconds = 5
 """
-    d = start_daemon(tmp, root, config=config)
-    try:
+    with module_daemon(tmp_path_factory, "egress", config) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def test_an_allowed_host_is_reached_through_the_proxy_and_journaled(daemon: DaemonProcess, allowed_web: Server) -> None:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
-from tests.conftest import DaemonProcess, start_daemon
+from tests.conftest import DaemonProcess, module_daemon
 from tests.webserver import Server, serving
 from toold_client import APPROVE_ALL
+from toold_daemon.config import Config
 from toold_daemon.egress.rules import EgressRules
+from toold_daemon.tools.web_fetch import WebFetch, WebFetchArgs
 from toold_daemon.web.addresses import Reach, Refused, check_target, normal_host
 
 #: ``denied.example`` respelled: each is looked up as that name.
@@ -61,6 +64,22 @@ def test_configured_names_in_any_script_are_matched_in_the_form_looked_up() -> N
     assert rules.judge("bucher.example", 443)[0] == "ask"
 
 
+def test_trusted_hosts_are_matched_in_the_form_looked_up_too() -> None:
+    """web_fetch's GETs of a trusted host run unasked: the trust goes to the name that is
+    reached, however the URL or the configuration spells it, and to no other."""
+    config = Config()
+    web = msgspec.structs.replace(config.tools.web, trusted_hosts=["B\u00fccher.Example."])
+    config = msgspec.structs.replace(config, tools=msgspec.structs.replace(config.tools, web=web))
+    tool = WebFetch()
+
+    def asks(url: str) -> bool:
+        return tool.prompts(WebFetchArgs(url=url), {}, config)
+
+    assert not asks("http://B\u00dcCHER.example/page") and not asks("https://xn--bcher-kva.example/")
+    assert asks("http://bucher.example/") and asks("http://www.b\u00fccher.example/")
+    assert asks("http://xn--bcher-kva.example.evil.example/")
+
+
 @pytest.mark.parametrize(
     "host",
     [
@@ -97,9 +116,6 @@ def local_web() -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, local_web: Server) -> Iterator[DaemonProcess]:
     """``localhost`` is denied by name; every other name (and address) is allowed."""
-    tmp = tmp_path_factory.mktemp("egress-names")
-    root = tmp / "root"
-    root.mkdir()
     config = f"""
 [tools.approval]
 allowlist = ["shell", "run_code"]
@@ -110,11 +126,8 @@ denied_domains = ["localhost"]
 allowed_networks = ["127.0.0.0/8"]
 allowed_ports = [{local_web.port}]
 """
-    d = start_daemon(tmp, root, config=config)
-    try:
+    with module_daemon(tmp_path_factory, "egress-names", config) as d:
         yield d
-    finally:
-        d.stop()
 
 
 #: A command speaking to its proxy with the name's bytes as given (latin-1, as the proxy
