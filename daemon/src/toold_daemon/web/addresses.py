@@ -143,12 +143,13 @@ def ascii_host(host: str) -> str:
     ``evil.com``), and the C library stops at a NUL. Judging a name in any other spelling
     than the one looked up would let such a spelling past a denied name; so names are
     judged, and connected to, as this form."""
-    if any(c < " " or c == "\x7f" for c in host):
-        # the C library's lookup ends a name at its first NUL ("localhost\x00x" is looked
-        # up as localhost), and no name holds a control character
-        raise Refused(f"{host!r} holds a control character; it is not a host name")
-    if host.isascii():
+    # The C library's lookup ends a name at its first NUL ("localhost\x00x" is looked up
+    # as localhost), and no name holds a control character. (An ASCII text is printable
+    # exactly when it holds none: the one test on the usual path.)
+    if host.isascii() and host.isprintable():
         return host
+    if any(c < " " or c == "\x7f" for c in host):
+        raise Refused(f"{host!r} holds a control character; it is not a host name")
     try:
         return host.encode("idna").decode("ascii")
     except UnicodeError:
