@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import fnmatch
+import re
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toold_daemon.sandbox.environment import child_environment, is_dropped
+from toold_daemon.sandbox.environment import (
+    BASE_ALLOWLIST,
+    INJECTION_PATTERNS,
+    SECRET_PATTERNS,
+    NameGlobs,
+    child_environment,
+    is_dropped,
+)
 
 PARENT = {
     "PATH": "/usr/bin",
@@ -51,3 +61,29 @@ def test_secret_shaped_names_are_dropped_in_any_case(prefix: str, secret: str, l
     name = name.lower() if lower else name
     assert is_dropped(name), name
     assert name not in child_environment({name: "v"}, allow=[name])
+
+
+#: Pattern pieces that make every shape: the four that string methods answer, and those
+#: that need a regex (``?``, ``[...]``, a ``*`` inside).
+PATTERN_PIECES = st.sampled_from(["*", "**", "?", "[AB]", "[!A]", "A", "b", "_", "K", "\u212a", "ß", "ſ", "]"])
+NAME_LETTERS = st.sampled_from(["A", "a", "B", "b", "_", "K", "k", "\u212a", "ß", "SS", "S", "ſ", "\n", "["])
+
+
+@given(
+    patterns=st.lists(st.lists(PATTERN_PIECES, max_size=5).map("".join), max_size=6),
+    name=st.lists(NAME_LETTERS, max_size=6).map("".join),
+)
+def test_name_globs_answer_as_fnmatch_does(patterns: list[str], name: str) -> None:
+    """Every shape of pattern, on any name: the same answer as the pattern's ``fnmatch``
+    regex over the upper-cased name, which is what the lists meant before they were
+    answered with string methods."""
+    expected = any(re.match(fnmatch.translate(p.upper()), name.upper()) for p in patterns)
+    assert NameGlobs(patterns).match(name) is expected
+
+
+def test_name_globs_of_the_built_in_lists_need_no_regex() -> None:
+    """The built-in lists are all of the four plain shapes: nothing to compile at start."""
+    built_in = NameGlobs((*BASE_ALLOWLIST, *SECRET_PATTERNS, *INJECTION_PATTERNS))
+    assert built_in._others is None
+    assert built_in.match("GITHUB_TOKEN") and built_in.match("my_db_password_2") and built_in.match("LD_PRELOAD")
+    assert not built_in.match("RANDOM_APP_SETTING")
