@@ -16,13 +16,14 @@ import socket
 import subprocess
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import trio
 
 from toold_daemon.errors import ToolError
 from toold_daemon.isolation import spawner_link as link_module
 from toold_daemon.isolation import sweep
-from toold_daemon.isolation.sockets import receive_frame
+from toold_daemon.isolation.sockets import receive_frame, receive_frame_with_fds
 from toold_daemon.isolation.spawner_link import SpawnerLink
 from toold_daemon.isolation.wire import Spawned, SpawnRequest, TempWanted, frame
 
@@ -54,6 +55,36 @@ async def _chore_answered(runner: SpawnerLink, spawner: trio.socket.SocketType, 
         nursery.start_soon(_reply_in_two_parts, spawner, Spawned(path=path), 0.0)
         with trio.fail_after(5):
             return await runner.chore(TempWanted(uid=1000, gid=1000))
+
+
+async def test_an_asker_that_goes_on_once_its_request_is_written_still_gets_its_own_answer(channel: Channel) -> None:
+    """The daemon's start goes on as soon as the probe's request is written (``sent``),
+    and reads the child's pid later. A request made meanwhile waits its turn, so each
+    asker gets the answer to its own request."""
+    runner, spawner = channel
+    read_end, write_end = os.pipe()
+    pids: dict[str, int] = {}
+
+    async def ask(token: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        request = SpawnRequest(uid=os.getuid(), gid=os.getgid(), call_id=token, token=token, tool="shell")
+        pids[token] = await runner.ask(request, write_end, sent=task_status.started)
+
+    try:
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(ask, "first")  # back once the request is written
+                assert pids == {}  # the spawner has not answered
+                nursery.start_soon(ask, "second")
+                for _ in range(2):
+                    body, fds = await receive_frame_with_fds(spawner)
+                    for fd in fds:
+                        os.close(fd)
+                    token = msgspec.msgpack.decode(body, type=SpawnRequest).token
+                    await spawner.send(frame(Spawned(pid={"first": 101, "second": 202}[token])))
+        assert pids == {"first": 101, "second": 202}
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_answer(channel: Channel) -> None:

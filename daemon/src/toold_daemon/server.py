@@ -9,7 +9,6 @@ socket and exit 0.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import gc
@@ -36,7 +35,7 @@ from .execution.executor import Executor
 from .execution.runner import ThreadRunner
 from .isolation.peers import parent_of, tool_process
 from .isolation.probe import Probe
-from .isolation.runner import ProbeUnderWay, SpawnRunner
+from .isolation.runner import SpawnRunner
 from .mcp import Gateway
 from .operation.notify import Notifier
 from .operation.privileges import CannotDrop, drop_to
@@ -92,20 +91,21 @@ def build_runner(config: Config, options: ServeOptions) -> ThreadRunner | SpawnR
     return SpawnRunner(*options.spawner, config)
 
 
-async def learn_layers(runner: SpawnRunner, probe: ProbeUnderWay) -> None:
-    """The isolation layers, from the probe's child: logged, and the required ones checked."""
-    layers = await runner.finish_probe(probe)
+def sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """What failed, as it was raised, when one thing did: a start that fails says why by
+    the error's type (a configuration, a journal in use, an endpoint), not a group around it."""
+    return group.exceptions[0] if len(group.exceptions) == 1 else group
+
+
+async def learn_layers(runner: SpawnRunner, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """The isolation layers, from the probe's child: logged, and the required ones checked.
+    Started with ``nursery.start``: its starter goes on once the spawner has the request."""
+    layers = await runner.probe(Probe(), task_status=task_status)
     for name, state in sorted(layers.items()):
         (log.info if state.startswith("on") else log.warning)("isolation layer %s: %s", name, state)
     missing = [n for n in runner.config.tools.isolation.require if not layers.get(n, "off").startswith("on")]
     if missing:
         log.error("required isolation layers are off (%s): side-effecting tools will be refused", ", ".join(missing))
-
-
-async def abandon_probe(runner: SpawnRunner, probe: ProbeUnderWay) -> None:
-    """The start failed: the probe's child is killed, not left behind."""
-    with trio.CancelScope(shield=True), contextlib.suppress(Exception):
-        await runner.finish_probe(probe)
 
 
 def default_runtime_dir() -> Path:
@@ -261,74 +261,71 @@ def resolve_endpoint(config: Config, options: ServeOptions) -> str:
 
 async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str], None] | None = None) -> None:
     runner = build_runner(config, options)
-    # The probe's child confines itself in the spawner (another process, often on another
-    # core) while this one builds everything else: most of the probe's time is overlapped.
-    probe = await runner.start_probe(Probe()) if isinstance(runner, SpawnRunner) else None
     try:
-        sandbox = build_sandbox(config, options.roots)
-        registry = Registry()
-        for tool in builtin_tools():
-            reason = tool.unavailable(config)
-            if reason:
-                registry.withhold(tool.name, reason)
-            else:
+        async with trio.open_nursery() as starting:
+            # The spawner forks the probe's child and the child confines itself (in other
+            # processes, often on the other core) while this one builds everything else.
+            if isinstance(runner, SpawnRunner):
+                await starting.start(learn_layers, runner)
+            sandbox = build_sandbox(config, options.roots)
+            registry = Registry()
+            for tool in builtin_tools():
+                reason = tool.unavailable(config)
+                if reason:
+                    registry.withhold(tool.name, reason)
+                else:
+                    registry.register(tool)
+            for tool in configured_tools(config.tools):  # names checked against the built-ins when the config loaded
                 registry.register(tool)
-        for tool in configured_tools(config.tools):  # names checked against the built-ins when the config loaded
-            registry.register(tool)
-        for tool in options.plugins:  # names checked by the loader
-            registry.register(tool)
-        notifier = Notifier.from_environment()
-        notifier.status("recovering the journal")
-        journal = open_journal(config, options)
-        endpoint = resolve_endpoint(config, options)
+            for tool in options.plugins:  # names checked by the loader
+                registry.register(tool)
+            notifier = Notifier.from_environment()
+            notifier.status("recovering the journal")
+            journal = open_journal(config, options)
+            endpoint = resolve_endpoint(config, options)
 
-        user_state = UserState.open_in(state_dir_of(config, options))
-        if isinstance(runner, SpawnRunner):
-            runner.user_state = user_state
-        undo = _undo_ledger(config, options, journal)
-        executor = Executor(runner, sandbox, config, journal, undo)
-        gateway = _gateway(config, runner, registry)
-        ipc = IpcServer(
-            endpoint,
-            guard=_connection_guard(config),
-            hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
-            max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
-            max_uid_backlog_bytes=config.daemon.max_uid_backlog_bytes,
-            refuse=_refuse_tool_processes(runner),
-            activated_fd=options.activated_fd,
-            heir=service_user_uid(config),
-            socket_access=socket_access(config),
-        )
-        sink = open_sink(
-            config.daemon.audit, config.daemon.audit_journal_socket, stderr_is_journal=logs.stderr_is_journal()
-        )
-        audit = AuditTrail(sink)
-        if isinstance(runner, SpawnRunner):  # an MCP server's connections belong to no call: kept as they come
-            runner.egress.on_server_record = functools.partial(_keep_server_connection, audit, journal)
-        service = Service(
-            config=config,
-            registry=registry,
-            sandbox=sandbox,
-            executor=executor,
-            send=ipc.send,
-            forget=ipc.forget,
-            isolation=runner.isolation if isinstance(runner, SpawnRunner) else list(ThreadRunner.ISOLATION),
-            journal=journal,
-            config_path=options.config_path,
-            gateway=gateway,
-            audit=audit,
-            audit_dropped=lambda: sink.dropped if isinstance(sink, JournalSink) else 0,
-            waiting_for_clients=ipc.waiting_bytes_by_uid,
-        )
-        settle_garbage_collector()  # within the probe's time too
-    except BaseException:
-        if probe is not None:
-            assert isinstance(runner, SpawnRunner)
-            await abandon_probe(runner, probe)
-        raise
-    if probe is not None:
-        assert isinstance(runner, SpawnRunner)
-        await learn_layers(runner, probe)
+            user_state = UserState.open_in(state_dir_of(config, options))
+            if isinstance(runner, SpawnRunner):
+                runner.user_state = user_state
+            undo = _undo_ledger(config, options, journal)
+            executor = Executor(runner, sandbox, config, journal, undo)
+            gateway = _gateway(config, runner, registry)
+            ipc = IpcServer(
+                endpoint,
+                guard=_connection_guard(config),
+                hard_max_frame_bytes=config.daemon.max_frame_bytes * 4,
+                max_backlog_bytes=config.daemon.max_peer_backlog_bytes,
+                max_uid_backlog_bytes=config.daemon.max_uid_backlog_bytes,
+                refuse=_refuse_tool_processes(runner),
+                activated_fd=options.activated_fd,
+                heir=service_user_uid(config),
+                socket_access=socket_access(config),
+            )
+            sink = open_sink(
+                config.daemon.audit, config.daemon.audit_journal_socket, stderr_is_journal=logs.stderr_is_journal()
+            )
+            audit = AuditTrail(sink)
+            if isinstance(runner, SpawnRunner):  # an MCP server's connections belong to no call: kept as they come
+                runner.egress.on_server_record = functools.partial(_keep_server_connection, audit, journal)
+            service = Service(
+                config=config,
+                registry=registry,
+                sandbox=sandbox,
+                executor=executor,
+                send=ipc.send,
+                forget=ipc.forget,
+                isolation=runner.isolation if isinstance(runner, SpawnRunner) else list(ThreadRunner.ISOLATION),
+                journal=journal,
+                config_path=options.config_path,
+                gateway=gateway,
+                audit=audit,
+                audit_dropped=lambda: sink.dropped if isinstance(sink, JournalSink) else 0,
+                waiting_for_clients=ipc.waiting_bytes_by_uid,
+            )
+            settle_garbage_collector()  # within the probe's time too
+    except BaseExceptionGroup as group:  # (the nursery's way of raising what failed in it)
+        raise sole_error(group) from None
+    if isinstance(runner, SpawnRunner):
         service.isolation = runner.isolation
     try:
         ipc.claim()

@@ -22,6 +22,7 @@ import os
 import secrets
 import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -72,13 +73,6 @@ class StdioChild(msgspec.Struct, frozen=True):
     @property
     def pid(self) -> int:
         return self.child.pid
-
-
-class ProbeUnderWay(msgspec.Struct, frozen=True):
-    """The probe's child, started and not yet reported (see ``SpawnRunner.start_probe``)."""
-
-    child: CallProcess
-    ctx: ToolContext
 
 
 class SpawnRunner:
@@ -171,22 +165,18 @@ class SpawnRunner:
             ),
         ]
 
-    async def probe(self, tool: Tool[Any]) -> dict[str, str]:
+    async def probe(
+        self, tool: Tool[Any], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> dict[str, str]:
         """Run ``tool`` (a no-op) in a child with the network cut, to learn which layers the
-        kernel grants; the answer goes into ``welcome`` and ``toold doctor``."""
-        return await self.finish_probe(await self.start_probe(tool))
-
-    async def start_probe(self, tool: Tool[Any]) -> ProbeUnderWay:
-        """Start the probe's child and return at once: the daemon's start goes on with its
-        own setup while the child confines itself (on another core), then ``finish_probe``."""
+        kernel grants; the answer goes into ``welcome`` and ``toold doctor``. The child is
+        killed whatever happens, a cancellation included. Started with ``nursery.start``,
+        it lets its starter go on as soon as the spawner has the request: the daemon's
+        start builds everything else while the spawner forks the child and the child
+        confines itself, on the other core."""
         ctx = ToolContext(call_id="probe", sandbox=None, config=self.config)  # type: ignore[arg-type]
         me = Identity(uid=self._euid, gid=os.getegid(), pid=os.getpid())
-        child = await self._launch(tool, tool.args_type(), ctx, me, command=None, probe=True)
-        return ProbeUnderWay(child, ctx)
-
-    async def finish_probe(self, probe: ProbeUnderWay) -> dict[str, str]:
-        """The layers the probe's child reported (its child is killed whatever happens)."""
-        outcome = await self._finish(probe.child, probe.ctx)
+        outcome = await self._spawn(tool, tool.args_type(), ctx, me, probe=True, sent=task_status.started)
         self.layers = dict(outcome.layers)
         if self.layers.get("cgroup", "").startswith("on") or not self.cgroups.base:
             self.layers["cgroup"] = self.cgroups.describe()
@@ -364,10 +354,12 @@ class SpawnRunner:
         command: Command | None = None,
         probe: bool = False,
         preview: bool = False,
+        sent: Callable[[], object] | None = None,
     ) -> Outcome:
         """Run one call in a child and return its outcome; the child and everything it
-        started are killed, and its temp dir cleared, whatever ends the wait."""
-        child = await self._launch(tool, args, ctx, identity, command=command, probe=probe, preview=preview)
+        started are killed, and its temp dir cleared, whatever ends the wait. ``sent`` is
+        called once the spawner has the request."""
+        child = await self._launch(tool, args, ctx, identity, command=command, probe=probe, preview=preview, sent=sent)
         return await self._finish(child, ctx)
 
     async def _finish(self, child: CallProcess, ctx: ToolContext) -> Outcome:
@@ -394,6 +386,7 @@ class SpawnRunner:
         command: Command | None,
         probe: bool = False,
         preview: bool = False,
+        sent: Callable[[], object] | None = None,
     ) -> CallProcess:
         """Start a child for one call: its token, temp dir, cgroup and channel. On failure
         nothing is left behind; on success the caller owns killing and cleaning up."""
@@ -414,7 +407,7 @@ class SpawnRunner:
             if self._zygotes is not None and via_zygote:
                 pid, group, left = await self._start_command(self._zygotes, request, write_end, ctx)
             else:
-                pid, group = await self._fork_with_egress(request, [write_end], ctx, probe=probe)
+                pid, group = await self._fork_with_egress(request, [write_end], ctx, probe=probe, sent=sent)
         except BaseException:
             os.close(read_end)
             with trio.CancelScope(shield=True):
@@ -478,15 +471,23 @@ class SpawnRunner:
             await self._killer.kill(started.child)
 
     async def _fork_with_egress(
-        self, request: SpawnRequest, fds: list[int], ctx: ToolContext, *, probe: bool = False
+        self,
+        request: SpawnRequest,
+        fds: list[int],
+        ctx: ToolContext,
+        *,
+        probe: bool = False,
+        sent: Callable[[], object] | None = None,
     ) -> tuple[int, str]:
         """A fresh child (not a zygote); in proxy mode with one more fd, the link its
         egress process talks to the daemon on, served and registered for the call."""
         if not request.egress_proxy or self._nursery is None:
-            return await self._fork_child(msgspec.structs.replace(request, egress_proxy=False), fds, probe=probe)
+            return await self._fork_child(
+                msgspec.structs.replace(request, egress_proxy=False), fds, probe=probe, sent=sent
+            )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            started = await self._fork_child(request, [*fds, theirs.fileno()], probe=probe)
+            started = await self._fork_child(request, [*fds, theirs.fileno()], probe=probe, sent=sent)
         except BaseException:
             ours.close()
             raise
@@ -498,7 +499,12 @@ class SpawnRunner:
         return started
 
     async def _fork_child(
-        self, request: SpawnRequest, write_end: int | list[int], *, probe: bool = False
+        self,
+        request: SpawnRequest,
+        write_end: int | list[int],
+        *,
+        probe: bool = False,
+        sent: Callable[[], object] | None = None,
     ) -> tuple[int, str]:
         """A fresh child from the spawner, which joins a new call cgroup first thing:
         (pid, the cgroup's name or "" without cgroups). A call whose cgroup cannot be
@@ -518,7 +524,9 @@ class SpawnRunner:
             log.warning("the probe starts without a cgroup: %s", exc)
             group = ""
         try:
-            pid = await self._link.ask(msgspec.structs.replace(request, cgroups=self.cgroups.paths(group)), write_end)
+            pid = await self._link.ask(
+                msgspec.structs.replace(request, cgroups=self.cgroups.paths(group)), write_end, sent=sent
+            )
         except BaseException:
             self.cgroups.remove(group)
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 
 import msgspec
 import trio
@@ -46,9 +47,13 @@ class SpawnerLink:
         except trio.TooSlowError:
             return Spawned(error=f"the spawner did not answer within {SPAWNER_SILENT_SECONDS:g} s")
 
-    async def ask(self, request: SpawnRequest, channel_write_end: int | list[int]) -> int:
+    async def ask(
+        self, request: SpawnRequest, channel_write_end: int | list[int], *, sent: Callable[[], object] | None = None
+    ) -> int:
+        """The pid of the child the spawner forked for ``request``. ``sent`` is called
+        once the request is written, before the reply is awaited."""
         try:
-            reply = await self.exchange(frame(request), channel_write_end, token=request.token)
+            reply = await self.exchange(frame(request), channel_write_end, token=request.token, sent=sent)
         except (PeerGone, OSError):
             raise ToolError(
                 ToolErrorType.ISOLATION_UNAVAILABLE, "SPAWNER_GONE", "the spawner process has exited"
@@ -65,7 +70,14 @@ class SpawnerLink:
             )
         return reply.pid
 
-    async def exchange(self, data: bytes | bytearray, fds: int | list[int] | None, *, token: str = "") -> Spawned:
+    async def exchange(
+        self,
+        data: bytes | bytearray,
+        fds: int | list[int] | None,
+        *,
+        token: str = "",
+        sent: Callable[[], object] | None = None,
+    ) -> Spawned:
         """Send one frame to the spawner and read its reply, whole, whatever cancels the
         caller: a request whose reply stayed unread (or half read) would hand every later
         caller the previous one's answer, or a length read from the middle of a frame.
@@ -81,7 +93,7 @@ class SpawnerLink:
             with trio.CancelScope(shield=True):
                 with trio.fail_after(SPAWNER_SILENT_SECONDS):
                     await self._read_owed_replies()
-                sent = False
+                written = False
                 try:
                     with trio.fail_after(SPAWNER_SILENT_SECONDS):
                         if fds is not None:  # (fd 0 is an fd too)
@@ -89,10 +101,12 @@ class SpawnerLink:
                         else:
                             while data:
                                 data = data[await self._control.send(data) :]
-                        sent = True
+                        written = True
+                        if sent is not None:
+                            sent()
                         reply = await self._next_reply()
                 except trio.TooSlowError:
-                    if not sent:
+                    if not written:
                         log.error("the spawner takes no requests any more; closing its channel")
                         self._control.close()
                         raise
