@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toold_daemon.execution.batches import Batch, PreparedCall
-from toold_daemon.records.audit import AuditTrail, Fields, LineSink
+from toold_daemon.records.audit import GATHER_SECONDS, AuditTrail, Fields, LineSink
 from toold_daemon.records.logs import quoted
 from toold_protocol import Identity, ToolResult
 
@@ -151,7 +151,10 @@ async def test_lines_of_the_records_written_together_go_out_in_one_write() -> No
         lines = stream.getvalue().splitlines()
         assert [line.split()[0] for line in lines] == ["audit=batch", "audit=decision", "audit=result"]
         assert stream.writes == 1
-        audit.answered(batch, call, "approved", ME)  # a later pass writes its own
+        audit.answered(batch, call, "approved", ME)  # a later pass writes its own...
+        await trio.testing.wait_all_tasks_blocked()
+        assert stream.writes == 1  # ...once what comes meanwhile has gathered with it
+        await trio.sleep(GATHER_SECONDS)
         await trio.testing.wait_all_tasks_blocked()
         assert stream.getvalue().splitlines()[3].startswith("audit=answer")
         assert stream.writes == 2
