@@ -45,6 +45,25 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+def cpu_snapshot(processes: list[psutil.Process]) -> dict[psutil.Process, float]:
+    return {process: cpu_seconds(process) for process in processes}
+
+
+def cpu_since(before: dict[psutil.Process, float]) -> float:
+    """CPU seconds the processes of ``before`` used since it was taken, counting those
+    still there. One that ended meanwhile is left out, not subtracted: a zygote that
+    wore out is reaped by the spawner, which ignores SIGCHLD, so its time reaches no
+    one's figure, and subtracting what it had used before made a group's CPU negative."""
+    total = 0.0
+    for process, then in before.items():
+        try:
+            process.cpu_times()  # still there (cpu_seconds would say 0.0 for one gone)
+        except psutil.Error:
+            continue
+        total += cpu_seconds(process) - then
+    return total
+
+
 def own_cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
@@ -52,13 +71,13 @@ def own_cpu_seconds() -> float:
 
 def per_call(work: Callable[[], object], n: int, processes: dict[str, list[psutil.Process]]) -> dict[str, float]:
     """µs of CPU per call of ``work``, for this process ("client") and each named group."""
-    before = {name: sum(cpu_seconds(p) for p in group) for name, group in processes.items()}
+    before = {name: cpu_snapshot(group) for name, group in processes.items()}
     mine, started = own_cpu_seconds(), time.perf_counter()
     for _ in range(n):
         work()
     figures = {"wall": (time.perf_counter() - started) / n * 1e6, "client": (own_cpu_seconds() - mine) / n * 1e6}
-    for name, group in processes.items():
-        figures[name] = (sum(cpu_seconds(p) for p in group) - before[name]) / n * 1e6
+    for name in processes:
+        figures[name] = cpu_since(before[name]) / n * 1e6
     return figures
 
 
@@ -67,8 +86,11 @@ def serving_processes(endpoint: str) -> dict[str, list[psutil.Process]]:
     process below it ("workers": tool workers, command zygotes and their egress
     processes, the commands themselves while they run). A process started within a round
     is missed: list them again each round."""
-    serving = [p for p in psutil.process_iter(["cmdline"]) if endpoint in (p.info["cmdline"] or [])]
-    protocol = [p for p in serving if p.num_threads() > 1]
+    serving = [p for p in psutil.process_iter(["cmdline", "ppid"]) if endpoint in (p.info["cmdline"] or [])]
+    # The protocol process started the others (a command's egress process has threads
+    # too, so counting threads would take it for the protocol process).
+    pids = {p.pid for p in serving}
+    protocol = [p for p in serving if p.info["ppid"] not in pids]
     below: dict[int, psutil.Process] = {}
     for spawner in (p for p in serving if p not in protocol):
         below[spawner.pid] = spawner
@@ -111,18 +133,14 @@ def interleaved(trees: dict[str, dict[str, str] | None], n: int, rounds: int, ca
         clock = time.perf_counter
         for _ in range(rounds):
             groups = {name: serving_processes(endpoint) for name, endpoint in endpoints.items()}
-            before = {
-                name: {g: sum(cpu_seconds(p) for p in ps) for g, ps in group.items()} for name, group in groups.items()
-            }
+            before = {name: {g: cpu_snapshot(ps) for g, ps in group.items()} for name, group in groups.items()}
             for _ in range(n):
                 for name, client in clients.items():
                     started = clock()
                     client.call(tool, arguments)
                     waits[name].append(clock() - started)
             for name, group in groups.items():
-                figures[name].append(
-                    {g: (sum(cpu_seconds(p) for p in ps) - before[name][g]) / n * 1e6 for g, ps in group.items()}
-                )
+                figures[name].append({g: cpu_since(before[name][g]) / n * 1e6 for g in group})
     print(f"# CPU µs per {tool} call, n={n} per tree and round, {rounds} rounds, calls alternating between the trees")
     for name, rows in figures.items():
         protocol = statistics.median(r["protocol"] for r in rows)
