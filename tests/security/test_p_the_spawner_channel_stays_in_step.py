@@ -87,6 +87,29 @@ async def test_an_asker_that_goes_on_once_its_request_is_written_still_gets_its_
         os.close(write_end)
 
 
+async def test_an_asker_whose_sent_callback_fails_leaves_its_answer_to_be_read_first(channel: Channel) -> None:
+    """A ``sent`` callback that raises ends its exchange after the request went out: the
+    spawner's answer to it is still owed, so the next asker reads past it to its own."""
+    runner, spawner = channel
+    read_end, write_end = os.pipe()
+
+    def fails() -> None:
+        raise RuntimeError("the asker's own failure")
+
+    try:
+        request = SpawnRequest(uid=os.getuid(), gid=os.getgid(), call_id="c", token="", tool="shell")
+        with pytest.raises(RuntimeError), trio.fail_after(5):
+            await runner.ask(request, write_end, sent=fails)
+        _, fds = await receive_frame_with_fds(spawner)
+        for fd in fds:
+            os.close(fd)
+        await spawner.send(frame(Spawned(pid=101)))  # the first request's answer, come late
+        assert (await _chore_answered(runner, spawner, "/second")).path == "/second"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 async def test_a_caller_cancelled_mid_reply_does_not_hand_the_next_caller_its_answer(channel: Channel) -> None:
     runner, spawner = channel
     async with trio.open_nursery() as nursery:

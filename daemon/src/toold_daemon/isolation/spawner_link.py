@@ -103,7 +103,11 @@ class SpawnerLink:
                                 data = data[await self._control.send(data) :]
                         written = True
                         if sent is not None:
-                            sent()
+                            try:
+                                sent()
+                            except BaseException:  # its reply is still owed: read by the next exchange
+                                self._owed.append(token)
+                                raise
                         reply = await self._next_reply()
                 except trio.TooSlowError:
                     if not written:
