@@ -19,6 +19,8 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.webserver import Server, serving
+
 settings.register_profile(
     "toold", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
@@ -118,6 +120,13 @@ def module_daemon(
         yield d
     finally:
         d.stop()
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[Server]:
+    """A real HTTP server on 127.0.0.1 shared by a test module (``tests.webserver``)."""
+    with serving("127.0.0.1") as server:
+        yield server
 
 
 def open_socket_to_everyone(daemon: DaemonProcess) -> None:

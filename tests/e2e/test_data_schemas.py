@@ -15,7 +15,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from tests.conftest import DaemonProcess, module_daemon
-from tests.webserver import Server, serving
+from tests.webserver import Server
 from toold_client import APPROVE_ALL
 
 SEARCH = "import json, sys; print(json.dumps([{'title': 'T', 'url': 'https://example.invalid/1', 'snippet': 's'}]))"
@@ -46,12 +46,6 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "write_todos": [{"action": "add", "task": "try it"}, {"action": "list"}],
     "word_count": [{"file": "notes/a.txt"}],
 }
-
-
-@pytest.fixture(scope="module")
-def site() -> Iterator[Server]:
-    with serving("127.0.0.1") as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

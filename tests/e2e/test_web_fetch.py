@@ -17,12 +17,6 @@ from toold_client import APPROVE_ALL, Decision
 
 
 @pytest.fixture(scope="module")
-def site() -> Iterator[Server]:
-    with serving("127.0.0.1") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def elsewhere() -> Iterator[Server]:
     """The "other network" of redirect tests: 127.0.0.2, not exempted anywhere."""
     with serving("127.0.0.2") as server:

@@ -24,12 +24,6 @@ from toold_daemon.web.addresses import Reach
 
 
 @pytest.fixture(scope="module")
-def site() -> Iterator[Server]:
-    with serving("127.0.0.1") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, site: Server) -> Iterator[DaemonProcess]:
     config = f"""
 [tools.web]

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from tests.conftest import DaemonProcess, module_daemon
-from tests.webserver import Server, serving
+from tests.webserver import Server
 from toold_client import APPROVE_ALL
 from toold_daemon.config import Config
 from toold_daemon.egress.rules import EgressRules
@@ -108,13 +108,7 @@ def test_ascii_names_and_addresses_are_as_before() -> None:
 
 
 @pytest.fixture(scope="module")
-def local_web() -> Iterator[Server]:
-    with serving("127.0.0.1") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, local_web: Server) -> Iterator[DaemonProcess]:
+def daemon(tmp_path_factory: pytest.TempPathFactory, site: Server) -> Iterator[DaemonProcess]:
     """``localhost`` is denied by name; every other name (and address) is allowed."""
     config = f"""
 [tools.approval]
@@ -124,7 +118,7 @@ allowlist = ["shell", "run_code"]
 allowed_domains = ["*"]
 denied_domains = ["localhost"]
 allowed_networks = ["127.0.0.0/8"]
-allowed_ports = [{local_web.port}]
+allowed_ports = [{site.port}]
 """
     with module_daemon(tmp_path_factory, "egress-names", config) as d:
         yield d
@@ -144,20 +138,20 @@ for line in ({connect!r}, {get!r}):
 
 @pytest.mark.parametrize("spelled", ["loc\u00adalhost", "LOC\u00adALHOST", "localhost", "localhost\x00.example"])
 def test_a_command_cannot_reach_a_denied_name_through_a_respelling(
-    daemon: DaemonProcess, local_web: Server, spelled: str
+    daemon: DaemonProcess, site: Server, spelled: str
 ) -> None:
     code = _RAW_REQUESTS.format(
-        connect=f"CONNECT {spelled}:{local_web.port} HTTP/1.1",
-        get=f"GET http://{spelled}:{local_web.port}/json HTTP/1.1",
+        connect=f"CONNECT {spelled}:{site.port} HTTP/1.1",
+        get=f"GET http://{spelled}:{site.port}/json HTTP/1.1",
     )
-    before = len(local_web.requests)
+    before = len(site.requests)
     with daemon.client(timeout=60) as c:
         result = c.call(
             "run_code", {"language": "python", "code": code, "network": True}, on_confirm=lambda r: APPROVE_ALL
         )
     assert result.ok, result.content
     assert result.content.count(" 403") == 2, result.content  # both refused, by the rules
-    assert len(local_web.requests) == before  # nothing reached the server
+    assert len(site.requests) == before  # nothing reached the server
     records = result.data["network"]
     assert len(records) == 2 and all(r["refused"] for r in records)
     if "\x00" in spelled:  # no host name at all: refused as such, and kept as it came
@@ -166,11 +160,11 @@ def test_a_command_cannot_reach_a_denied_name_through_a_respelling(
         assert all(r["host"] == "localhost" and "denied_domains" in r["refused"] for r in records)
 
 
-def test_the_same_command_reaches_an_allowed_name(daemon: DaemonProcess, local_web: Server) -> None:
+def test_the_same_command_reaches_an_allowed_name(daemon: DaemonProcess, site: Server) -> None:
     """The control: the proxy and the server are reachable, so the refusals above are the rules'."""
     code = _RAW_REQUESTS.format(
-        connect=f"CONNECT 127.0.0.1:{local_web.port} HTTP/1.1",
-        get=f"GET http://127.0.0.1:{local_web.port}/json HTTP/1.1",
+        connect=f"CONNECT 127.0.0.1:{site.port} HTTP/1.1",
+        get=f"GET http://127.0.0.1:{site.port}/json HTTP/1.1",
     )
     with daemon.client(timeout=60) as c:
         result = c.call(

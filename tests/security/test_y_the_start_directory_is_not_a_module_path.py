@@ -14,22 +14,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import DaemonProcess, wait_ready
-from tests.webserver import Server, serving
+from tests.webserver import Server
 from toold_client import APPROVE_ALL
 
 PLANTED = "import pathlib\npathlib.Path({marker!r}).write_text('ran as uid %d' % __import__('os').getuid())\n"
-
-
-@pytest.fixture
-def site() -> Iterator[Server]:
-    with serving("127.0.0.1") as server:
-        yield server
 
 
 def test_planted_modules_in_the_start_directory_never_run(tmp_path: Path, site: Server) -> None:
