@@ -1,8 +1,8 @@
 """Ending a call's processes: whatever ends a call (its outcome, a timeout, a cancel, a
 crash), everything it started is killed, by its cgroup, its process group and every
-escapee carrying its token, until a sweep finds nothing new; then its cgroup is removed
-and its temp dir given back (for reuse only once the emptied cgroup proves that nothing
-of the call can still write there)."""
+escapee carrying its token, until a sweep finds nothing new; then its cgroup is kept for
+a later call or removed, and its temp dir given back (for reuse only once the emptied
+cgroup proves that nothing of the call can still write there)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ class CallKiller:
 
     async def _finish(self, child: CallProcess, killed: set[int], *, by_cgroup: bool = False) -> None:
         """Wait for the call's group to exit; sweep for escapees carrying its token, unless
-        its cgroup, killed, empties and the call was contained in it; remove the cgroup.
+        its cgroup, killed, empties and the call was contained in it; keep or remove the
+        cgroup.
 
         Skipping the sweep there loses nothing: leaving a cgroup takes write access to
         another one's ``cgroup.procs``, which Landlock keeps out of reach (/sys is outside
@@ -111,9 +112,10 @@ class CallKiller:
             await self._give_back_temp(child.temp, child.uid, reusable=emptied)
 
     async def _emptied(self, cgroup: str) -> bool:
-        """Remove ``cgroup`` once the processes leaving it are gone (within 2 s)."""
+        """Once the processes leaving ``cgroup`` are gone (within 2 s), keep it for a later
+        call or remove it (``Cgroups.release``)."""
         with trio.move_on_after(2.0):
-            while not self.cgroups.remove(cgroup):
+            while not self.cgroups.release(cgroup):
                 await trio.sleep(0.001)
             return True
         return False

@@ -425,11 +425,11 @@ class Zygotes:
         return zygote
 
     def _new_group(self) -> str:
-        """A call cgroup to park a zygote in: one process over the call's limit, for the
-        zygote itself."""
+        """A call cgroup to park a zygote in (a kept one when there is one, see
+        ``Cgroups.call_group``): one process over the call's limit, for the zygote itself."""
         pids_max, memory_max = self._limits
         try:
-            return self._cgroups.create(f"call-{secrets.token_hex(12)}", pids_max=pids_max + 1, memory_max=memory_max)
+            return self._cgroups.call_group(pids_max=pids_max + 1, memory_max=memory_max)
         except CgroupUnavailable as exc:  # parked nowhere: its next command goes to a fresh child
             log.warning("no fresh cgroup for a zygote: %s", exc)
             return ""

@@ -1,0 +1,151 @@
+"""Emptied call cgroups are kept for later calls instead of being removed and made anew:
+one is taken back only once no process is left in it, with its limits written again,
+never while another call runs in it, and none outlives the runner.
+
+On the real kernel's hierarchies (whatever this machine mounts), as root."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from tests.in_process_runner import Commands, alive
+from toold_daemon.isolation import cgroup
+from toold_daemon.isolation.cgroup import Cgroups
+from toold_daemon.tools.shell import ShellArgs
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="making cgroups takes root here")
+
+
+@pytest.fixture
+def cgroups() -> Iterator[Cgroups]:
+    found = Cgroups.detect()
+    if not found.hierarchies:
+        pytest.skip(f"no per-call cgroups here: {found.reason}")
+    try:
+        yield found
+    finally:  # even after a failure: nothing left running, nothing left behind
+        for base in [h.base for h in found.hierarchies if os.path.isdir(h.base)]:
+            cgroup.kill_listed(base)  # and in every cgroup inside it
+            deadline = time.monotonic() + 5
+            while not cgroup._rmdir(base) and time.monotonic() < deadline:  # deepest first
+                time.sleep(0.01)
+
+
+def _sleeping_in(group: Path) -> set[int]:
+    """The live ``sleep`` processes listed in cgroup ``group``."""
+    found = set()
+    for word in (group / "cgroup.procs").read_text().split():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(int(word)).name() == "sleep" and alive(int(word)):
+                found.add(int(word))
+    return found
+
+
+def _pids_max(cgroups: Cgroups, name: str) -> str:
+    for hierarchy, path in zip(cgroups.hierarchies, cgroups.paths(name), strict=True):
+        if "pids" in hierarchy.limits:
+            return Path(path, "pids.max").read_text().strip()
+    pytest.skip("no pids controller here")
+
+
+def test_an_emptied_call_cgroup_comes_back_with_the_next_calls_limits(cgroups: Cgroups) -> None:
+    first = cgroups.call_group(pids_max=16, memory_max=1 << 30)
+    assert first.startswith("call-") and _pids_max(cgroups, first) == "16"
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        opened = cgroups.open_procs(first)
+        assert opened is not None and cgroup.write_procs(opened, sleeper.pid)
+        assert not cgroups.release(first)  # a process is still in it: neither kept nor removed
+        assert cgroups.spare == [] and all(os.path.isdir(path) for path in cgroups.paths(first))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    deadline = time.monotonic() + 5
+    while not cgroups.release(first):  # the process leaves the cgroup as it is reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert cgroups.spare == [first]
+    assert cgroups.call_group(pids_max=513, memory_max=1 << 30) == first
+    assert _pids_max(cgroups, first) == "513"  # the new call's limit, not the last one's
+    assert cgroups.spare == []
+    second = cgroups.call_group(pids_max=8, memory_max=1 << 30)  # none kept: a fresh one
+    assert second != first
+
+
+def test_a_call_cgroup_with_one_made_inside_it_is_not_kept_while_that_one_lives(cgroups: Cgroups) -> None:
+    """A command able to write there (root without Landlock) could make a cgroup inside its
+    call's and move into it: the call's own list is then empty, and yet it is not."""
+    name = cgroups.call_group(pids_max=16, memory_max=1 << 30)
+    inner = [os.path.join(path, "inner") for path in cgroups.paths(name)]
+    for path in inner:
+        os.mkdir(path)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        for path in inner:
+            Path(path, "cgroup.procs").write_text(str(sleeper.pid))
+        assert not cgroups.release(name) and cgroups.spare == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    deadline = time.monotonic() + 5
+    while not all(cgroup._rmdir(path) for path in inner):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert cgroups.release(name) and cgroups.spare == [name]
+
+
+def test_only_so_many_are_kept_and_none_outlives_the_bases(cgroups: Cgroups, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cgroup, "SPARE_CALL_CGROUPS", 2)
+    names = [cgroups.call_group(pids_max=8, memory_max=1 << 30) for _ in range(3)]
+    assert all(cgroups.release(name) for name in names)
+    assert cgroups.spare == names[:2]
+    assert not any(os.path.exists(path) for path in cgroups.paths(names[2]))  # removed instead
+    cgroups.remove_bases()
+    assert cgroups.spare == []
+    assert not any(os.path.exists(h.base) for h in cgroups.hierarchies)
+
+
+async def test_commands_reuse_cgroups_but_never_share_one(tmp_path: Path, spawner: tuple[int, socket.socket]) -> None:
+    """One command after another runs in cgroups taken back from earlier ones; two that run
+    at once are each in a cgroup of its own, holding only that call's processes."""
+    commands = Commands(spawner, tmp_path)
+    if not commands.runner.cgroups.hierarchies:
+        pytest.skip(f"no per-call cgroups here: {commands.runner.cgroups.reason}")
+    report = "grep -m1 -o 'call-[0-9a-f]*' /proc/self/cgroup"
+    async with commands.serving():
+        one_by_one = [(await commands.run("shell", ShellArgs(command=report))).content.strip() for _ in range(12)]
+        assert all(name.startswith("call-") for name in one_by_one)
+        assert len(set(one_by_one)) < len(one_by_one)  # taken back, not made anew each time
+
+        named: dict[str, str] = {}
+
+        async def beside_another(tag: str) -> None:
+            command = f"{report}; exec sleep 1"
+            named[tag] = (await commands.run("shell", ShellArgs(command=command), call_id=tag)).content.strip()
+
+        base = commands.runner.cgroups.base
+        async with trio.open_nursery() as nursery:
+            for tag in ("a", "b"):
+                nursery.start_soon(beside_another, tag)
+            holding: dict[str, set[int]] = {}
+            deadline = time.monotonic() + 10
+            while len(holding) < 2:  # both sleep: in which cgroups, beside what?
+                assert time.monotonic() < deadline, holding
+                await trio.sleep(0.02)
+                holding = {name: pids for name in os.listdir(base) if name.startswith("call-")
+                           if (pids := _sleeping_in(Path(base, name)))}  # fmt: skip
+        assert named["a"] != named["b"] and set(named.values()) == set(holding)
+        assert all(len(pids) == 1 for pids in holding.values())  # one call's process each, no other
+        bases = [h.base for h in commands.runner.cgroups.hierarchies]
+    for base in bases:  # the runner closed: kept cgroups and bases removed
+        assert not os.path.exists(base)
