@@ -1,15 +1,19 @@
-"""A quick read answered in one frame: ``batch_accepted`` carrying the outcome, only for a
-client that said it reads it there; everyone else gets the two frames they always did."""
+"""A quick call answered in one frame: ``batch_accepted`` carrying the outcome, only for a
+client that said it reads it there; everyone else gets the two frames they always did. A
+long one's acceptance still comes in time to cancel it."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
+import pytest
 import zmq
 
 import toold_protocol as p
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, start_daemon
 from toold_client import Client
 
 
@@ -37,6 +41,21 @@ def warm(daemon: DaemonProcess) -> None:
     may outlast the hold and get its acceptance alone, which is right but not tested here."""
     with Client(daemon.endpoint) as client:
         assert client.call("read_file", {"path": "note.txt"}).ok
+
+
+@pytest.fixture
+def commands(tmp_path: Path, root: Path) -> Iterator[DaemonProcess]:
+    """A daemon that runs ``shell`` without asking anyone."""
+    daemon = start_daemon(tmp_path, root, config='[tools.approval]\nallowlist = ["shell"]\n')
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def shell_request(command: str, **fields: object) -> p.SubmitBatch:
+    arguments = msgspec.Raw(p.encode_value({"command": command}))
+    return p.SubmitBatch(id=8, calls=[p.ToolCall(call_id="s", name="shell", arguments=arguments)], **fields)  # type: ignore[arg-type]
 
 
 def read_request(path: str, **fields: object) -> p.SubmitBatch:
@@ -99,3 +118,45 @@ def test_the_client_sees_the_same_outcome_and_events_either_way(daemon: DaemonPr
         assert [r.content for r in quick.results] == [r.content for r in full.results]
         assert type(every[-1]).__name__ == "BatchFinished"
         assert client.call("read_file", {"path": "note.txt"}).content == quick.results[0].content
+
+
+def test_a_quick_command_comes_back_as_one_frame_too(commands: DaemonProcess) -> None:
+    """Not only reads: a command that ends within the hold is journaled, run and answered
+    in one frame (one wake-up of the client, one send of the daemon's)."""
+    with Client(commands.endpoint) as client:
+        assert client.call("shell", {"command": "true"}).ok  # its zygote is running
+    request = shell_request("echo one frame", events="results", outcome_in_acceptance=True)
+    carried = []
+    for _ in range(5):
+        first, *rest = [p.decode_daemon_message(f) for f in frames_for(commands.endpoint, request)]
+        assert isinstance(first, p.BatchAccepted) and first.id == 8
+        if first.outcome is None:  # past the hold on a slow machine: two frames, as before
+            assert [type(m).__name__ for m in rest] == ["BatchFinished"]
+            continue
+        assert rest == []
+        carried.append(first.outcome)
+        assert "one frame" in first.outcome.results[0].content
+    assert carried, "no quick command came back as one frame in five tries"
+
+
+def test_a_long_commands_acceptance_comes_in_time_to_cancel_it(commands: DaemonProcess) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(commands.endpoint)
+    try:
+        sent = time.monotonic()
+        sock.send(p.encode(shell_request("sleep 30", events="results", outcome_in_acceptance=True)))
+        assert sock.poll(5000)
+        accepted = p.decode_daemon_message(sock.recv())
+        assert isinstance(accepted, p.BatchAccepted) and accepted.outcome is None
+        assert time.monotonic() - sent < 2  # held for 20 ms at most (a slow machine: more)
+        sock.send(p.encode(p.Cancel(id=9, batch_id=accepted.batch_id)))
+        replies = []
+        while len(replies) < 2 and sock.poll(10_000):
+            replies.append(p.decode_daemon_message(sock.recv()))
+        finished = next(m for m in replies if isinstance(m, p.BatchFinished))
+        assert finished.state == "cancelled" and time.monotonic() - sent < 10
+    finally:
+        sock.close()
+        ctx.term()

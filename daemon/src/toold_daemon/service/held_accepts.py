@@ -1,11 +1,14 @@
 """``batch_accepted`` held back for a moment, so that a quick batch answers in one go.
 
 A client that asked only for results (``events="results"``) waits for ``batch_finished``;
-``batch_accepted`` alone wakes it for nothing. For a batch of one read-only call, which
-usually finishes in well under a millisecond, the daemon holds the acceptance until the
-batch finishes and sends both frames together (one wake-up of the client instead of
-two), or sends it alone once ``HOLD_SECONDS`` have passed, so that a long call's client
-still learns the batch id in time to cancel it. A client that said it reads
+``batch_accepted`` alone wakes it for nothing. For a batch of one call that needs no
+person (a read usually finishes in well under a millisecond, ``shell true`` in about
+two), the daemon holds the acceptance until the batch finishes and sends both frames
+together (one wake-up of the client instead of two, one send fewer for the loop), or
+sends it alone once ``HOLD_SECONDS`` have passed, so that a long call's client still
+learns the batch id in time to cancel it. A side-effecting call's acceptance is sent
+only once its batch is journaled: held when the journal took it at once, else sent
+when the journal has it. A client that said it reads
 ``batch_accepted.outcome`` gets one frame: the acceptance carrying the outcome.
 """
 

@@ -587,9 +587,9 @@ def _digest(message: SubmitBatch) -> str:
 
 
 def _answers_quickly(batch: Batch, message: SubmitBatch) -> bool:
-    """One read-only call for a client that wants only the outcome: its acceptance is
-    held until it finishes (``HeldAccepts``)."""
-    if len(batch.calls) != 1 or message.events != "results" or not batch.read_only:
+    """One call that runs without a person, for a client that wants only the outcome: its
+    acceptance is held until it finishes, or for ``HOLD_SECONDS`` (``HeldAccepts``)."""
+    if len(batch.calls) != 1 or message.events != "results":
         return False
     call = batch.calls[0]
     return not call.needs_confirmation and not call.awaiting_result
