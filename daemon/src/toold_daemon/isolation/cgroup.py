@@ -489,22 +489,15 @@ def _rmdir(path: str) -> bool:
     """Remove cgroup ``path``, and any emptied cgroup made inside it (which only a command
     able to write there could make: root without Landlock) first; False while a
     process is still in one of them."""
-    try:
-        os.rmdir(path)
-    except FileNotFoundError:
+    if _rmdir_one(path):
         return True
-    except OSError:
-        inner = _inner_cgroups(path)
-        if not inner:
-            return False
-        for nested in inner:
-            with contextlib.suppress(OSError):
-                os.rmdir(nested)
-        return _rmdir_once(path)
-    return True
+    inner = _inner_cgroups(path)
+    for nested in inner:
+        _rmdir_one(nested)
+    return bool(inner) and _rmdir_one(path)
 
 
-def _rmdir_once(path: str) -> bool:
+def _rmdir_one(path: str) -> bool:
     try:
         os.rmdir(path)
     except FileNotFoundError:
