@@ -1,6 +1,7 @@
-"""Emptied call cgroups are kept for later calls instead of being removed and made anew:
-one is taken back only once no process is left in it, with its limits written again,
-never while another call runs in it, and none outlives the runner.
+"""A call's cgroup after its call: kept for later calls instead of being removed and made
+anew, taken back only once no process is left in it, with its limits written again,
+never while another call runs in it; removed later when killed processes outlive the
+call; and none outlives the runner.
 
 On the real kernel's hierarchies (whatever this machine mounts), as root."""
 
@@ -19,7 +20,8 @@ import pytest
 import trio
 
 from tests.in_process_runner import Commands, alive
-from toold_daemon.isolation import cgroup
+from toold_daemon.isolation import call_end, cgroup
+from toold_daemon.isolation.call_end import CallKiller, CallProcess
 from toold_daemon.isolation.cgroup import Cgroups
 from toold_daemon.tools.shell import ShellArgs
 
@@ -149,3 +151,41 @@ async def test_commands_reuse_cgroups_but_never_share_one(tmp_path: Path, spawne
         bases = [h.base for h in commands.runner.cgroups.hierarchies]
     for base in bases:  # the runner closed: kept cgroups and bases removed
         assert not os.path.exists(base)
+
+
+async def test_a_cgroup_whose_processes_outlive_the_call_is_removed_once_they_exit(
+    cgroups: Cgroups, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a process stuck in the kernel (a hung network filesystem) would: the call ends
+    without its cgroup, whose temp dir is not reused, and the cgroup goes once it exits."""
+    monkeypatch.setattr(call_end, "EMPTY_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(call_end, "LINGERING_RETRY_SECONDS", 0.05)
+    given_back: list[bool] = []
+
+    async def give_back_temp(temp: str, uid: int, *, reusable: bool) -> None:
+        given_back.append(reusable)
+
+    name = cgroups.call_group(pids_max=16, memory_max=1 << 30)
+    stuck = subprocess.Popen(["sleep", "30"])  # stands in for it: the test ends it itself
+    try:
+        opened = cgroups.open_procs(name)
+        assert opened is not None and cgroup.write_procs(opened, stuck.pid)
+        ended = subprocess.Popen(["true"])
+        ended.wait()
+        call = CallProcess(ended.pid, -1, "token", "", os.getuid(), name, contained=True)
+        killer = CallKiller(cgroups, os.getpid(), 0.0, give_back_temp)
+        async with trio.open_nursery() as nursery:
+            killer.nursery = nursery
+            await killer._finish(call, set(), by_cgroup=True)
+            assert given_back == [False] and killer.lingering == [name]
+            assert all(os.path.isdir(path) for path in cgroups.paths(name))
+            stuck.kill()
+            stuck.wait()
+            with trio.fail_after(10):
+                while killer.lingering:
+                    await trio.sleep(0.02)
+        assert not any(os.path.exists(path) for path in cgroups.paths(name))
+        assert name not in cgroups.spare  # removed, not kept
+    finally:
+        stuck.kill()
+        stuck.wait()

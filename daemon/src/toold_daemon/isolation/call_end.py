@@ -7,6 +7,7 @@ cgroup proves that nothing of the call can still write there)."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 from typing import TYPE_CHECKING, Protocol
@@ -19,6 +20,14 @@ from .cgroup import Cgroups
 
 if TYPE_CHECKING:
     from .zygotes import Leaving
+
+log = logging.getLogger(__name__)
+
+#: How long a killed call's processes may take to leave its cgroup before the call ends
+#: without it (its temp dir then is not reused, and the cgroup is removed later).
+EMPTY_WAIT_SECONDS = 2.0
+#: How often a cgroup whose processes outlived that wait is tried again.
+LINGERING_RETRY_SECONDS = 1.0
 
 
 class CallProcess(msgspec.Struct, frozen=True):
@@ -49,6 +58,8 @@ class CallKiller:
         self._give_back_temp = give_back_temp
         #: Where a kill finishes once ``cgroup.kill`` has reached every process (set by the runner).
         self.nursery: trio.Nursery | None = None
+        #: Call cgroups whose killed processes were still leaving them when their call ended.
+        self.lingering: list[str] = []
 
     async def kill(self, child: CallProcess) -> None:
         """SIGTERM first when a grace period is configured, then SIGKILL to the call's cgroup,
@@ -109,16 +120,34 @@ class CallKiller:
             if not emptied:
                 await self._sweep_until_quiet(child.pid, child.token, killed)
                 emptied = bool(child.cgroup) and await self._emptied(child.cgroup)
+                if child.cgroup and not emptied:
+                    self._linger(child.cgroup)
             await self._give_back_temp(child.temp, child.uid, reusable=emptied)
 
     async def _emptied(self, cgroup: str) -> bool:
-        """Once the processes leaving ``cgroup`` are gone (within 2 s), keep it for a later
-        call or remove it (``Cgroups.release``)."""
-        with trio.move_on_after(2.0):
+        """Once the processes leaving ``cgroup`` are gone (within ``EMPTY_WAIT_SECONDS``),
+        keep it for a later call or remove it (``Cgroups.release``)."""
+        with trio.move_on_after(EMPTY_WAIT_SECONDS):
             while not self.cgroups.release(cgroup):
                 await trio.sleep(0.001)
             return True
         return False
+
+    def _linger(self, cgroup: str) -> None:
+        """A killed process that takes longer to exit (one waiting in the kernel on a slow
+        disk or network filesystem, in uninterruptible sleep) holds its call's cgroup:
+        removed once it is gone, not left for the daemon's lifetime."""
+        log.warning("processes of cgroup %s outlived their call; it is removed once they exit", cgroup)
+        self.lingering.append(cgroup)
+        if len(self.lingering) == 1 and self.nursery is not None:
+            self.nursery.start_soon(self._remove_lingering)
+
+    async def _remove_lingering(self) -> None:
+        while self.lingering:
+            await trio.sleep(LINGERING_RETRY_SECONDS)
+            for cgroup in self.lingering:
+                self.cgroups.kill(cgroup)  # whatever is there carries SIGKILL already; once more
+            self.lingering = [cgroup for cgroup in self.lingering if not self.cgroups.remove(cgroup)]
 
     async def _sweep_until_quiet(self, pid: int, token: str, killed: set[int]) -> None:
         for _ in range(1000):
