@@ -202,6 +202,50 @@ def test_canonical_names_equal_realpath_for_missing_paths_too(
         assert _canonical(path) == os.path.realpath(path), path
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    drawn=link_trees.entries(("dir", "file", "link", "outside link")),
+    asked=st.lists(st.lists(st.sampled_from([*link_trees.NAMES, "new"]), min_size=1, max_size=4), max_size=10),
+)
+def test_canonical_names_within_one_plan_equal_realpath(
+    tmp_path_factory: pytest.TempPathFactory, drawn: link_trees.Entries, asked: list[list[str]]
+) -> None:
+    """The same within one plan, which remembers the missing paths and the directories
+    above them as it goes: a dangling link beside a remembered directory is still
+    followed, as realpath does."""
+    base = str(tmp_path_factory.mktemp("tree"))
+    link_trees.make_tree(base, drawn, outside=str(tmp_path_factory.mktemp("outside")))
+    with paths_module.remembering_missing():
+        for parts in asked:
+            path = os.path.join(base, *parts)
+            assert _canonical(path) == os.path.realpath(path), path
+
+
+def test_missing_names_in_one_directory_cost_one_lookup_more_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command's words are mostly missing names in its directory (``git status
+    --short``): within one plan, the directory is opened and read back once, and each
+    further name costs the lookup that finds it missing and one that finds nothing there."""
+    sandbox = Sandbox([tmp_path])
+    root = str(sandbox.roots[0])
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    names = [f"word{n}" for n in range(10)]
+    lookups = [0]
+    real_open = paths_module.open_path
+
+    def counting(*args: object, **kwargs: object) -> int:
+        lookups[0] += 1
+        return real_open(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(paths_module, "open_path", counting)
+    with paths_module.remembering_missing():
+        seen = [sandbox.canonical(f"{root}/{name}") for name in names]
+        assert sandbox.canonical(f"{root}/dangling") == f"{root}/nowhere"  # followed, as realpath does
+    assert seen == [f"{root}/{name}" for name in names]
+    assert lookups[0] <= 3 + 2 * (len(names) - 1) + 3, lookups[0]
+
+
 def test_drawn_trees_stay_below_their_base(tmp_path: Path) -> None:
     """The property tests' trees: a link to ``..`` and then an entry through it made that
     entry beside the tree, in pytest's temporary root, where a link loop (``c -> c``)
