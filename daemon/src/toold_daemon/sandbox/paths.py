@@ -117,7 +117,7 @@ def _canonical(path: str) -> str:
 _missing_known: ContextVar[dict[str, str] | None] = ContextVar("missing_known", default=None)
 #: Within ``remembering_missing()`` too: the canonical names of the directories found to
 #: exist on the way, by the path asked. A command's words are mostly missing names in one
-#: directory (``git status --short``): each then costs one lookup, not four.
+#: directory (``git status --short``): each then costs two lookups, not four.
 _dirs_known: ContextVar[dict[str, str] | None] = ContextVar("dirs_known", default=None)
 
 
@@ -163,7 +163,7 @@ def _canonical_missing(path: str) -> str:
             except OSError:
                 break
             try:
-                if not _entry_absent(fd, name):
+                if not _absent(name, dir_fd=fd):
                     break  # the name is there now: a dangling symlink, or a race
                 real_head = os.readlink(f"/proc/self/fd/{fd}")
             except OSError:
@@ -190,13 +190,8 @@ def _remember(known: dict[str, str], real_head: str, walked: list[str]) -> str:
     return canonical
 
 
-def _entry_absent(dir_fd: int, name: str) -> bool:
-    """No entry ``name`` in the directory (a dangling symlink is an entry)."""
-    return _absent(name, dir_fd=dir_fd)
-
-
 def _absent(path: str, *, dir_fd: int | None = None) -> bool:
-    """Nothing at ``path``, not even a dangling symlink (one lookup)."""
+    """Nothing at ``path`` (relative to ``dir_fd``), not even a dangling symlink: one lookup."""
     try:
         os.close(open_path(path, os.O_NOFOLLOW, dir_fd=dir_fd))
     except FileNotFoundError:
