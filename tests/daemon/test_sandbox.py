@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -185,37 +186,22 @@ def test_absolute_denied_patterns_match_the_absolute_path(root: Path) -> None:
     assert sandbox.resolve("public") == root.resolve() / "public"
 
 
+@pytest.mark.parametrize("within_a_plan", [False, True], ids=["alone", "within one plan"])
 @settings(max_examples=200, deadline=None)
 @given(
     drawn=link_trees.entries(("dir", "file", "link", "outside link")),
     asked=st.lists(st.lists(st.sampled_from([*link_trees.NAMES, "new"]), min_size=1, max_size=4), max_size=10),
 )
 def test_canonical_names_equal_realpath_for_missing_paths_too(
-    tmp_path_factory: pytest.TempPathFactory, drawn: link_trees.Entries, asked: list[list[str]]
+    tmp_path_factory: pytest.TempPathFactory, drawn: link_trees.Entries, asked: list[list[str]], within_a_plan: bool
 ) -> None:
     """Missing paths (new files, dangling links on the way, files used as directories,
-    links out of the tree and loops) get the name ``os.path.realpath`` gives them."""
+    links out of the tree and loops) get the name ``os.path.realpath`` gives them; also
+    within one plan, which remembers the missing paths and the directories above them as
+    it goes (a dangling link beside a remembered directory is still followed)."""
     base = str(tmp_path_factory.mktemp("tree"))
     link_trees.make_tree(base, drawn, outside=str(tmp_path_factory.mktemp("outside")))
-    for parts in asked:
-        path = os.path.join(base, *parts)
-        assert _canonical(path) == os.path.realpath(path), path
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    drawn=link_trees.entries(("dir", "file", "link", "outside link")),
-    asked=st.lists(st.lists(st.sampled_from([*link_trees.NAMES, "new"]), min_size=1, max_size=4), max_size=10),
-)
-def test_canonical_names_within_one_plan_equal_realpath(
-    tmp_path_factory: pytest.TempPathFactory, drawn: link_trees.Entries, asked: list[list[str]]
-) -> None:
-    """The same within one plan, which remembers the missing paths and the directories
-    above them as it goes: a dangling link beside a remembered directory is still
-    followed, as realpath does."""
-    base = str(tmp_path_factory.mktemp("tree"))
-    link_trees.make_tree(base, drawn, outside=str(tmp_path_factory.mktemp("outside")))
-    with paths_module.remembering_missing():
+    with paths_module.remembering_missing() if within_a_plan else contextlib.nullcontext():
         for parts in asked:
             path = os.path.join(base, *parts)
             assert _canonical(path) == os.path.realpath(path), path
@@ -231,14 +217,7 @@ def test_missing_names_in_one_directory_cost_one_lookup_more_each(
     root = str(sandbox.roots[0])
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     names = [f"word{n}" for n in range(10)]
-    lookups = [0]
-    real_open = paths_module.open_path
-
-    def counting(*args: object, **kwargs: object) -> int:
-        lookups[0] += 1
-        return real_open(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(paths_module, "open_path", counting)
+    lookups = _counting_lookups(monkeypatch)
     with paths_module.remembering_missing():
         seen = [sandbox.canonical(f"{root}/{name}") for name in names]
         assert sandbox.canonical(f"{root}/dangling") == f"{root}/nowhere"  # followed, as realpath does
@@ -257,14 +236,8 @@ def test_drawn_trees_stay_below_their_base(tmp_path: Path) -> None:
     assert os.readlink(base / "a") == ".."
 
 
-def test_missing_paths_of_one_plan_are_each_walked_up_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An undo's plan names every directory of a tree that is gone, deepest first; each
-    was walked up to the deepest directory that exists (a tree 1,300 deep: 845,000
-    lookups). Within one plan each is now walked up only as far as one already known,
-    and the names are the same."""
-    sandbox = Sandbox([tmp_path])
-    root = str(sandbox.roots[0])
-    chain = [root + "/gone" + "/d" * depth for depth in range(300, 0, -1)]  # deepest first
+def _counting_lookups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the sandbox's path lookups from here on (the one element of the list)."""
     lookups = [0]
     real_open = paths_module.open_path
 
@@ -273,6 +246,18 @@ def test_missing_paths_of_one_plan_are_each_walked_up_once(tmp_path: Path, monke
         return real_open(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(paths_module, "open_path", counting)
+    return lookups
+
+
+def test_missing_paths_of_one_plan_are_each_walked_up_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An undo's plan names every directory of a tree that is gone, deepest first; each
+    was walked up to the deepest directory that exists (a tree 1,300 deep: 845,000
+    lookups). Within one plan each is now walked up only as far as one already known,
+    and the names are the same."""
+    sandbox = Sandbox([tmp_path])
+    root = str(sandbox.roots[0])
+    chain = [root + "/gone" + "/d" * depth for depth in range(300, 0, -1)]  # deepest first
+    lookups = _counting_lookups(monkeypatch)
     alone = [sandbox.canonical(path) for path in chain]
     walked_alone, lookups[0] = lookups[0], 0
     with paths_module.remembering_missing():
