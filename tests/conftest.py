@@ -14,12 +14,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.webserver import Server, serving
+
+if TYPE_CHECKING:
+    from toold_daemon.isolation.cgroup import Cgroups
 
 settings.register_profile(
     "toold", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
@@ -240,3 +244,22 @@ def spawner() -> Iterator[tuple[int, socket.socket]]:
         yield spawner_pid, control
     finally:
         control.close()
+
+
+@pytest.fixture
+def cgroups() -> Iterator[Cgroups]:
+    """This machine's cgroup hierarchies, as a daemon in this process finds them (root
+    only): whatever a test made below them is killed and removed after it."""
+    from toold_daemon.isolation import cgroup
+
+    found = cgroup.Cgroups.detect()
+    if not found.hierarchies:
+        pytest.skip(f"no per-call cgroups here: {found.reason}")
+    try:
+        yield found
+    finally:  # even after a failure: nothing left running, nothing left behind
+        for base in [h.base for h in found.hierarchies if os.path.isdir(h.base)]:
+            cgroup.kill_listed(base)  # and in every cgroup inside it
+            deadline = time.monotonic() + 5
+            while not cgroup._rmdir(base) and time.monotonic() < deadline:  # deepest first
+                time.sleep(0.01)
