@@ -7,6 +7,8 @@ import os
 import threading
 from pathlib import Path
 
+from pytest import MonkeyPatch
+
 from toold_daemon.tools import _fifo_ignores
 
 
@@ -42,3 +44,46 @@ def test_a_reader_held_by_a_fifo_ignore_file_is_freed_and_nothing_else_is_touche
     fd = os.open(other, os.O_WRONLY | os.O_NONBLOCK)  # (let the test's reader go)
     os.close(fd)
     readers[2][0].join(5)
+
+
+def test_output_lines_come_whole_across_chunks_and_the_last_as_it_ends(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    pieces = [b"a\nb", b"b\n", b"\nc:1", b"\x00d"]
+
+    def write() -> None:
+        for piece in pieces:
+            os.write(write_end, piece)
+            threading.Event().wait(0.02)  # each piece a chunk of its own
+        os.close(write_end)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        lines = list(_fifo_ignores.lines_freeing_fifos(read_end, str(tmp_path), str(tmp_path)))
+    finally:
+        os.close(read_end)
+        writer.join(5)
+    assert lines == [b"a\n", b"bb\n", b"\n", b"c:1\x00d"]
+
+
+def test_a_silent_search_frees_its_reader_and_goes_on_reading(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
+    monkeypatch.setattr(_fifo_ignores, "SILENT_SECONDS", 0.05)
+    os.mkfifo(tmp_path / ".gitignore")
+    reader, got = _reading(tmp_path / ".gitignore")  # ripgrep, held
+    read_end, write_end = os.pipe()
+    lines: list[bytes] = []
+    consumer = threading.Thread(
+        target=lambda: lines.extend(_fifo_ignores.lines_freeing_fifos(read_end, str(tmp_path), str(tmp_path))),
+        daemon=True,
+    )
+    consumer.start()
+    try:
+        reader.join(5)
+        assert got == [b""]  # freed while no output came
+        os.write(write_end, b"x:1:found\n")
+    finally:
+        os.close(write_end)
+        consumer.join(5)
+        os.close(read_end)
+    assert not consumer.is_alive()
+    assert lines == [b"x:1:found\n"]

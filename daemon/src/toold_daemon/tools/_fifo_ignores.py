@@ -14,32 +14,41 @@ daemon's own walk passes such a FIFO over too, so both see no rules in it.
 from __future__ import annotations
 
 import os
+import select
 import stat
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 IGNORE_FILES = frozenset({".gitignore", ".ignore", ".rgignore"})
 #: Silence from ripgrep after which the FIFOs are looked for, and between two looks.
 SILENT_SECONDS = 1.0
+_CHUNK = 1 << 16
 
 
-def watch(root: str, searched: str, last_output: Callable[[], float], done: threading.Event) -> None:
-    """On a thread of its own until ``done``: free ripgrep (searching ``searched``, a
-    directory or file below ``root``) when it has been silent for ``SILENT_SECONDS``
-    (``last_output``: the ``time.monotonic()`` of its last line). A look walks the tree:
-    while none frees anything (a search that is slow, not held), the next comes twice as
-    late, so a long quiet search pays a few walks, not one a second."""
-
-    def run() -> None:
-        pause = SILENT_SECONDS
-        while not done.wait(SILENT_SECONDS / 2):
-            if time.monotonic() - last_output() >= SILENT_SECONDS:
-                pause = SILENT_SECONDS if release(root, searched) else pause * 2
-                if done.wait(pause):
-                    return
-
-    threading.Thread(target=run, name="rg-fifo-release", daemon=True).start()
+def lines_freeing_fifos(stream: int, root: str, searched: str) -> Iterator[bytes]:
+    """ripgrep's output lines from pipe ``stream`` (each with its newline, the last one
+    as it ends), until end of file; while ripgrep (searching ``searched``, a directory or
+    file below ``root``) is silent for ``SILENT_SECONDS``, the FIFOs it may wait on are
+    freed. A look walks the tree: while none frees anything (a search that is slow, not
+    held), the next needs twice the silence, so a long quiet search pays a few walks, not
+    one a second. The silence is noticed by the wait for output itself: no thread per
+    search."""
+    poller = select.poll()
+    poller.register(stream, select.POLLIN)
+    pause = SILENT_SECONDS
+    partial = b""
+    while True:
+        if not poller.poll(pause * 1000):
+            pause = SILENT_SECONDS if release(root, searched) else pause * 2
+            continue
+        chunk = os.read(stream, _CHUNK)
+        if not chunk:
+            break
+        lines = (partial + chunk).split(b"\n")
+        partial = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if partial:
+        yield partial
 
 
 def release(root: str, searched: str) -> int:

@@ -20,8 +20,6 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, BinaryIO
@@ -213,12 +211,8 @@ def _ripgrep_run(rg: str, target: Path, args: GrepArgs, ctx: ToolContext, *, sor
     matches = 0
     too_many = False
     assert proc.stdout is not None and proc.stderr is not None
-    last_output = [time.monotonic()]
-    ran = threading.Event()
-    _fifo_ignores.watch(str(root), str(target), lambda: last_output[0], ran)
     try:
-        for raw in proc.stdout:
-            last_output[0] = time.monotonic()
+        for raw in _fifo_ignores.lines_freeing_fifos(proc.stdout.fileno(), str(root), str(target)):
             if ctx.cancelled.is_set():
                 break
             hit = _parse_rg_line(raw, rel)
@@ -233,7 +227,6 @@ def _ripgrep_run(rg: str, target: Path, args: GrepArgs, ctx: ToolContext, *, sor
                 too_many = True
                 break
     finally:
-        ran.set()
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -282,12 +275,14 @@ def _without_denied(hits: list[Hit], sandbox: Sandbox, root: Path) -> list[Hit]:
     if not sandbox.denied_patterns:
         return hits
     refused: dict[str, bool] = {}
+    root_text = str(root)
     for path in {h.path for h in hits}:
-        if sandbox.denied_pattern(os.path.join(root, path.removeprefix("./"))) is not None:
+        full = os.path.join(root_text, path.removeprefix("./"))
+        if sandbox.denied_pattern(full) is not None:
             refused[path] = True
             continue
         try:
-            sandbox.refuse_denied_link(os.lstat(root / path), path)
+            sandbox.refuse_denied_link(os.lstat(full), path)
             refused[path] = False
         except ToolError:
             refused[path] = True
