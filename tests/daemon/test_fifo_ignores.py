@@ -87,3 +87,20 @@ def test_a_silent_search_frees_its_reader_and_goes_on_reading(tmp_path: Path, mo
         os.close(read_end)
     assert not consumer.is_alive()
     assert lines == [b"x:1:found\n"]
+
+
+def test_a_line_longer_than_the_bound_keeps_its_start_and_the_next_lines_come_whole(tmp_path: Path) -> None:
+    bound = _fifo_ignores.LINE_BYTES_KEPT
+    long_line = b"p\x001:" + bytes(range(11, 256)) * (5 * bound // 245)  # no newline; five bounds, many chunks
+    read_end, write_end = os.pipe()
+    writer = threading.Thread(
+        target=lambda: (os.write(write_end, b"a\n" + long_line + b"\nb\n" + long_line), os.close(write_end)),
+        daemon=True,
+    )
+    writer.start()
+    try:
+        lines = list(_fifo_ignores.lines_freeing_fifos(read_end, str(tmp_path), str(tmp_path)))
+    finally:
+        os.close(read_end)
+        writer.join(5)
+    assert lines == [b"a\n", long_line[:bound] + b"\n", b"b\n", long_line[:bound]]

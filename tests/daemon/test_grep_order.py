@@ -15,6 +15,7 @@ from toold_daemon.config import Config
 from toold_daemon.sandbox import Sandbox
 from toold_daemon.tools import ToolContext
 from toold_daemon.tools.grep import (
+    MAX_LINE_CHARS,
     RIPGREP_FLAGS,
     Grep,
     GrepArgs,
@@ -73,3 +74,18 @@ def test_hits_show_paths_as_the_workspace_does_in_the_first_root_and_in_another(
         args = msgspec.convert({"pattern": "needle", "path": searched}, GrepArgs)
         output = tool.run(args, ToolContext(call_id="c", sandbox=sandbox, config=Config()))
         assert output.content == expected, (searched, output.content)
+
+
+def test_a_line_of_many_megabytes_is_shown_cut_and_costs_a_bounded_read(tmp_path: Path) -> None:
+    """A minified file's one line: ripgrep prints all of it; the tool keeps its start."""
+    if find_ripgrep() is None:
+        pytest.skip("ripgrep not installed")
+    long_line = "needle " + "é" * (8 << 20)  # 16 MB of UTF-8 on one line
+    (tmp_path / "min.js").write_text(f"short needle\n{long_line}\nneedle at the end\n")
+    args = msgspec.convert({"pattern": "needle"}, GrepArgs)
+    output = Grep().run(args, ToolContext(call_id="c", sandbox=Sandbox([tmp_path]), config=Config()))
+    assert output.data is not None and output.data["engine"] == "ripgrep"
+    lines = output.content.splitlines()
+    assert lines[0] == "min.js:1: short needle"
+    assert lines[1] == f"min.js:2: {long_line[:MAX_LINE_CHARS]}…"
+    assert lines[2] == "min.js:3: needle at the end"

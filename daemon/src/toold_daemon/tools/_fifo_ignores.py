@@ -22,20 +22,25 @@ IGNORE_FILES = frozenset({".gitignore", ".ignore", ".rgignore"})
 #: Silence from ripgrep after which the FIFOs are looked for, and between two looks.
 SILENT_SECONDS = 1.0
 _CHUNK = 1 << 16
+#: Bytes kept of one output line: its path (at most PATH_MAX), its line number and far
+#: more than the text the tool shows of it (``grep.MAX_LINE_CHARS``). A line of a minified
+#: file can be hundreds of megabytes; what is past this is read and dropped.
+LINE_BYTES_KEPT = 1 << 16
 
 
 def lines_freeing_fifos(stream: int, root: str, searched: str) -> Iterator[bytes]:
-    """ripgrep's output lines from pipe ``stream`` (each with its newline, the last one
-    as it ends), until end of file; while ripgrep (searching ``searched``, a directory or
-    file below ``root``) is silent for ``SILENT_SECONDS``, the FIFOs it may wait on are
-    freed. A look walks the tree: while none frees anything (a search that is slow, not
-    held), the next needs twice the silence, so a long quiet search pays a few walks, not
-    one a second. The silence is noticed by the wait for output itself: no thread per
-    search."""
+    """ripgrep's output lines from pipe ``stream`` until end of file, each with its
+    newline (the last as it ends) and cut at ``LINE_BYTES_KEPT``; while ripgrep (searching
+    ``searched``, a directory or file below ``root``) is silent for ``SILENT_SECONDS``, the
+    FIFOs it may wait on are freed. A look walks the tree: while none frees anything (a
+    search that is slow, not held), the next needs twice the silence, so a long quiet
+    search pays a few walks, not one a second. The silence is noticed by the wait for
+    output itself: no thread per search."""
     poller = select.poll()
     poller.register(stream, select.POLLIN)
     pause = SILENT_SECONDS
-    partial = b""
+    started: list[bytes] = []  # the kept start of a line still arriving
+    kept = 0
     while True:
         if not poller.poll(pause * 1000):
             pause = SILENT_SECONDS if release(root, searched) else pause * 2
@@ -43,12 +48,19 @@ def lines_freeing_fifos(stream: int, root: str, searched: str) -> Iterator[bytes
         chunk = os.read(stream, _CHUNK)
         if not chunk:
             break
-        lines = (partial + chunk).split(b"\n")
-        partial = lines.pop()
-        for line in lines:
-            yield line + b"\n"
-    if partial:
-        yield partial
+        *ended, rest = chunk.split(b"\n")
+        for piece in ended:
+            line = piece
+            if started:  # (``kept`` never passes the bound: nothing past it was kept)
+                started.append(piece[: LINE_BYTES_KEPT - kept])
+                line, started, kept = b"".join(started), [], 0
+            yield line[:LINE_BYTES_KEPT] + b"\n"
+        if rest and kept < LINE_BYTES_KEPT:
+            rest = rest[: LINE_BYTES_KEPT - kept]
+            started.append(rest)
+            kept += len(rest)
+    if started:
+        yield b"".join(started)
 
 
 def release(root: str, searched: str) -> int:
