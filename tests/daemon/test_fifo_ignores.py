@@ -46,23 +46,28 @@ def test_a_reader_held_by_a_fifo_ignore_file_is_freed_and_nothing_else_is_touche
     readers[2][0].join(5)
 
 
-def test_output_lines_come_whole_across_chunks_and_the_last_as_it_ends(tmp_path: Path) -> None:
+def _lines_from(pieces: list[bytes], tmp_path: Path) -> list[bytes]:
+    """What ``lines_freeing_fifos`` yields for output written as ``pieces``, each a
+    chunk of its own (a pause between them), through a real pipe."""
     read_end, write_end = os.pipe()
-    pieces = [b"a\nb", b"b\n", b"\nc:1", b"\x00d"]
 
     def write() -> None:
         for piece in pieces:
             os.write(write_end, piece)
-            threading.Event().wait(0.02)  # each piece a chunk of its own
+            threading.Event().wait(0.02)
         os.close(write_end)
 
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     try:
-        lines = list(_fifo_ignores.lines_freeing_fifos(read_end, str(tmp_path), str(tmp_path)))
+        return list(_fifo_ignores.lines_freeing_fifos(read_end, str(tmp_path), str(tmp_path)))
     finally:
         os.close(read_end)
         writer.join(5)
+
+
+def test_output_lines_come_whole_across_chunks_and_the_last_as_it_ends(tmp_path: Path) -> None:
+    lines = _lines_from([b"a\nb", b"b\n", b"\nc:1", b"\x00d"], tmp_path)
     assert lines == [b"a\n", b"bb\n", b"\n", b"c:1\x00d"]
 
 
@@ -92,15 +97,5 @@ def test_a_silent_search_frees_its_reader_and_goes_on_reading(tmp_path: Path, mo
 def test_a_line_longer_than_the_bound_keeps_its_start_and_the_next_lines_come_whole(tmp_path: Path) -> None:
     bound = _fifo_ignores.LINE_BYTES_KEPT
     long_line = b"p\x001:" + bytes(range(11, 256)) * (5 * bound // 245)  # no newline; five bounds, many chunks
-    read_end, write_end = os.pipe()
-    writer = threading.Thread(
-        target=lambda: (os.write(write_end, b"a\n" + long_line + b"\nb\n" + long_line), os.close(write_end)),
-        daemon=True,
-    )
-    writer.start()
-    try:
-        lines = list(_fifo_ignores.lines_freeing_fifos(read_end, str(tmp_path), str(tmp_path)))
-    finally:
-        os.close(read_end)
-        writer.join(5)
+    lines = _lines_from([b"a\n" + long_line + b"\nb\n" + long_line], tmp_path)
     assert lines == [b"a\n", long_line[:bound] + b"\n", b"b\n", long_line[:bound]]
