@@ -168,7 +168,7 @@ class Cgroups(msgspec.Struct):
                 return False
             # A cgroup made inside it (by a command that could write there: root without
             # Landlock) may hold processes its own list does not show; rmdir waits for them.
-            if any(os.stat(path).st_nlink != 2 for path in self.paths(name)):
+            if any(_inner_cgroups(path) for path in self.paths(name)):
                 return self.remove(name)
         except OSError:  # gone, or not a cgroup: nothing to keep
             return self.remove(name)
