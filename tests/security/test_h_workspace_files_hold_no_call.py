@@ -7,7 +7,10 @@ and ``list_directory`` below them until the call's time limit, for good:
   usual compilation of the line tries exponentially many ways to match it.
 
 ripgrep opens a FIFO so named too, and waits; the grep tool frees it once it has been
-silent a second (``tools/_fifo_ignores``).
+silent a second (``tools/_fifo_ignores``). And a file of one line of 64 MB (a minified
+file, or one written to that end) that matches: ripgrep prints the whole line, and the
+tool keeps its first 64 KiB, reading the rest in linear time (gathered by joining each
+piece onto the line so far, it took the grep minutes).
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         (backtracking / ".gitignore").write_text("**/a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b\n")
         (backtracking / ("a" * 60)).write_text("needle\n")
         (backtracking / "plain.txt").write_text("needle\n")
+        minified = d.root / "minified"
+        minified.mkdir()
+        (minified / "min.js").write_text("needle " + "x" * (64 << 20) + "\n")
+        (minified / "plain.txt").write_text("needle\n")
         yield d
 
 
@@ -49,6 +56,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         ("list_directory", {"path": "piped", "recursive": True}),
         ("grep", {"pattern": "needle", "path": "piped"}),
         ("grep", {"pattern": "needle", "path": "backtracking"}),
+        ("grep", {"pattern": "needle", "path": "minified"}),
         ("read_many_files", {"paths": ["piped/**/*.txt"]}),
         ("glob", {"pattern": "**/*.txt", "path": "backtracking"}),
         ("list_directory", {"path": "backtracking"}),
