@@ -279,6 +279,74 @@ async def test_only_a_lone_read_that_runs_at_once_is_begun(root: Path) -> None:
         assert runner.begun == [] and all(c.context is None for c in batch.calls)
 
 
+class FinishingRunner(BeginningRunner):
+    """A runner whose begun calls have their outcome at once (their worker answered while
+    the batch was accepted): ``finished`` runs the tool then and there."""
+
+    def finished(self, ctx: ToolContext, interrupt_fd: int | None) -> ToolOutput | None:
+        tool, args = self.calls[ctx.call_id]
+        return tool.run(args, ctx)
+
+    def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> None:
+        super().begin(tool, args, ctx, identity)
+        self.calls[ctx.call_id] = (tool, args)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, tuple[Tool[Any], Any]] = {}
+
+
+def finishing(calls: list[ToolCall], root: Path) -> tuple[Batch, Executor]:
+    batch, executor = make_batch(calls, root)
+    executor.runner = FinishingRunner()
+    batch.journaled_at_end = True
+    executor.begin(batch)
+    return batch, executor
+
+
+async def test_a_read_whose_outcome_is_there_ends_at_once_as_run_would_have_ended_it(root: Path) -> None:
+    (root / "f.txt").write_text("at once\n")
+    ran, ran_executor = make_batch([call("1", "read_file", path="f.txt")], root)
+    through_run = await run_batch(ran, ran_executor)
+
+    batch, executor = finishing([call("1", "read_file", path="f.txt")], root)
+    result = executor.finished_begun(batch, None)
+    assert result is not None and result.ok and "at once" in result.content
+    assert batch.calls[0].context is None and not batch.done.is_set()
+    events: list[msgspec.Struct] = []
+    executor.end_at_once(batch, result, events.append)
+    assert [type(e) for e in events] == [type(e) for e in through_run] == [CallStarted, CallFinished, BatchFinished]
+    assert batch.state == ran.state == "finished" and batch.done.is_set()
+    outcome = events[-1]
+    assert isinstance(outcome, BatchFinished) and outcome.results == [result]
+    assert ran.results[0] is not None and result.content == ran.results[0].content
+    assert executor.reads.for_paths("s", [str((root / "f.txt").resolve())]), "the read is remembered for edits"
+
+
+async def test_a_read_that_failed_in_its_worker_ends_at_once_with_its_error(root: Path) -> None:
+    (root / "f.txt").write_text("x\n")
+    batch, executor = finishing([call("1", "read_file", path="f.txt")], root)
+    (root / "f.txt").unlink()  # gone between planning and reading
+    result = executor.finished_begun(batch, None)
+    assert result is not None and result.error is not None and result.error.code == "FILE_NOT_FOUND"
+    assert batch.calls[0].context is None
+
+
+async def test_without_its_outcome_or_with_records_per_call_a_begun_read_is_left_to_run(root: Path) -> None:
+    (root / "f.txt").write_text("later\n")
+    batch, executor, runner = beginning([call("1", "read_file", path="f.txt")], root)
+    batch.journaled_at_end = True
+    assert executor.finished_begun(batch, None) is None  # (ThreadRunner: never at once)
+    assert batch.calls[0].context is not None
+    await run_batch(batch, executor)
+    assert runner.ran == runner.begun and batch.results[0] is not None and batch.results[0].ok
+
+    batch, executor = finishing([call("1", "read_file", path="f.txt")], root)
+    batch.journaled_at_end = False
+    executor.recorder = StartsUnrecorded()  # a journal that records each call: ``run`` must
+    assert executor.finished_begun(batch, None) is None
+
+
 async def test_a_cancel_that_comes_once_every_call_has_its_result_changes_nothing(root: Path) -> None:
     """A read's result was in when the cancel came (its client sent the cancel right after
     the batch): the batch said ``cancelled`` with a whole result, and its journal record

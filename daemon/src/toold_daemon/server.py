@@ -321,6 +321,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                 audit=audit,
                 audit_dropped=lambda: sink.dropped if isinstance(sink, JournalSink) else 0,
                 waiting_for_clients=ipc.waiting_bytes_by_uid,
+                doorbell=ipc,
             )
             settle_garbage_collector()  # within the probe's time too
     except BaseExceptionGroup as group:  # (the nursery's way of raising what failed in it)

@@ -46,6 +46,7 @@ class PreparedCall(msgspec.Struct):
     started_recorded: bool = False  # its started mark went into the journal with the batch
     decision: str = ""  # what the policy made of it when it was planned (see policy_decision)
     context: ToolContext | None = None  # made early by ``Executor.begin``; taken when the call runs
+    begun_at: float = 0.0  # when ``Executor.begin`` sent it on its way (time.monotonic)
 
     def policy_decision(self) -> tuple[str, str]:
         """What the policy made of this call as planned, and why: allow, ask, deny, pending

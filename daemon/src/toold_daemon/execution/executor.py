@@ -35,7 +35,7 @@ from ..errors import ToolError
 from ..output import NOTHING_UNSEEN, Unseen
 from ..records.journal_writer import Commit, JournalWriteFailed
 from ..sandbox import Sandbox
-from ..tools._base import Tool, ToolContext, _Cancelled
+from ..tools._base import Tool, ToolContext, ToolOutput, _Cancelled
 from ..undo.ledger import UndoLedger
 from ..undo.restore import RestoreArgs
 from . import results
@@ -224,10 +224,47 @@ class Executor:
         ):
             return
         call.context = self._context(batch, call)
+        call.begun_at = time.monotonic()
         try:
             self.runner.begin(tool, call.args, call.context, batch.identity)
         except Exception:  # starting early is an optimisation: the call then starts in ``run``
             log.exception("call %s could not be begun early", call.call_id)
+
+    def finished_begun(self, batch: Batch, interrupt_fd: int | None) -> ToolResult | None:
+        """The result of a batch's one call begun early (``begin``) if its worker has
+        answered, or answers within a short wait that ``interrupt_fd`` ends
+        (``ToolRunner.finished``): the batch can then end at once, on the loop
+        (``end_at_once``), without a task, a cancel scope or the layers of ``run``; no
+        cancel or timeout can come meanwhile. None: ``run`` runs it.
+
+        Only for a batch that records nothing per call (journaled when it ends, or no
+        journal): ``run`` would have recorded nothing either."""
+        call = batch.calls[0]
+        ctx = call.context
+        if ctx is None or ctx.begun is None or not (batch.journaled_at_end or self.recorder is NO_RECORDER):
+            return None
+        try:
+            output = self.runner.finished(ctx, interrupt_fd)
+        except ToolError as exc:  # (a read-only call changes nothing: no undo to keep)
+            call.context = None
+            return self._failed(call, exc.with_traceback(None), call.begun_at)
+        if output is None:
+            return None
+        call.context = None
+        self.reads.update(batch.session_id, output.records)
+        return self._succeeded(call, output, output.content, output.data, call.begun_at)
+
+    def end_at_once(self, batch: Batch, result: ToolResult, emit: Emit) -> None:
+        """End a batch of one call with its result from ``finished_begun``, with the
+        events and states ``run`` would have given it."""
+        call = batch.calls[0]
+        batch.state = "running"
+        emit(CallStarted(batch_id=batch.batch_id, call_id=call.call_id, index=call.index, name=call.name))
+        batch.results[call.index] = result
+        emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
+        batch.state = _ended_state(batch)
+        emit(batch.outcome())
+        batch.done.set()
 
     def abandon(self, batch: Batch) -> None:
         """Calls of ``batch`` that were begun and will not be run (``ToolRunner.abandon``)."""
@@ -276,13 +313,8 @@ class Executor:
             finally:
                 batch.current_scope = None
         if failed is not None:
-            limits = self.config.tools.output
-            return results.failure(
-                call.call_id,
-                await self._failed_after_changes(batch, call, failed) if failed.changes else failed,
-                duration_ms=_ms(started),
-                max_bytes=limits.max_bytes,
-                max_lines=limits.max_lines,
+            return self._failed(
+                call, await self._failed_after_changes(batch, call, failed) if failed.changes else failed, started
             )
         if failure is not None:
             return failure
@@ -324,6 +356,12 @@ class Executor:
             if not_undoable:  # said in the result, never silently
                 content += f"\n[toold: not undoable: {'; '.join(not_undoable[:20])}]"
                 data = {**(data or {}), "not_undoable": not_undoable}
+        return self._succeeded(call, output, content, data, started)
+
+    def _succeeded(
+        self, call: PreparedCall, output: ToolOutput, content: str, data: dict[str, Any] | None, started: float
+    ) -> ToolResult:
+        limits = self.config.tools.output
         return results.success(
             call.call_id,
             content,
@@ -335,6 +373,12 @@ class Executor:
             duration_ms=_ms(started),
             tail=output.tail,
             unseen=output.unseen,
+        )
+
+    def _failed(self, call: PreparedCall, error: ToolError, started: float) -> ToolResult:
+        limits = self.config.tools.output
+        return results.failure(
+            call.call_id, error, duration_ms=_ms(started), max_bytes=limits.max_bytes, max_lines=limits.max_lines
         )
 
     async def _keep_for_undo(self, batch: Batch, call: PreparedCall, changes: list[Any]) -> list[str]:

@@ -33,6 +33,12 @@ class ToolRunner(Protocol):
         """Start the call now if that needs no waiting (``run`` with the same ``ctx``
         finishes it); doing nothing is always correct."""
 
+    def finished(self, ctx: ToolContext, interrupt_fd: int | None) -> ToolOutput | None:
+        """The output of ``ctx``'s begun call if it is there now, or comes within a short
+        wait on the loop's thread that ``interrupt_fd`` becoming readable ends (a failed
+        call raises its ``ToolError``); None: ``run`` finishes it. Always returning None
+        is correct."""
+
     def abandon(self, ctx: ToolContext) -> None:
         """``ctx``'s call was begun and will not be run."""
 
@@ -83,6 +89,9 @@ class ThreadRunner:
 
     def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> None:
         """Nothing starts early on a thread: ``run`` does it all."""
+
+    def finished(self, ctx: ToolContext, interrupt_fd: int | None) -> ToolOutput | None:
+        return None
 
     def abandon(self, ctx: ToolContext) -> None:
         pass

@@ -55,6 +55,7 @@ from .wire import (
     TempWanted,
     outcome_limit,
 )
+from .worker import STALE
 from .workers import WorkerFailed, Workers, WorkerUnavailable
 from .zygotes import CommandNotStarted, Leaving, Zygotes, ZygoteUnavailable
 
@@ -198,17 +199,7 @@ class SpawnRunner:
             outcome = await self._in_worker(tool, args, ctx, identity)
         else:
             outcome = await self._spawn(tool, args, ctx, identity, command=command)
-        raise_for(outcome)
-        return ToolOutput(
-            outcome.content,
-            outcome.display,
-            outcome.data,
-            outcome.allow_truncation,
-            outcome.records,
-            tail=outcome.tail,
-            unseen=Unseen(outcome.unseen_bytes, outcome.unseen_lines),
-            changes=list(outcome.changes),
-        )
+        return _output_of(outcome)
 
     def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> None:
         """Send a worker call's request now if a worker of its kind is idle (``Workers.begin``):
@@ -228,6 +219,21 @@ class SpawnRunner:
             return  # ``run`` builds it again and reports why
         request = self._requests.tool_request(tool, args, ctx, identity, preview=False)
         ctx.begun = self.workers.begin(request, self._config_bytes)
+
+    def finished(self, ctx: ToolContext, interrupt_fd: int | None) -> ToolOutput | None:
+        """The output of ``ctx``'s begun call if its worker has answered already, or
+        answers within a short wait that ``interrupt_fd`` ends (``Workers.outcome_now``);
+        a failed one raises its ``ToolError``. None: ``run`` finishes the call."""
+        begun = ctx.begun
+        if begun is None:
+            return None
+        outcome = self.workers.outcome_now(begun, _chunk_taker(ctx), interrupt_fd)
+        if outcome is None:
+            return None
+        ctx.begun = None
+        if outcome.error_code == STALE:
+            return None  # ``run`` runs it anew in a fresh worker
+        return _output_of(outcome)
 
     def abandon(self, ctx: ToolContext) -> None:
         """``ctx``'s call was begun and will not be run (``Workers.abandon``)."""
@@ -254,13 +260,8 @@ class SpawnRunner:
         else:
             request = self._requests.tool_request(tool, args, ctx, identity, preview=preview)
 
-        def on_chunk(chunk: Chunk) -> None:
-            ctx.partial.append(chunk.data)
-            if ctx.emit is not None:
-                ctx.emit(chunk.stream, chunk.data, 1)
-
         try:
-            return await self.workers.run(request, self._config_bytes, on_chunk, begun=begun)
+            return await self.workers.run(request, self._config_bytes, _chunk_taker(ctx), begun=begun)
         except WorkerFailed as exc:
             raise ChildFailed(ToolErrorType.EXECUTION_FAILED, "WORKER_DIED", f"Tool failed: {exc}") from None
         except WorkerUnavailable as exc:
@@ -587,3 +588,30 @@ class SpawnRunner:
         if self._temps is not None:
             self._temps.close()
         self.cgroups.remove_bases()
+
+
+def _output_of(outcome: Outcome) -> ToolOutput:
+    """A worker's or child's outcome as the tool's output; a failed one raises its error."""
+    raise_for(outcome)
+    return ToolOutput(
+        outcome.content,
+        outcome.display,
+        outcome.data,
+        outcome.allow_truncation,
+        outcome.records,
+        tail=outcome.tail,
+        unseen=Unseen(outcome.unseen_bytes, outcome.unseen_lines),
+        changes=list(outcome.changes),
+    )
+
+
+def _chunk_taker(ctx: ToolContext) -> Callable[[Chunk], None]:
+    """What a worker's streamed chunk becomes: kept (for a timeout's or cancel's result)
+    and sent on."""
+
+    def on_chunk(chunk: Chunk) -> None:
+        ctx.partial.append(chunk.data)
+        if ctx.emit is not None:
+            ctx.emit(chunk.stream, chunk.data, 1)
+
+    return on_chunk

@@ -289,6 +289,18 @@ class IpcServer:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    # ------------------------------------------------------------------ the door
+
+    def ringing(self) -> bool:
+        """Frames are waiting: read and not served yet, or in libzmq (``Doorbell``)."""
+        return bool(self._intake) or self._router is None or _frames_wait(self._router)
+
+    def fileno(self) -> int:
+        """libzmq's descriptor for the clients' socket: readable once something comes for
+        it (a frame; or something of its own, which only ends a wait early)."""
+        assert self._router is not None
+        return int(self._router.getsockopt(zmq.FD))
+
     # ------------------------------------------------------------------ sending
 
     def send(self, peer: bytes, frame: bytes, flush: bool = False) -> None:

@@ -66,7 +66,7 @@ from .confirming import ConfirmationFlow
 from .ipc import Inbound
 from .running import BatchRuns
 from .sessions import Session, Sessions, SessionsFull
-from .shared import INTERNAL_FAILURE, Send, Shared
+from .shared import INTERNAL_FAILURE, Doorbell, Send, Shared
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ class Service:
         audit: AuditTrail | None = None,
         audit_dropped: Callable[[], int] | None = None,
         waiting_for_clients: Callable[[], dict[int, int]] | None = None,
+        doorbell: Doorbell | None = None,
     ) -> None:
         self.isolation = isolation or []
         self._audit_dropped = audit_dropped or (lambda: 0)
@@ -110,6 +111,7 @@ class Service:
             config_path=config_path,
             audit=audit or AuditTrail(None),
             metrics=Metrics(self._holding),
+            doorbell=doorbell,
         )
         self.confirming = ConfirmationFlow(self.shared)
         self.runs = BatchRuns(self.shared, self.confirming)

@@ -325,6 +325,8 @@ class BatchRuns:
                 call.decision = call.policy_decision()[0]
         if session.peer != NO_PEER:
             batch.listeners.append((session.peer, all_events))
+        if commit is None and self._ended_at_once(session, batch, ended, turn):
+            return
         run = functools.partial(
             self._run_batch, session, batch, accepted=accepted, commit=commit, ended=ended, turn=turn
         )
@@ -345,48 +347,8 @@ class BatchRuns:
             session.running -= 1
             return
         self.shared.audit.batch_accepted(batch, session.client_name, session.workspace, turn)
-        approver_gids = self.shared.config.tools.approval.approver_gids
-
-        def emit(event: msgspec.Struct) -> None:
-            if isinstance(event, CallFinished):
-                self._observe(batch, event.index, event.result)
-            elif isinstance(event, BatchFinished):
-                self._observe_end(batch)
-            final = isinstance(event, BatchFinished)
-            # A held acceptance goes first, in the same flush, or carries the outcome itself.
-            carried_to = None
-            if isinstance(event, BatchFinished) and self.held.release(batch.batch_id, event):
-                carried_to = session.peer
-            frame = None
-            listening = set()
-            for peer, all_events in batch.listeners:
-                listening.add(peer)
-                if peer == carried_to:
-                    carried_to = None  # once: the same session may also listen as a resubmitter
-                    continue
-                if all_events or not isinstance(event, _PER_CALL_EVENTS):
-                    frame = frame or encode(event)
-                    self.shared.send(peer, frame, flush=final)
-            # Watchers see every event but confirmation requests (approvers get those on their own).
-            confirmations = self.shared.confirmations
-            if confirmations.approvers and not isinstance(event, ConfirmationRequested):
-                for peer in confirmations.watchers(batch.identity, approver_gids):
-                    if peer not in listening:
-                        frame = frame or encode(event)
-                        self.shared.send(peer, frame, flush=final)
-
-        # Watchers (subscribed approvers of this uid) learn of the batch, then see its events.
-        watchers = (
-            self.shared.confirmations.watchers(batch.identity, approver_gids)
-            if self.shared.confirmations.approvers
-            else []
-        )
-        if any(peer != session.peer for peer in watchers):
-            status = batch.status(0)
-            for peer in watchers:
-                if peer != session.peer:
-                    self.shared.send(peer, encode(status))
-
+        emit = self._emitter(session, batch)
+        self._announce_to_watchers(session, batch)
         waited_for_journal = False
         try:
             if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
@@ -423,6 +385,85 @@ class BatchRuns:
                 session.journal_waits -= 1
                 if not session.journal_waits and not session.planning:
                     self._resume(session)  # with this batch's slot free
+
+    def _ended_at_once(self, session: Session, batch: Batch, ended: Submission | None, turn: str | None) -> bool:
+        """A lone read begun in its worker (``Executor.begin``) whose outcome is there
+        once the batch is accepted, or comes within a moment while no client has anything
+        for the daemon (``Executor.finished_begun``), ends here, on the loop: no task, so
+        no trip through trio's scheduler and no await on the way to the reply. Everything
+        else a batch gets is the same: its audit records, events, metrics, journal record
+        and kept result. Not when the journal has fallen behind (its record must then be
+        waited for)."""
+        journal = self.shared.journal
+        if journal is not None and (ended is None or journal_holds_back(journal, batch.identity.uid)):
+            return False
+        doorbell = self.shared.doorbell
+        interrupt_fd = doorbell.fileno() if doorbell is not None and not doorbell.ringing() else None
+        result = self.shared.executor.finished_begun(batch, interrupt_fd)
+        if result is None:
+            return False
+        self.shared.audit.batch_accepted(batch, session.client_name, session.workspace, turn)
+        emit = self._emitter(session, batch)
+        self._announce_to_watchers(session, batch)
+        try:
+            self.shared.executor.end_at_once(batch, result, emit)
+            if journal is not None and ended is not None:
+                self._journal_ended(batch, ended)
+        except Exception:  # as in ``_run_batch``: the client still gets its outcome
+            log.exception("batch %s failed outside its tools", batch.batch_id)
+            if not batch.done.is_set():
+                emit(batch.outcome())
+                batch.done.set()
+        finally:
+            self._keep_finished(batch)
+        return True
+
+    def _emitter(self, session: Session, batch: Batch) -> Callable[[msgspec.Struct], None]:
+        """Where ``batch``'s events go: its listeners (the per-call ones only to those that
+        asked for all events) and the approvers watching its user; the audit trail and the
+        metrics observe each result and the end."""
+        approver_gids = self.shared.config.tools.approval.approver_gids
+
+        def emit(event: msgspec.Struct) -> None:
+            if isinstance(event, CallFinished):
+                self._observe(batch, event.index, event.result)
+            elif isinstance(event, BatchFinished):
+                self._observe_end(batch)
+            final = isinstance(event, BatchFinished)
+            # A held acceptance goes first, in the same flush, or carries the outcome itself.
+            carried_to = None
+            if isinstance(event, BatchFinished) and self.held.release(batch.batch_id, event):
+                carried_to = session.peer
+            frame = None
+            listening = set()
+            for peer, all_events in batch.listeners:
+                listening.add(peer)
+                if peer == carried_to:
+                    carried_to = None  # once: the same session may also listen as a resubmitter
+                    continue
+                if all_events or not isinstance(event, _PER_CALL_EVENTS):
+                    frame = frame or encode(event)
+                    self.shared.send(peer, frame, flush=final)
+            # Watchers see every event but confirmation requests (approvers get those on their own).
+            confirmations = self.shared.confirmations
+            if confirmations.approvers and not isinstance(event, ConfirmationRequested):
+                for peer in confirmations.watchers(batch.identity, approver_gids):
+                    if peer not in listening:
+                        frame = frame or encode(event)
+                        self.shared.send(peer, frame, flush=final)
+
+        return emit
+
+    def _announce_to_watchers(self, session: Session, batch: Batch) -> None:
+        """Watchers (subscribed approvers of this uid) learn of the batch, then see its events."""
+        if not self.shared.confirmations.approvers:
+            return
+        watchers = self.shared.confirmations.watchers(batch.identity, self.shared.config.tools.approval.approver_gids)
+        if any(peer != session.peer for peer in watchers):
+            status = batch.status(0)
+            for peer in watchers:
+                if peer != session.peer:
+                    self.shared.send(peer, encode(status))
 
     def _defer(self, session: Session, submit: Callable[[], None], request_id: int) -> None:
         """Hold a submission until the session's ended batches are journaled, and its

@@ -42,6 +42,17 @@ class Send(Protocol):
     def __call__(self, peer: bytes, frame: bytes, flush: bool = False) -> None: ...
 
 
+class Doorbell(Protocol):
+    """How the loop's thread, waiting a moment outside the loop, learns that a client
+    has something for the daemon."""
+
+    def ringing(self) -> bool:
+        """Frames are waiting to be served already."""
+
+    def fileno(self) -> int:
+        """Readable once a new frame comes."""
+
+
 class Shared(msgspec.Struct, eq=False):
     config: Config  # replaced as a whole when the policy is reloaded
     registry: Registry
@@ -61,6 +72,7 @@ class Shared(msgspec.Struct, eq=False):
     audit: AuditTrail = msgspec.field(default_factory=lambda: AuditTrail(None))
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     aside: PlanningAside = msgspec.field(default_factory=PlanningAside)  # costly plans, on threads
+    doorbell: Doorbell | None = None  # the clients' door (None: nothing waits outside the loop)
 
     def sandbox_of(self, session: Session) -> Sandbox:
         return session.sandbox or self.sandbox
