@@ -57,12 +57,34 @@ async def test_an_acceptance_held_too_long_goes_alone_in_order(autojump_clock: t
     async with trio.open_nursery() as nursery:
         nursery.start_soon(held.send_when_due)
         held.hold("first", recorder(sent, "first", carries=True))
+        held.watch()
         await trio.sleep(held_accepts.HOLD_SECONDS / 2)
         held.hold("second", recorder(sent, "second", carries=True))
+        held.watch()
         await trio.sleep(held_accepts.HOLD_SECONDS * 0.75)
         assert sent == ["first"]  # the first is due (alone, no outcome yet), the second not yet
         await trio.sleep(held_accepts.HOLD_SECONDS)
         assert sent == ["first", "second"]
         assert held.release("second", OUTCOME) is False  # already sent: the outcome goes on its own
         assert sent == ["first", "second"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_held_acceptance_is_sent_when_due_once_it_is_watched(autojump_clock: trio.testing.MockClock) -> None:
+    """A batch that ends within its handler releases its acceptance before anything is
+    watched: nothing wakes the sending task for it. One still running is watched, and
+    its acceptance goes out when due."""
+    held, sent = HeldAccepts(), []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(held.send_when_due)
+        await trio.testing.wait_all_tasks_blocked()  # the task waits for something held
+        held.hold("quick", recorder(sent, "quick", carries=True))
+        assert held.release("quick", OUTCOME) is True
+        held.watch()  # nothing is held any more: the task is not woken
+        held.hold("slow", recorder(sent, "slow", carries=True))
+        await trio.sleep(held_accepts.HOLD_SECONDS * 2)
+        assert sent == [("quick", OUTCOME)], "not watched yet: the task was never told"
+        held.watch()
+        await trio.sleep(held_accepts.HOLD_SECONDS * 2)
+        assert sent == [("quick", OUTCOME), "slow"]
         nursery.cancel_scope.cancel()

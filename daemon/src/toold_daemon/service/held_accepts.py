@@ -34,8 +34,14 @@ class HeldAccepts:
         self._changed = trio.Event()
 
     def hold(self, batch_id: str, send: SendAcceptance) -> None:
+        """Hold the acceptance; ``watch`` once the batch is under way sees to it that it
+        goes out when due. (A batch that ended meanwhile released it already: nothing
+        wakes the task that sends the due ones, a trip through the scheduler per read.)"""
         self._held[batch_id] = (trio.current_time() + HOLD_SECONDS, send)
-        if len(self._held) == 1:
+
+    def watch(self) -> None:
+        """Have what is held sent when due."""
+        if self._held:
             self._changed.set()
 
     def release(self, batch_id: str, outcome: BatchFinished | None = None) -> bool:

@@ -209,6 +209,7 @@ class BatchRuns:
                 ended=submission,
                 turn=message.turn_id,
             )
+            self.held.watch()
         except BaseException:
             # Begun or remembered but never started: nothing would ever end it, and a stopping
             # daemon waits for every batch it knows. Forgotten, abandoned and ended before the
