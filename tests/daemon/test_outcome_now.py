@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -218,3 +219,29 @@ async def test_a_worker_that_vanished_is_left_for_run_to_report(stand_in: StandI
     assert pool.outcome_now(begun, lambda chunk: None, door[0]) is None
     with pytest.raises(workers_module.WorkerFailed):
         await pool.run(REQUEST, CONFIG, lambda chunk: None, begun=begun)
+
+
+async def test_a_worker_that_streams_on_and_on_does_not_hold_the_loop(
+    stand_in: StandIn, monkeypatch: pytest.MonkeyPatch, door: tuple[int, int]
+) -> None:
+    """The worker runs as the client, who can make it say anything: chunks as fast as
+    they are read keep the wait no longer than its bound, with or without a door."""
+    monkeypatch.setattr(workers_module, "OUTCOME_WAIT_MS", 100)
+    pool, begun = await begun_call(stand_in)
+    assert stand_in.sock is not None
+    chunk = bytes(frame(Chunk(stream="stdout", data="y" * 100))) * 100
+    flood = subprocess.Popen(  # another process: it outpaces the reader, as a worker would
+        [sys.executable, "-c", f"import os\nwhile True: os.write({stand_in.sock.fileno()}, {chunk!r})"],
+        pass_fds=[stand_in.sock.fileno()],
+    )
+    try:
+        time.sleep(0.2)  # the socket's buffer is full
+        for interrupt_fd in (door[0], None):
+            chunks: list[Chunk] = []
+            started = time.monotonic()
+            assert pool.outcome_now(begun, chunks.append, interrupt_fd) is None
+            assert time.monotonic() - started < 0.3, "the wait ends at its bound, not with the flood"
+            assert chunks, "what came was taken as the call's output"
+    finally:
+        flood.kill()
+        flood.wait()

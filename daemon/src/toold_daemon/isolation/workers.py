@@ -318,6 +318,8 @@ class Workers:
                 if message is not None:
                     on_chunk(message)
                     continue
+                if time.monotonic() >= deadline:  # a worker that talks on and on holds nobody
+                    return None
                 data = _read_or_wait(fd, interrupt_fd, deadline) if may_wait else _read_now(fd)
                 if not data:  # nothing yet, or the worker's end: ``run`` waits, or reports it
                     return None
