@@ -110,7 +110,7 @@ def door() -> Iterator[tuple[int, int]]:
 async def test_an_outcome_already_there_is_taken_and_its_worker_goes_back_to_the_pool(stand_in: StandIn) -> None:
     pool, begun = await begun_call(stand_in)
     stand_in.say(Outcome(ok=True, content="hello"))
-    outcome = pool.outcome_now(begun, lambda chunk: None, None)
+    outcome = pool.outcome_now(begun, None)
     assert outcome is not None and outcome.content == "hello"
     assert pool.begin(REQUEST, CONFIG) is not None, "the same worker is idle again, and takes the next call"
 
@@ -118,7 +118,7 @@ async def test_an_outcome_already_there_is_taken_and_its_worker_goes_back_to_the
 async def test_without_a_door_nothing_is_waited_for(stand_in: StandIn, long_wait: None) -> None:
     pool, begun = await begun_call(stand_in)
     started = time.monotonic()
-    assert pool.outcome_now(begun, lambda chunk: None, None) is None
+    assert pool.outcome_now(begun, None) is None
     assert time.monotonic() - started < 0.5
     stand_in.say(Outcome(ok=True, content="late"))
     outcome = await pool.run(REQUEST, CONFIG, lambda chunk: None, begun=begun)
@@ -129,13 +129,26 @@ async def test_an_outcome_that_comes_during_the_wait_is_taken(
     stand_in: StandIn, long_wait: None, door: tuple[int, int]
 ) -> None:
     pool, begun = await begun_call(stand_in)
-    stand_in.say_later(Chunk(stream="stdout", data="part"), Outcome(ok=True, content="whole"))
-    chunks: list[Chunk] = []
+    stand_in.say_later(Outcome(ok=True, content="whole"))
     started = time.monotonic()
-    outcome = pool.outcome_now(begun, chunks.append, door[0])
+    outcome = pool.outcome_now(begun, door[0])
     assert outcome is not None and outcome.content == "whole"
-    assert chunks == [Chunk(stream="stdout", data="part")]
     assert time.monotonic() - started < 2.0
+
+
+async def test_a_call_that_streams_is_left_to_run_with_its_output_in_order(
+    stand_in: StandIn, long_wait: None, door: tuple[int, int]
+) -> None:
+    """Its chunks are events that must follow the call's start: ``run`` passes them on."""
+    pool, begun = await begun_call(stand_in)
+    stand_in.say(Chunk(stream="stdout", data="part"), Outcome(ok=True, content="whole"))
+    time.sleep(0.1)
+    started = time.monotonic()
+    assert pool.outcome_now(begun, door[0]) is None
+    assert time.monotonic() - started < 0.5, "not waited for: the chunk was there"
+    chunks: list[Chunk] = []
+    outcome = await pool.run(REQUEST, CONFIG, chunks.append, begun=begun)
+    assert outcome.content == "whole" and chunks == [Chunk(stream="stdout", data="part")]
 
 
 async def test_an_outcome_in_pieces_is_read_whole(stand_in: StandIn, long_wait: None, door: tuple[int, int]) -> None:
@@ -150,7 +163,7 @@ async def test_an_outcome_in_pieces_is_read_whole(stand_in: StandIn, long_wait: 
         stand_in.sock.sendall(whole[1000:])
 
     threading.Thread(target=rest, daemon=True).start()
-    outcome = pool.outcome_now(begun, lambda chunk: None, door[0])
+    outcome = pool.outcome_now(begun, door[0])
     assert outcome is not None and len(outcome.content) == 300_000
 
 
@@ -165,7 +178,7 @@ async def test_a_client_at_the_door_ends_the_wait_and_the_call_is_finished_later
 
     threading.Thread(target=ring, daemon=True).start()
     started = time.monotonic()
-    assert pool.outcome_now(begun, lambda chunk: None, door[0]) is None
+    assert pool.outcome_now(begun, door[0]) is None
     assert 0.05 < time.monotonic() - started < 2.0, "the wait ended when the client came, not at its end"
     stand_in.say(Outcome(ok=True, content="served after"))
     outcome = await pool.run(REQUEST, CONFIG, lambda chunk: None, begun=begun)
@@ -178,7 +191,7 @@ async def test_the_wait_ends_at_its_bound(
     monkeypatch.setattr(workers_module, "OUTCOME_WAIT_MS", 200)
     pool, begun = await begun_call(stand_in)
     started = time.monotonic()
-    assert pool.outcome_now(begun, lambda chunk: None, door[0]) is None
+    assert pool.outcome_now(begun, door[0]) is None
     assert 0.15 < time.monotonic() - started < 2.0
 
 
@@ -195,7 +208,7 @@ async def test_no_wait_while_another_call_waits_for_its_worker(
             nursery.start_soon(pool.run, other_pool_request, CONFIG, lambda chunk: None)
             await trio.testing.wait_all_tasks_blocked()
             started = time.monotonic()
-            assert pool.outcome_now(begun, lambda chunk: None, door[0]) is None
+            assert pool.outcome_now(begun, door[0]) is None
             assert time.monotonic() - started < 0.5
             other.request()
             other.say(Outcome(ok=True))
@@ -207,7 +220,7 @@ async def test_no_wait_while_another_call_waits_for_its_worker(
 async def test_a_stale_worker_is_ended_and_the_call_left_to_run_afresh(stand_in: StandIn) -> None:
     pool, begun = await begun_call(stand_in)
     stand_in.say(Outcome(ok=False, error_code=STALE))
-    outcome = pool.outcome_now(begun, lambda chunk: None, None)
+    outcome = pool.outcome_now(begun, None)
     assert outcome is not None and outcome.error_code == STALE
     assert stand_in.ended(), "the worker whose workspace was made anew is ended"
 
@@ -216,7 +229,7 @@ async def test_a_worker_that_vanished_is_left_for_run_to_report(stand_in: StandI
     pool, begun = await begun_call(stand_in)
     assert stand_in.sock is not None
     stand_in.sock.close()
-    assert pool.outcome_now(begun, lambda chunk: None, door[0]) is None
+    assert pool.outcome_now(begun, door[0]) is None
     with pytest.raises(workers_module.WorkerFailed):
         await pool.run(REQUEST, CONFIG, lambda chunk: None, begun=begun)
 
@@ -225,7 +238,7 @@ async def test_a_worker_that_streams_on_and_on_does_not_hold_the_loop(
     stand_in: StandIn, monkeypatch: pytest.MonkeyPatch, door: tuple[int, int]
 ) -> None:
     """The worker runs as the client, who can make it say anything: chunks as fast as
-    they are read keep the wait no longer than its bound, with or without a door."""
+    they can be read end the wait at the first (``run`` reads them, yielding between)."""
     monkeypatch.setattr(workers_module, "OUTCOME_WAIT_MS", 100)
     pool, begun = await begun_call(stand_in)
     assert stand_in.sock is not None
@@ -237,11 +250,9 @@ async def test_a_worker_that_streams_on_and_on_does_not_hold_the_loop(
     try:
         time.sleep(0.2)  # the socket's buffer is full
         for interrupt_fd in (door[0], None):
-            chunks: list[Chunk] = []
             started = time.monotonic()
-            assert pool.outcome_now(begun, chunks.append, interrupt_fd) is None
-            assert time.monotonic() - started < 0.3, "the wait ends at its bound, not with the flood"
-            assert chunks, "what came was taken as the call's output"
+            assert pool.outcome_now(begun, interrupt_fd) is None
+            assert time.monotonic() - started < 0.3, "the wait ends at once, not with the flood"
     finally:
         flood.kill()
         flood.wait()

@@ -227,7 +227,7 @@ class SpawnRunner:
         begun = ctx.begun
         if begun is None:
             return None
-        outcome = self.workers.outcome_now(begun, _chunk_taker(ctx), interrupt_fd)
+        outcome = self.workers.outcome_now(begun, interrupt_fd)
         if outcome is None:
             return None
         ctx.begun = None
@@ -260,8 +260,13 @@ class SpawnRunner:
         else:
             request = self._requests.tool_request(tool, args, ctx, identity, preview=preview)
 
+        def on_chunk(chunk: Chunk) -> None:
+            ctx.partial.append(chunk.data)
+            if ctx.emit is not None:
+                ctx.emit(chunk.stream, chunk.data, 1)
+
         try:
-            return await self.workers.run(request, self._config_bytes, _chunk_taker(ctx), begun=begun)
+            return await self.workers.run(request, self._config_bytes, on_chunk, begun=begun)
         except WorkerFailed as exc:
             raise ChildFailed(ToolErrorType.EXECUTION_FAILED, "WORKER_DIED", f"Tool failed: {exc}") from None
         except WorkerUnavailable as exc:
@@ -603,15 +608,3 @@ def _output_of(outcome: Outcome) -> ToolOutput:
         unseen=Unseen(outcome.unseen_bytes, outcome.unseen_lines),
         changes=list(outcome.changes),
     )
-
-
-def _chunk_taker(ctx: ToolContext) -> Callable[[Chunk], None]:
-    """What a worker's streamed chunk becomes: kept (for a timeout's or cancel's result)
-    and sent on."""
-
-    def on_chunk(chunk: Chunk) -> None:
-        ctx.partial.append(chunk.data)
-        if ctx.emit is not None:
-            ctx.emit(chunk.stream, chunk.data, 1)
-
-    return on_chunk

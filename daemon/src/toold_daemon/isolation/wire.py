@@ -297,6 +297,20 @@ class FrameBuffer:
         del self._buffer[:end]
         return message
 
+    def peek_next(self, decoder: msgspec.msgpack.Decoder[T]) -> T | None:
+        """The next complete frame decoded and left where it is (``drop_next`` takes it)."""
+        end = self._complete()
+        if end is None:
+            return None
+        with memoryview(self._buffer) as view, view[_HEADER.size : end] as body:
+            return decoder.decode(body)
+
+    def drop_next(self) -> None:
+        """Take the next complete frame away, unread."""
+        end = self._complete()
+        if end is not None:
+            del self._buffer[:end]
+
     def _complete(self) -> int | None:
         """Where the first frame ends, once it is all here."""
         if len(self._buffer) < _HEADER.size:

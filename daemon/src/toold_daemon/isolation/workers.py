@@ -292,7 +292,7 @@ class Workers:
                 return Begun(request, worker, memoryview(data)[sent:])
         return None
 
-    def outcome_now(self, begun: Begun, on_chunk: OnChunk, interrupt_fd: int | None) -> Outcome | None:
+    def outcome_now(self, begun: Begun, interrupt_fd: int | None) -> Outcome | None:
         """The outcome of a begun call if its worker has given it, or gives it within
         ``OUTCOME_WAIT_MS`` while this is the only call in a worker. The wait blocks the
         event loop's thread, asleep in ``poll``, and ends as soon as ``interrupt_fd``
@@ -301,9 +301,10 @@ class Workers:
         Without ``interrupt_fd`` nothing is waited for.
 
         None: ``run`` with ``begun`` finishes the call as ever. What was read stays in
-        the worker's buffer for it, and anything irregular (a worker gone, a malformed
-        frame) is left for it to find and report. A ``STALE`` outcome has ended its
-        worker: the call must be run anew, without ``begun``."""
+        the worker's buffer for it, and so does anything else than the outcome: a call
+        that streams output, or anything irregular (a worker gone, a malformed frame), is
+        left for ``run`` to pass on in order, or to report. A ``STALE`` outcome has ended
+        its worker: the call must be run anew, without ``begun``."""
         worker = begun.worker
         if begun.unsent:
             return None
@@ -312,13 +313,11 @@ class Workers:
         deadline = time.monotonic() + OUTCOME_WAIT_MS / 1000
         try:
             while True:
-                message = worker.buffer.decode_next(child_decoder)
+                message = worker.buffer.peek_next(child_decoder)
                 if isinstance(message, Outcome):
+                    worker.buffer.drop_next()
                     break
-                if message is not None:
-                    on_chunk(message)
-                    continue
-                if time.monotonic() >= deadline:  # a worker that talks on and on holds nobody
+                if message is not None or time.monotonic() >= deadline:
                     return None
                 data = _read_or_wait(fd, interrupt_fd, deadline) if may_wait else _read_now(fd)
                 if not data:  # nothing yet, or the worker's end: ``run`` waits, or reports it
