@@ -3,8 +3,8 @@
 A submitted batch is planned at once (every call judged by the policy), journaled
 (a batch that can change something before it is acknowledged; a read-only one once it
 has ended), remembered for ``get_batch``, and run in a task of its own: confirmation
-first when the policy asks, then the executor, call after call. Its events go to every
-session listening to it and to the approvers watching its user.
+first when the policy asks, then the executor, call after call (a lone read whose worker
+answers at once ends without a task). Its events go where ``batch_events`` sends them.
 """
 
 from __future__ import annotations
@@ -21,14 +21,9 @@ from toold_protocol import (
     Ack,
     BatchAccepted,
     BatchFinished,
-    CallFinished,
-    CallStarted,
     Cancel,
-    ConfirmationRequested,
-    OutputChunk,
     ProtocolErrorCode,
     SubmitBatch,
-    ToolResult,
     encode,
 )
 
@@ -37,6 +32,7 @@ from ..records.journal import Journal
 from ..records.journal_writer import Commit, JournalWriteFailed
 from ..records.stored_batches import Submission, fingerprint
 from ..sandbox.lookups import WouldBlock, from_the_caches_alone
+from .batch_events import BatchEvents
 from .batch_ids import new_batch_id
 from .confirming import ConfirmationFlow
 from .held_accepts import HeldAccepts, SendAcceptance
@@ -46,7 +42,6 @@ from .shared import Shared, own_batch_id
 
 log = logging.getLogger(__name__)
 
-_PER_CALL_EVENTS = (CallStarted, CallFinished, OutputChunk)
 _TURNS_KEPT = 10_000
 #: Writes of one uid waiting for the journal's thread past which that uid's read-only
 #: batches wait for their own records...
@@ -65,6 +60,7 @@ class BatchRuns:
         self.shared = shared
         self.confirming = confirming
         self.held = HeldAccepts()
+        self.events = BatchEvents(shared, self.held)
         self._turns: dict[tuple[int, str], int] = {}
         self._kept_bytes = 0  # of the finished batches kept (``_keep_finished``)
         #: Batches of each uid waiting for the journal, whatever became of their sessions.
@@ -348,8 +344,8 @@ class BatchRuns:
             session.running -= 1
             return
         self.shared.audit.batch_accepted(batch, session.client_name, session.workspace, turn)
-        emit = self._emitter(session, batch)
-        self._announce_to_watchers(session, batch)
+        emit = self.events.emitter(session, batch)
+        self.events.announce(session, batch)
         waited_for_journal = False
         try:
             if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
@@ -404,8 +400,8 @@ class BatchRuns:
         if result is None:
             return False
         self.shared.audit.batch_accepted(batch, session.client_name, session.workspace, turn)
-        emit = self._emitter(session, batch)
-        self._announce_to_watchers(session, batch)
+        emit = self.events.emitter(session, batch)
+        self.events.announce(session, batch)
         try:
             self.shared.executor.end_at_once(batch, result, emit)
             if journal is not None and ended is not None:
@@ -418,53 +414,6 @@ class BatchRuns:
         finally:
             self._keep_finished(batch)
         return True
-
-    def _emitter(self, session: Session, batch: Batch) -> Callable[[msgspec.Struct], None]:
-        """Where ``batch``'s events go: its listeners (the per-call ones only to those that
-        asked for all events) and the approvers watching its user; the audit trail and the
-        metrics observe each result and the end."""
-        approver_gids = self.shared.config.tools.approval.approver_gids
-
-        def emit(event: msgspec.Struct) -> None:
-            if isinstance(event, CallFinished):
-                self._observe(batch, event.index, event.result)
-            elif isinstance(event, BatchFinished):
-                self._observe_end(batch)
-            final = isinstance(event, BatchFinished)
-            # A held acceptance goes first, in the same flush, or carries the outcome itself.
-            carried_to = None
-            if isinstance(event, BatchFinished) and self.held.release(batch.batch_id, event):
-                carried_to = session.peer
-            frame = None
-            listening = set()
-            for peer, all_events in batch.listeners:
-                listening.add(peer)
-                if peer == carried_to:
-                    carried_to = None  # once: the same session may also listen as a resubmitter
-                    continue
-                if all_events or not isinstance(event, _PER_CALL_EVENTS):
-                    frame = frame or encode(event)
-                    self.shared.send(peer, frame, flush=final)
-            # Watchers see every event but confirmation requests (approvers get those on their own).
-            confirmations = self.shared.confirmations
-            if confirmations.approvers and not isinstance(event, ConfirmationRequested):
-                for peer in confirmations.watchers(batch.identity, approver_gids):
-                    if peer not in listening:
-                        frame = frame or encode(event)
-                        self.shared.send(peer, frame, flush=final)
-
-        return emit
-
-    def _announce_to_watchers(self, session: Session, batch: Batch) -> None:
-        """Watchers (subscribed approvers of this uid) learn of the batch, then see its events."""
-        if not self.shared.confirmations.approvers:
-            return
-        watchers = self.shared.confirmations.watchers(batch.identity, self.shared.config.tools.approval.approver_gids)
-        if any(peer != session.peer for peer in watchers):
-            status = batch.status(0)
-            for peer in watchers:
-                if peer != session.peer:
-                    self.shared.send(peer, encode(status))
 
     def _defer(self, session: Session, submit: Callable[[], None], request_id: int) -> None:
         """Hold a submission until the session's ended batches are journaled, and its
@@ -490,23 +439,6 @@ class BatchRuns:
                 submit()
             except Exception:  # never out of the batch's task (it would end the service's nursery)
                 log.exception("a submission held for the journal failed")
-
-    def _observe(self, batch: Batch, index: int, result: ToolResult) -> None:
-        """A call's result, for the audit trail and the metrics (once per call)."""
-        if index in batch.observed:
-            return
-        batch.observed.add(index)
-        call = batch.calls[index]
-        self.shared.audit.result(batch, index, result)
-        self.shared.metrics.call_finished(batch.identity.uid, call.name, call.decision, result)
-
-    def _observe_end(self, batch: Batch) -> None:
-        """Calls that end with their batch (cancelled, or the daemon stopping) send no
-        ``call_finished`` of their own: they are observed here."""
-        for index, result in enumerate(batch.results):
-            if result is not None:
-                self._observe(batch, index, result)
-        self.shared.metrics.batch_finished(batch.identity.uid, batch.state)
 
     def _count_journal_wait(self, uid: int, change: int) -> None:
         waiting = self._journal_waits.get(uid, 0) + change
