@@ -198,6 +198,19 @@ def test_cancel_resolves_every_call(daemon: DaemonProcess) -> None:
         assert status.state == "cancelled" and len(status.results) == 8
 
 
+def test_a_batch_of_no_calls_is_accepted_and_finishes_empty(daemon: DaemonProcess) -> None:
+    """The protocol sets no least number of calls: none is a batch like any, for every
+    way a client may ask to hear of it."""
+    (daemon.root / "a.txt").write_text("after\n")
+    with daemon.client() as client:
+        for events in ("results", "all"):
+            accepted = submit_raw(client, [], events=events)
+            assert accepted.calls == []
+            finished = client.wait_batch(accepted.batch_id, timeout=10)
+            assert finished.state == "finished" and finished.results == []
+        assert client.call("read_file", {"path": "a.txt"}).ok, "and the daemon serves on"
+
+
 def test_unknown_batch_and_exactly_once_batch_ids(daemon: DaemonProcess) -> None:
     (daemon.root / "a.txt").write_text("A")
     calls = [{"id": "r1", "name": "read_file", "arguments": {"path": "a.txt"}}]

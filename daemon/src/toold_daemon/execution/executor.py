@@ -239,6 +239,8 @@ class Executor:
 
         Only for a batch that records nothing per call (journaled when it ends, or no
         journal): ``run`` would have recorded nothing either."""
+        if len(batch.calls) != 1:
+            return None
         call = batch.calls[0]
         ctx = call.context
         if ctx is None or ctx.begun is None or not (batch.journaled_at_end or self.recorder is NO_RECORDER):
@@ -258,13 +260,15 @@ class Executor:
         """End a batch of one call with its result from ``finished_begun``, with the
         events and states ``run`` would have given it."""
         call = batch.calls[0]
+        batch.results[call.index] = result  # (first: whatever fails below, the outcome holds it)
         batch.state = "running"
-        emit(CallStarted(batch_id=batch.batch_id, call_id=call.call_id, index=call.index, name=call.name))
-        batch.results[call.index] = result
-        emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
-        batch.state = _ended_state(batch)
-        emit(batch.outcome())
-        batch.done.set()
+        try:
+            emit(CallStarted(batch_id=batch.batch_id, call_id=call.call_id, index=call.index, name=call.name))
+            emit(CallFinished(batch_id=batch.batch_id, index=call.index, result=result))
+        finally:
+            batch.state = _ended_state(batch)
+            emit(batch.outcome())
+            batch.done.set()
 
     def abandon(self, batch: Batch) -> None:
         """Calls of ``batch`` that were begun and will not be run (``ToolRunner.abandon``)."""

@@ -391,6 +391,8 @@ class BatchRuns:
         else a batch gets is the same: its audit records, events, metrics, journal record
         and kept result. Not when the journal has fallen behind (its record must then be
         waited for)."""
+        if len(batch.calls) != 1 or batch.calls[0].context is None:  # not begun (``Executor.begin``)
+            return False
         journal = self.shared.journal
         if journal is not None and (ended is None or journal_holds_back(journal, batch.identity.uid)):
             return False
