@@ -154,12 +154,10 @@ _SPARE_CORE = len(os.sched_getaffinity(0)) > 1
 def _read_soon(fd: int, seconds: float) -> bytes | None:
     """What arrives on non-blocking ``fd`` within ``seconds`` (busy polling), else None."""
     deadline = time.perf_counter() + seconds
-    while True:
-        try:
-            return os.read(fd, 65536)
-        except BlockingIOError:
-            if time.perf_counter() > deadline:
-                return None
+    while (data := _read_now(fd)) is None:
+        if time.perf_counter() > deadline:
+            return None
+    return data
 
 
 #: The longest ``Workers.outcome_now`` waits for a worker on the loop's thread (poll's
@@ -325,11 +323,8 @@ class Workers:
                 worker.buffer.add(data)
         except (OSError, ValueError, msgspec.DecodeError):
             return None
-        self._in_flight -= 1
-        if message.error_code == STALE:  # its workspace was made anew: the call is run again
-            self._end(worker)
-        else:
-            self._give_back(worker)
+        # A STALE worker's workspace was made anew: it ends, and the call is run again.
+        self._done_with(worker, clean=message.error_code != STALE)
         return message
 
     def abandon(self, begun: Begun) -> None:
@@ -338,8 +333,7 @@ class Workers:
         ones, so that a client that cancels a read and asks for the next one does not wait
         for a new worker; one that has not answered within ``ABANDONED_SECONDS`` ends."""
         if self.nursery is None:
-            self._in_flight -= 1
-            self._end(begun.worker)
+            self._done_with(begun.worker, clean=False)
             return
         self.nursery.start_soon(self._drain, begun)
 
@@ -354,11 +348,7 @@ class Workers:
         except (PeerGone, OSError, ValueError, msgspec.DecodeError):
             pass
         finally:
-            self._in_flight -= 1
-            if clean:
-                self._give_back(worker)
-            else:
-                self._end(worker)
+            self._done_with(worker, clean=clean)
 
     async def _run_once(self, request: SpawnRequest, config: bytes, on_chunk: OnChunk, begun: Begun | None) -> Outcome:
         """One try: a worker whose workspace was made anew answers ``STALE`` and exits, and
@@ -384,12 +374,17 @@ class Workers:
             raise WorkerFailed("its worker exited mid-call (killed, or out of memory)") from None
         except (OSError, ValueError, msgspec.DecodeError) as exc:
             raise WorkerFailed(f"its worker broke the protocol ({exc})") from None
-        finally:
-            self._in_flight -= 1
-            if clean:
-                self._give_back(worker)
-            else:  # cancelled, timed out, died: whatever the worker is doing, it ends now
-                self._end(worker)
+        finally:  # not clean: cancelled, timed out, died; whatever the worker is doing, it ends now
+            self._done_with(worker, clean=clean)
+
+    def _done_with(self, worker: Worker, *, clean: bool) -> None:
+        """A call's outcome is in, or will never be read: its worker goes back to the idle
+        ones after a clean outcome, and ends otherwise."""
+        self._in_flight -= 1
+        if clean:
+            self._give_back(worker)
+        else:
+            self._end(worker)
 
     async def ensure(self, request: SpawnRequest, config: bytes) -> list[str]:
         """Have an idle worker of ``request``'s kind ready (starting one proves that the

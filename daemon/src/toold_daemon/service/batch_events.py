@@ -32,7 +32,15 @@ class BatchEvents:
         self.shared = shared
         self._held = held
 
-    def emitter(self, session: Session, batch: Batch) -> Callable[[msgspec.Struct], None]:
+    def opened(self, session: Session, batch: Batch, turn: str | None) -> Callable[[msgspec.Struct], None]:
+        """A batch about to run: its audit record, the watchers told of it, and where its
+        events go from now on."""
+        self.shared.audit.batch_accepted(batch, session.client_name, session.workspace, turn)
+        emit = self._emitter(session, batch)
+        self._announce(session, batch)
+        return emit
+
+    def _emitter(self, session: Session, batch: Batch) -> Callable[[msgspec.Struct], None]:
         """Where ``batch``'s events go: its listeners (the per-call ones only to those that
         asked for all events) and the approvers watching its user; the audit trail and the
         metrics observe each result and the end."""
@@ -68,7 +76,7 @@ class BatchEvents:
 
         return emit
 
-    def announce(self, session: Session, batch: Batch) -> None:
+    def _announce(self, session: Session, batch: Batch) -> None:
         """Watchers (subscribed approvers of this uid) learn of the batch, then see its events."""
         if not self.shared.confirmations.approvers:
             return

@@ -456,7 +456,7 @@ class IpcServer:
     async def _pump(self) -> None:
         router = self._router
         assert router is not None
-        fd = int(router.getsockopt(zmq.FD))
+        fd = self.fileno()
         while True:
             # One scheduler step first, so that a flood of frames never starves the batch
             # tasks; what they queued meanwhile leaves in this flush.
@@ -464,7 +464,7 @@ class IpcServer:
             self._read_inbound(router)
             self._serve_intake()
             self._flush_outbox()  # replies to what was just served, at once
-            if self._intake or _frames_wait(router):
+            if self.ringing():
                 continue  # frames wait their turn, or unannounced: a send may consume the edge
             with trio.CancelScope() as wake:
                 self._wake = wake

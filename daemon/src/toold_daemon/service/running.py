@@ -343,9 +343,7 @@ class BatchRuns:
         if commit is not None and not await self._recorded(session, batch, accepted, commit):
             session.running -= 1
             return
-        self.shared.audit.batch_accepted(batch, session.client_name, session.workspace, turn)
-        emit = self.events.emitter(session, batch)
-        self.events.announce(session, batch)
+        emit = self.events.opened(session, batch, turn)
         waited_for_journal = False
         try:
             if not batch.dry_run and any(c.needs_confirmation and c.result is None for c in batch.calls):
@@ -401,9 +399,7 @@ class BatchRuns:
         result = self.shared.executor.finished_begun(batch, interrupt_fd)
         if result is None:
             return False
-        self.shared.audit.batch_accepted(batch, session.client_name, session.workspace, turn)
-        emit = self.events.emitter(session, batch)
-        self.events.announce(session, batch)
+        emit = self.events.opened(session, batch, turn)
         try:
             self.shared.executor.end_at_once(batch, result, emit)
             if journal is not None and ended is not None:
