@@ -6,12 +6,22 @@ real frames, a real trio loop."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import time
 
+import pytest
 import trio
 
-from toold_daemon.isolation.wire import Chunk, Outcome, frame
-from toold_daemon.isolation.workers import Worker
+from tests.worker_stand_ins import StandIns
+from toold_daemon.isolation import workers as workers_module
+from toold_daemon.isolation.cgroup import Cgroups
+from toold_daemon.isolation.wire import Chunk, Outcome, SpawnRequest, frame
+from toold_daemon.isolation.workers import Worker, Workers
+
+REQUEST = SpawnRequest(call_id="c1", token="t", tool="read_file", uid=os.getuid(), gid=os.getgid(), roots=["/"])
 
 
 class Bystander:
@@ -76,3 +86,37 @@ async def test_a_large_outcome_in_pieces_leaves_other_tasks_their_turns() -> Non
     finally:
         theirs.close()
         worker.sock.close()
+
+
+async def test_a_flood_of_chunks_ends_the_wait_for_a_begun_reads_outcome_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lone read's outcome is waited for on the loop's thread, outside the loop
+    (``Workers.outcome_now``): chunks as fast as they can be read end that wait at the
+    first, with or without the clients' door, and ``run`` reads them as above."""
+    monkeypatch.setattr(workers_module, "OUTCOME_WAIT_MS", 100)
+    stand_ins = StandIns()
+    pool = Workers(stand_ins.start, Cgroups(), pids_max=0, memory_max=0, max_workers=4, idle_seconds=60)
+    await pool.ensure(REQUEST, b"config")
+    begun = pool.begin(REQUEST, b"config")
+    assert begun is not None
+    stand_in = stand_ins.started[0]
+    stand_in.request()
+    door, ring = os.pipe()
+    chunk = bytes(frame(Chunk(stream="stdout", data="y" * 100))) * 100
+    flood = subprocess.Popen(  # another process: it outpaces the reader, as a worker would
+        [sys.executable, "-c", f"import os\nwhile True: os.write({stand_in.sock.fileno()}, {chunk!r})"],
+        pass_fds=[stand_in.sock.fileno()],
+    )
+    try:
+        time.sleep(0.2)  # the socket's buffer is full
+        for interrupt_fd in (door, None):
+            started = time.monotonic()
+            assert pool.outcome_now(begun, interrupt_fd) is None
+            assert time.monotonic() - started < 0.3, "the wait ends at once, not with the flood"
+    finally:
+        flood.kill()
+        flood.wait()
+        stand_ins.close()
+        os.close(door)
+        os.close(ring)

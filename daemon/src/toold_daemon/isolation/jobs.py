@@ -79,6 +79,10 @@ class Jobs:
             job = self._jobs.get(job_id)
             return job if job is not None and job.uid == uid else None
 
+    def any_running(self) -> bool:
+        with self._lock:
+            return any(j.state == "running" for j in self._jobs.values())
+
     def running(self) -> list[Job]:
         with self._lock:
             return [j for j in self._jobs.values() if j.state == "running"]

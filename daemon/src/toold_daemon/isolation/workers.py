@@ -231,6 +231,9 @@ class Workers:
         self._cgroups_to_remove: list[str] = []
         self._config = b""
         self._config_generation = 0
+        #: Whether the event loop serves nothing but the call asking (its owner's answer):
+        #: only then may a call spin for its outcome on the loop's thread.
+        self.loop_serves_one_call: Callable[[], bool] = lambda: True
         #: Where abandoned calls' outcomes are waited for (without one their workers end).
         self.nursery: trio.Nursery | None = None
 
@@ -364,7 +367,8 @@ class Workers:
         try:
             await worker.send(unsent)
             while True:
-                alone = self._in_flight == 1 and _SPARE_CORE  # nobody else waits for the loop's time
+                # nobody else waits for the loop's time
+                alone = self._in_flight == 1 and _SPARE_CORE and self.loop_serves_one_call()
                 message = await worker.receive(SPIN_SECONDS if alone else 0.0)
                 if isinstance(message, Outcome):
                     clean = message.error_code != STALE

@@ -63,6 +63,8 @@ class BatchRuns:
         self.events = BatchEvents(shared, self.held)
         self._turns: dict[tuple[int, str], int] = {}
         self._kept_bytes = 0  # of the finished batches kept (``_keep_finished``)
+        #: Batch tasks running, of every session (``session.running`` summed, kept at hand).
+        self._tasks = 0
         #: Batches of each uid waiting for the journal, whatever became of their sessions.
         self._journal_waits: dict[int, int] = {}
 
@@ -329,6 +331,7 @@ class BatchRuns:
         )
         self.shared.tasks.start_soon(run)
         session.running += 1  # (the task, which takes it back when it ends, exists now)
+        self._tasks += 1
 
     async def _run_batch(
         self,
@@ -342,6 +345,7 @@ class BatchRuns:
     ) -> None:
         if commit is not None and not await self._recorded(session, batch, accepted, commit):
             session.running -= 1
+            self._tasks -= 1
             return
         emit = self.events.opened(session, batch, turn)
         waited_for_journal = False
@@ -375,6 +379,7 @@ class BatchRuns:
             batch.ask_network = None
             self._keep_finished(batch)
             session.running -= 1
+            self._tasks -= 1
             if waited_for_journal:
                 self._count_journal_wait(batch.identity.uid, -1)
                 session.journal_waits -= 1
@@ -394,9 +399,7 @@ class BatchRuns:
         journal = self.shared.journal
         if journal is not None and (ended is None or journal_holds_back(journal, batch.identity.uid)):
             return False
-        doorbell = self.shared.doorbell
-        interrupt_fd = doorbell.fileno() if doorbell is not None and not doorbell.ringing() else None
-        result = self.shared.executor.finished_begun(batch, interrupt_fd)
+        result = self.shared.executor.finished_begun(batch, self._door_while_idle())
         if result is None:
             return False
         emit = self.events.opened(session, batch, turn)
@@ -412,6 +415,28 @@ class BatchRuns:
         finally:
             self._keep_finished(batch)
         return True
+
+    def _door_while_idle(self) -> int | None:
+        """The clients' door, for a wait on the loop's thread that a frame ends, while the
+        loop serves nothing else (``_serves_nothing_else``); else None: no wait is taken."""
+        doorbell = self.shared.doorbell
+        return doorbell.fileno() if doorbell is not None and self._serves_nothing_else(0) else None
+
+    def serves_one_batch_alone(self) -> bool:
+        """Whether a call may hold the loop's thread a moment from inside its batch's task
+        (``Workers``' spin for an outcome): the loop serves that batch and nothing else."""
+        return self._serves_nothing_else(1)
+
+    def _serves_nothing_else(self, own_tasks: int) -> bool:
+        """No frame waits, no other batch's task runs (a command, an MCP call, a write
+        waiting for its journal record, a confirmation: what wakes them would wait for a
+        wait on the loop's thread), no background job's output comes. One user's stream of
+        slow reads would otherwise hold everyone else's work back a moment each."""
+        doorbell = self.shared.doorbell
+        if self._tasks > own_tasks or (doorbell is not None and doorbell.ringing()):
+            return False
+        jobs = getattr(self.shared.executor.runner, "jobs", None)  # the confined runner's
+        return jobs is None or not jobs.any_running()
 
     def _defer(self, session: Session, submit: Callable[[], None], request_id: int) -> None:
         """Hold a submission until the session's ended batches are journaled, and its
