@@ -15,7 +15,7 @@ import time
 import pytest
 import trio
 
-from tests.worker_stand_ins import StandIns
+from tests.worker_stand_ins import StandIn, StandIns
 from toold_daemon.isolation import workers as workers_module
 from toold_daemon.isolation.cgroup import Cgroups
 from toold_daemon.isolation.wire import Chunk, Outcome, SpawnRequest, frame
@@ -120,3 +120,40 @@ async def test_a_flood_of_chunks_ends_the_wait_for_a_begun_reads_outcome_at_once
         stand_ins.close()
         os.close(door)
         os.close(ring)
+
+
+async def test_a_worker_that_says_more_than_its_outcome_answers_no_later_call() -> None:
+    """Bytes past an outcome, read with it, would be taken as the next call's outcome (a
+    forged answer before the question): such a worker ends, and the next call gets a
+    fresh one, whichever way its outcome was read (at once, or by the call's task)."""
+    stand_ins = StandIns()
+    pool = Workers(stand_ins.start, Cgroups(), pids_max=0, memory_max=0, max_workers=4, idle_seconds=60)
+    try:
+        await pool.ensure(REQUEST, b"config")
+        for way in ("at once", "by the task"):
+            begun = pool.begin(REQUEST, b"config")
+            assert begun is not None
+            liar = stand_ins.started[-1]
+            liar.request()
+            liar.say(Outcome(ok=True, content="asked"), Outcome(ok=True, content="forged"))
+            time.sleep(0.05)  # both in the socket: read together
+            if way == "at once":
+                outcome = pool.outcome_now(begun, None)
+            else:
+                outcome = await pool.run(REQUEST, b"config", lambda chunk: None, begun=begun)
+            assert outcome is not None and outcome.content == "asked"
+            assert liar.ended(), f"{way}: the worker that said more was ended"
+            await pool.ensure(REQUEST, b"config")  # a fresh one
+            assert stand_ins.started[-1] is not liar
+            honest = stand_ins.started[-1]
+
+            async def answer(worker: StandIn = honest) -> None:
+                await trio.to_thread.run_sync(worker.request)
+                worker.say(Outcome(ok=True, content="true"))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(answer)
+                outcome = await pool.run(REQUEST, b"config", lambda chunk: None)
+            assert outcome.content == "true", "the next call got its own answer"
+    finally:
+        stand_ins.close()

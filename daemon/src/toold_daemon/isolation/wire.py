@@ -297,6 +297,10 @@ class FrameBuffer:
         del self._buffer[:end]
         return message
 
+    def __len__(self) -> int:
+        """Bytes held that no frame has taken yet."""
+        return len(self._buffer)
+
     def peek_next(self, decoder: msgspec.msgpack.Decoder[T]) -> T | None:
         """The next complete frame decoded and left where it is (``drop_next`` takes it)."""
         end = self._complete()

@@ -383,9 +383,10 @@ class Workers:
 
     def _done_with(self, worker: Worker, *, clean: bool) -> None:
         """A call's outcome is in, or will never be read: its worker goes back to the idle
-        ones after a clean outcome, and ends otherwise."""
+        ones after a clean outcome, and ends otherwise. One that said more than its outcome
+        (bytes already read past it) ends too: they would be read as the next call's."""
         self._in_flight -= 1
-        if clean:
+        if clean and not len(worker.buffer):
             self._give_back(worker)
         else:
             self._end(worker)
