@@ -213,8 +213,7 @@ def run_serve(
     from .records.state_files import StateFileRefused
     from .sandbox.paths import UNCHECKED_FOR_TESTS
     from .server import ServeOptions, serve
-    from .service.ipc import EndpointInUse
-    from .service.socket_dir import UnsafeRuntimePath
+    from .service.socket_dir import EndpointInUse, UnsafeRuntimePath
 
     if UNCHECKED_FOR_TESTS:
         print(

@@ -18,7 +18,8 @@ from toold_protocol import ToolErrorType
 
 from ..errors import ToolError
 from ..execution.results import OUTPUT_DETAILS
-from ..tools._base import ToolContext
+from ..output import Unseen
+from ..tools._base import ToolContext, ToolOutput
 from .wire import Chunk, FrameBuffer, Outcome, child_decoder
 
 
@@ -136,3 +137,18 @@ def _coalesce(chunks: list[Chunk]) -> list[tuple[str, str, int]]:
         else:
             merged.append((chunk.stream, chunk.data, 1))
     return merged
+
+
+def output_of(outcome: Outcome) -> ToolOutput:
+    """A worker's or child's outcome as the tool's output; a failed one raises its error."""
+    raise_for(outcome)
+    return ToolOutput(
+        outcome.content,
+        outcome.display,
+        outcome.data,
+        outcome.allow_truncation,
+        outcome.records,
+        tail=outcome.tail,
+        unseen=Unseen(outcome.unseen_bytes, outcome.unseen_lines),
+        changes=list(outcome.changes),
+    )

@@ -34,14 +34,13 @@ from ..config import Config
 from ..egress.calls import EgressCall, EgressCalls
 from ..egress.rules import EgressRules
 from ..errors import ToolError
-from ..output import Unseen
 from ..sandbox import Sandbox
 from ..tools._base import Command, Tool, ToolContext, ToolOutput
 from . import sweep as sweeping
 from .admission import peer_credentials
 from .call_end import CallKiller, CallProcess, signal_group
 from .cgroup import Cgroups, CgroupUnavailable
-from .child_output import ChildFailed, collect, decode_frames, raise_for
+from .child_output import ChildFailed, collect, decode_frames, output_of, raise_for
 from .jobs import Job, Jobs
 from .spawn_requests import SpawnRequests
 from .spawner_link import SpawnerLink
@@ -199,7 +198,7 @@ class SpawnRunner:
             outcome = await self._in_worker(tool, args, ctx, identity)
         else:
             outcome = await self._spawn(tool, args, ctx, identity, command=command)
-        return _output_of(outcome)
+        return output_of(outcome)
 
     def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> None:
         """Send a worker call's request now if a worker of its kind is idle (``Workers.begin``):
@@ -233,7 +232,7 @@ class SpawnRunner:
         ctx.begun = None
         if outcome.error_code == STALE:
             return None  # ``run`` runs it anew in a fresh worker
-        return _output_of(outcome)
+        return output_of(outcome)
 
     def abandon(self, ctx: ToolContext) -> None:
         """``ctx``'s call was begun and will not be run (``Workers.abandon``)."""
@@ -593,18 +592,3 @@ class SpawnRunner:
         if self._temps is not None:
             self._temps.close()
         self.cgroups.remove_bases()
-
-
-def _output_of(outcome: Outcome) -> ToolOutput:
-    """A worker's or child's outcome as the tool's output; a failed one raises its error."""
-    raise_for(outcome)
-    return ToolOutput(
-        outcome.content,
-        outcome.display,
-        outcome.data,
-        outcome.allow_truncation,
-        outcome.records,
-        tail=outcome.tail,
-        unseen=Unseen(outcome.unseen_bytes, outcome.unseen_lines),
-        changes=list(outcome.changes),
-    )

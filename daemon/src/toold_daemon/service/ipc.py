@@ -27,13 +27,11 @@ so an exclusive ``flock`` on ``<socket>.lock`` is taken first.
 from __future__ import annotations
 
 import collections
-import errno
 import fcntl
 import logging
 import os
 import re
 import socket
-import stat
 import struct
 import termios
 import time
@@ -49,7 +47,7 @@ from toold_protocol import Identity
 from .backlog import Backlogs
 from .connections import HANDSHAKE_SECONDS, ConnectionGuard
 from .intake import Intake
-from .socket_dir import SocketAccess, UnsafeRuntimePath, check_private_dir, share_dir_with_group
+from .socket_dir import SocketAccess, take_lock
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +78,6 @@ _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: Serving frames in rotation stops after this long, to let the batch tasks run and read
 #: the frames that arrived meanwhile (another uid's among them).
 _SERVE_SECONDS = 0.0005
-
-
-class EndpointInUse(Exception):
-    """Another daemon holds the lock on this endpoint."""
 
 
 class Inbound(msgspec.Struct, frozen=True):
@@ -161,7 +155,7 @@ class IpcServer:
         starts with). Raises EndpointInUse."""
         path = ipc_path(self.endpoint) if self.activated_fd is None else None
         if path is not None:
-            self._take_lock(path)
+            self._lock_fd = take_lock(path, self.endpoint, heir=self.heir, gid=self.access.gid)
 
     def bind(self) -> None:
         """Bind the ZAP handler, then the ROUTER (``claim`` first). libzmq starts its
@@ -224,33 +218,6 @@ class IpcServer:
         finally:
             listener.detach()
         return os.fsencode(name) if name else None
-
-    def _take_lock(self, path: Path) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_private_dir(path.parent, heir=self.heir)
-        if self.access.gid is not None:
-            share_dir_with_group(path.parent, self.access.gid)
-        lock_path = path.with_name(path.name + ".lock")
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafeRuntimePath(f"{lock_path} is a symlink; refusing to write through it") from None
-            raise
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), self.heir) or st.st_nlink != 1:
-            os.close(fd)
-            raise UnsafeRuntimePath(f"{lock_path} is not a private regular file of ours; refusing to use it")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise EndpointInUse(f"another toold is serving {self.endpoint} (lock {lock_path})") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
 
     def forget(self, peer: bytes) -> None:
         """Drop what is queued for a peer the handler no longer serves. What libzmq still

@@ -1,13 +1,20 @@
-"""The socket's directory and its access: never a place someone else could take the socket
-from, and shared with the socket's group only as far as asked."""
+"""The socket's directory, its lock and its access: never a place someone else could take
+the socket from, one daemon per socket, and shared with the socket's group only as far
+as asked."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import stat
 from pathlib import Path
 
 import msgspec
+
+
+class EndpointInUse(Exception):
+    """Another daemon holds the socket's lock."""
 
 
 class UnsafeRuntimePath(Exception):
@@ -47,3 +54,35 @@ def share_dir_with_group(directory: Path, gid: int) -> None:
         os.chown(directory, -1, gid)
     if stat.S_IMODE(st.st_mode) != 0o710:
         os.chmod(directory, 0o710)  # noqa: S103 - traverse only, for the socket's group
+
+
+def take_lock(path: Path, endpoint: str, *, heir: int | None, gid: int | None) -> int:
+    """Make the socket's directory (private; passable by ``gid``, the socket's group) and
+    take the lock beside the socket: its descriptor, held while the daemon serves. Raises
+    ``EndpointInUse`` while another daemon holds it, ``UnsafeRuntimePath`` for a place
+    that is not ours alone."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private_dir(path.parent, heir=heir)
+    if gid is not None:
+        share_dir_with_group(path.parent, gid)
+    lock_path = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeRuntimePath(f"{lock_path} is a symlink; refusing to write through it") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), heir) or st.st_nlink != 1:
+        os.close(fd)
+        raise UnsafeRuntimePath(f"{lock_path} is not a private regular file of ours; refusing to use it")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise EndpointInUse(f"another toold is serving {endpoint} (lock {lock_path})") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
