@@ -413,6 +413,31 @@ def test_a_move_that_cannot_happen_leaves_no_directory_behind(undoing: DaemonPro
     assert not into_itself.ok and not (undoing.root / "dir/inside").exists()
 
 
+def test_a_file_written_where_the_batch_made_and_removed_a_directory_is_undone(undoing: DaemonProcess) -> None:
+    """Found by the property test: a/a.txt made (and so the directory a), a deleted
+    whole, then a written as a file. The directory's tree hash was counted stale by
+    the later change below it, and so the file's bytes were expected to hash to nothing:
+    the undo refused, saying a had changed since the batch."""
+    root = undoing.root
+    shutil.rmtree(root)
+    root.mkdir()
+    (root / "a.txt").write_text("")
+    before = tree(root)
+    with undoing.client(timeout=60) as c:
+        outcome = c.submit(
+            [
+                CallSpec("write_file", {"path": "a/a.txt", "content": "", "overwrite": True}, "w1"),
+                CallSpec("delete_file", {"path": "a", "recursive": True}, "d"),
+                CallSpec("write_file", {"path": "a", "content": "", "overwrite": True}, "w2"),
+            ]
+        )
+        assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
+        assert (root / "a").is_file()
+        (result,) = c.undo(outcome.batch_id).results
+    assert result.ok, result.content
+    assert tree(root) == before
+
+
 def test_a_file_overwritten_where_a_moved_directory_brought_it_is_taken_away(undoing: DaemonProcess) -> None:
     """Found by the property test: a/a.txt made, a moved to b, b/a.txt overwritten. The
     batch first saw b/a.txt existing, but before the batch it was not there at all."""

@@ -63,7 +63,7 @@ class UndoLedger:
         for change in changes:
             first.setdefault(change.path, change)
             last[change.path] = change
-        stale = _stale_tree_hashes(changes)
+        stale = _stale_tree_hashes(changes, last)
         born = _born_in_the_batch(first)
         moved_back = _moved_back(changes, first, last, kept_too=not force)
         # What was below a path moved back goes back with it, whatever was kept of it; and
@@ -204,17 +204,19 @@ def _born_in_the_batch(first: dict[str, StoredChange]) -> set[str]:
     return born
 
 
-def _stale_tree_hashes(changes: list[StoredChange]) -> set[str]:
-    """Directories whose recorded tree hash a later change below them outdated (a file
-    written into a directory an earlier call made): their contents are checked against
-    the plan instead."""
+def _stale_tree_hashes(changes: list[StoredChange], last: dict[str, StoredChange]) -> set[str]:
+    """Directories the batch left as directories whose recorded tree hash a later change
+    below them outdated (a file written into a directory an earlier call made): their
+    contents are checked against the plan instead. Only a path's last change says what
+    the batch left there: a directory made, removed, then a file written in its place
+    is a file, whose bytes are checked."""
     stale: set[str] = set()
-    for change in changes:
+    for path, change in last.items():
         if change.after_kind != "dir":
             continue
-        prefix = change.path.rstrip(os.sep) + os.sep
+        prefix = path.rstrip(os.sep) + os.sep
         if any(later.index > change.index and later.path.startswith(prefix) for later in changes):
-            stale.add(change.path)
+            stale.add(path)
     return stale
 
 
