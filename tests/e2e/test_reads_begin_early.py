@@ -17,8 +17,8 @@ from tests.conftest import DaemonProcess
 from tests.e2e.test_workers import workers_of
 
 
-def read_request(request_id: int, path: str, batch_id: str) -> p.SubmitBatch:
-    arguments = msgspec.Raw(p.encode_value({"path": path}))
+def read_request(request_id: int, path: str, batch_id: str, **extra: object) -> p.SubmitBatch:
+    arguments = msgspec.Raw(p.encode_value({"path": path, **extra}))
     call = p.ToolCall(call_id="r", name="read_file", arguments=arguments)
     return p.SubmitBatch(id=request_id, calls=[call], batch_id=batch_id, events="results")
 
@@ -28,6 +28,11 @@ def test_reads_cancelled_as_they_arrive_end_cleanly_and_their_workers_serve_the_
     read and dropped, and the same worker serves the next read (no new worker to wait
     for); none is left busy or behind."""
     (daemon.root / "a.txt").write_text("hello\n")
+    # The cancelled read scans 60,000 lines for its last: a few milliseconds in its worker,
+    # so that the cancel can come while the read is there. A read of a few bytes answers
+    # before the daemon has read the cancel, and it ends in its handler (a whole result).
+    filler = 60_000
+    (daemon.root / "long.txt").write_text("x\n" * filler + "hello\n")
     warm = daemon.client(timeout=30)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -48,7 +53,7 @@ def test_reads_cancelled_as_they_arrive_end_cleanly_and_their_workers_serve_the_
             batch_id = f"early-{i}"
             # the cancel follows at once: the daemon usually reads both in one go, after
             # the read went to its worker and before the batch's task ran
-            sock.send(p.encode(read_request(2 * i + 1, "a.txt", batch_id)))
+            sock.send(p.encode(read_request(2 * i + 1, "long.txt", batch_id, start_line=filler + 1)))
             sock.send(p.encode(p.Cancel(id=2 * i + 2, batch_id=batch_id)))
             deadline = time.monotonic() + 10
             ended = len(outcomes) + 1
