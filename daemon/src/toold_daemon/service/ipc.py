@@ -259,8 +259,19 @@ class IpcServer:
     # ------------------------------------------------------------------ the door
 
     def ringing(self) -> bool:
-        """Frames are waiting: read and not served yet, or in libzmq (``Doorbell``)."""
-        return bool(self._intake) or self._router is None or _frames_wait(self._router)
+        """Frames are waiting: read and not served yet, or in libzmq (``Doorbell``).
+
+        Asking libzmq takes the edge of the descriptor the pump sleeps on: when another
+        task asks (a batch's, before it holds the loop a moment) and frames wait, the pump
+        is woken, or they would wait for whatever next woke it (another client's frame,
+        a batch's end: a slow read held a ping 300 ms so)."""
+        if self._intake or self._router is None:
+            return True
+        if not _frames_wait(self._router):
+            return False
+        if self._wake is not None:
+            self._wake.cancel()
+        return True
 
     def fileno(self) -> int:
         """libzmq's descriptor for the clients' socket: readable once something comes for

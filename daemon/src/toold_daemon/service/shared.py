@@ -47,7 +47,8 @@ class Doorbell(Protocol):
     has something for the daemon."""
 
     def ringing(self) -> bool:
-        """Frames are waiting to be served already."""
+        """Frames are waiting to be served already. Safe to ask from any task: the
+        server's own loop is woken for what this saw."""
 
     def fileno(self) -> int:
         """Readable once a new frame comes."""
