@@ -76,6 +76,17 @@ class ServeOptions(msgspec.Struct, frozen=True):
     activated_fd: int | None = None  # a listening socket passed by systemd (socket activation)
 
 
+#: How long a start serves before it makes the tools' planning imports (``warm_planning``):
+#: the thread that imports holds the interpreter lock the loop needs, and the first
+#: clients' frames come in a start's first milliseconds.
+WARM_PLANNING_AFTER_SECONDS = 0.25
+
+
+async def warm_planning_soon(registry: Registry) -> None:
+    await trio.sleep(WARM_PLANNING_AFTER_SECONDS)
+    await trio.to_thread.run_sync(warm_planning, registry)
+
+
 def warm_planning(registry: Registry) -> None:
     """Each tool's planning imports, off the event loop (see ``Tool.warm_planning``)."""
     for tool in registry.list():
@@ -366,7 +377,7 @@ async def serve(config: Config, options: ServeOptions, *, ready: Callable[[str],
                     ready(endpoint)
                 notifier.ready(_status(service))  # the socket serves and recovery is done
                 nursery.start_soon(notifier.keep_alive, lambda: _status(service))
-                nursery.start_soon(trio.to_thread.run_sync, warm_planning, registry)
+                nursery.start_soon(warm_planning_soon, registry)
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         notifier.reloading()
