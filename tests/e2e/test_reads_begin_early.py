@@ -65,6 +65,9 @@ def test_reads_cancelled_as_they_arrive_end_cleanly_and_their_workers_serve_the_
                 if isinstance(message, p.BatchFinished):
                     assert message.batch_id.split(":", 1)[-1] == batch_id  # reported as "uid:id"
                     outcomes.append(message)
+            if outcomes[-1].state == "cancelled":
+                # its worker scans on (~9 ms here), then drops the outcome and is idle again
+                time.sleep(0.05)
     finally:
         warm.close()
         sock.close()
@@ -82,7 +85,12 @@ def test_reads_cancelled_as_they_arrive_end_cleanly_and_their_workers_serve_the_
         for _ in range(20):
             result = client.call("read_file", {"path": "a.txt"})
             assert result.ok and "hello" in result.content
-    assert len(workers_of(daemon)) <= 2  # none left busy, one per cancelled read
+    # None left busy or behind: were each cancelled read to keep its worker busy, every
+    # iteration would add a worker (and the reads would wait once the user's share of
+    # them was busy). A cancel that came once the read's task waited for it ends the
+    # worker instead (the work must stop), and a new one serves the next read. Up to
+    # three: a scan may outlast the pause above on a loaded machine.
+    assert len(workers_of(daemon)) <= 3
 
 
 def test_a_root_made_anew_between_two_reads_is_read_by_a_fresh_worker(daemon: DaemonProcess) -> None:
