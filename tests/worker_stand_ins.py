@@ -12,6 +12,7 @@ import threading
 import time
 
 import msgspec
+import trio
 
 from toold_daemon.isolation.wire import Chunk, Outcome, SpawnRequest, frame, read_frame
 
@@ -67,3 +68,20 @@ class StandIns:
             stand_in.process.kill()
             stand_in.process.wait()
             stand_in.sock.close()
+
+
+class Bystander:
+    """Another task on the loop (another user's work), counting the turns it gets.
+    ``pause``: how long it sleeps between turns; 0 takes every turn the loop gives."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        self.turns = 0
+        self.pause = pause
+
+    async def run(self) -> None:
+        while True:
+            self.turns += 1
+            if self.pause:
+                await trio.sleep(self.pause)
+            else:
+                await trio.lowlevel.checkpoint()

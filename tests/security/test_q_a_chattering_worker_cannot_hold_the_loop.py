@@ -15,25 +15,13 @@ import time
 import pytest
 import trio
 
-from tests.worker_stand_ins import StandIn, StandIns
+from tests.worker_stand_ins import Bystander, StandIn, StandIns
 from toold_daemon.isolation import workers as workers_module
 from toold_daemon.isolation.cgroup import Cgroups
 from toold_daemon.isolation.wire import Chunk, Outcome, SpawnRequest, frame
 from toold_daemon.isolation.workers import Worker, Workers
 
 REQUEST = SpawnRequest(call_id="c1", token="t", tool="read_file", uid=os.getuid(), gid=os.getgid(), roots=["/"])
-
-
-class Bystander:
-    """Another task on the loop, counting the turns it gets."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-
-    async def run(self) -> None:
-        while True:
-            self.turns += 1
-            await trio.lowlevel.checkpoint()
 
 
 def _worker() -> tuple[Worker, socket.socket]:

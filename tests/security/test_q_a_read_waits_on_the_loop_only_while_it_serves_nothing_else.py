@@ -27,7 +27,7 @@ import trio
 import trio.testing
 
 import toold_protocol as p
-from tests.worker_stand_ins import StandIn, StandIns
+from tests.worker_stand_ins import Bystander, StandIn, StandIns
 from toold_daemon.config import ApprovalConfig, Config, ToolsConfig
 from toold_daemon.execution.executor import Executor
 from toold_daemon.execution.runner import ThreadRunner
@@ -197,7 +197,7 @@ async def test_a_call_spins_for_its_outcome_only_while_its_batch_is_all_the_loop
         await pool.ensure(request, b"config")
         for others_running, turns_wanted in ((1, 10), (0, 0)):
             runs._tasks = 1 + others_running  # this call's batch, and another's or none
-            other = Bystander()
+            other = Bystander(pause=0.001)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(other.run)
                 await trio.lowlevel.checkpoint()
@@ -222,15 +222,3 @@ def _answer_late(stand_in: StandIn) -> None:
     stand_in.request()
     time.sleep(0.3)
     stand_in.say(Outcome(ok=True))
-
-
-class Bystander:
-    """Another user's work on the loop, counting the turns it gets."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-
-    async def run(self) -> None:
-        while True:
-            self.turns += 1
-            await trio.sleep(0.001)
