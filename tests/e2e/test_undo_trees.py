@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -413,31 +413,6 @@ def test_a_move_that_cannot_happen_leaves_no_directory_behind(undoing: DaemonPro
     assert not into_itself.ok and not (undoing.root / "dir/inside").exists()
 
 
-def test_a_file_written_where_the_batch_made_and_removed_a_directory_is_undone(undoing: DaemonProcess) -> None:
-    """Found by the property test: a/a.txt made (and so the directory a), a deleted
-    whole, then a written as a file. The directory's tree hash was counted stale by
-    the later change below it, and so the file's bytes were expected to hash to nothing:
-    the undo refused, saying a had changed since the batch."""
-    root = undoing.root
-    shutil.rmtree(root)
-    root.mkdir()
-    (root / "a.txt").write_text("")
-    before = tree(root)
-    with undoing.client(timeout=60) as c:
-        outcome = c.submit(
-            [
-                CallSpec("write_file", {"path": "a/a.txt", "content": "", "overwrite": True}, "w1"),
-                CallSpec("delete_file", {"path": "a", "recursive": True}, "d"),
-                CallSpec("write_file", {"path": "a", "content": "", "overwrite": True}, "w2"),
-            ]
-        )
-        assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
-        assert (root / "a").is_file()
-        (result,) = c.undo(outcome.batch_id).results
-    assert result.ok, result.content
-    assert tree(root) == before
-
-
 def test_a_file_overwritten_where_a_moved_directory_brought_it_is_taken_away(undoing: DaemonProcess) -> None:
     """Found by the property test: a/a.txt made, a moved to b, b/a.txt overwritten. The
     batch first saw b/a.txt existing, but before the batch it was not there at all."""
@@ -509,17 +484,33 @@ def test_a_stranger_file_in_a_moved_directory_is_still_a_conflict(undoing: Daemo
     assert tree(root) == after
 
 
-def test_a_file_the_batch_made_then_deleted_with_its_directory_now_a_file_is_left_absent(
-    undoing: DaemonProcess,
-) -> None:
-    """Found by the property test: a/a.txt made, a deleted with everything in it, a file
-    written where a was. Taking a/a.txt away (it is absent already) made the undo look for
-    a directory a, a file by then: the undo failed whole, "Not a directory"."""
-    root = undoing.root
-    shutil.rmtree(root)
+def _a_file_at_the_root(root: Path) -> None:
+    (root / "a.txt").write_text("")
+
+
+def _a_file_two_directories_down(root: Path) -> None:
     (root / "a" / "a").mkdir(parents=True)
     (root / "a" / "a" / "a.txt").write_text("")
     os.chmod(root / "a" / "a" / "a.txt", 0o600)
+
+
+@pytest.mark.parametrize("make_tree", [_a_file_at_the_root, _a_file_two_directories_down])
+def test_a_directory_the_batch_made_and_deleted_then_a_file_written_in_its_place_is_undone(
+    undoing: DaemonProcess, make_tree: Callable[[Path], None]
+) -> None:
+    """Both drawn by the property test: a/a.txt written (making the directory a if it was
+    not there), a deleted with everything in it, then a written as a file.
+
+    - From a tree with a/a/a.txt: taking a/a.txt away (it is absent already) made the
+      undo look for a directory a, a file by then: the undo failed whole, "Not a
+      directory".
+    - From a tree with a.txt at the root: the directory a's tree hash was counted stale
+      by the later change below it, so the file a's bytes were expected to hash to
+      nothing: the undo refused, saying a had changed since the batch."""
+    root = undoing.root
+    shutil.rmtree(root)
+    root.mkdir()
+    make_tree(root)
     before = tree(root)
     with undoing.client(timeout=60) as c:
         outcome = c.submit(
@@ -530,6 +521,7 @@ def test_a_file_the_batch_made_then_deleted_with_its_directory_now_a_file_is_lef
             ]
         )
         assert all(r.ok for r in outcome.results), [r.content for r in outcome.results]
+        assert (root / "a").is_file()
         (result,) = c.undo(outcome.batch_id).results
     assert result.ok, result.content
     assert tree(root) == before
