@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from toold_daemon.isolation.workers import Workers
 from toold_daemon.sandbox import Sandbox
 from toold_daemon.sandbox.workspaces import Workspaces
 from toold_daemon.service.confirming import ConfirmationFlow
+from toold_daemon.service.router import Service
 from toold_daemon.service.running import BatchRuns
 from toold_daemon.service.sessions import Session, Sessions
 from toold_daemon.service.shared import Shared
@@ -86,6 +87,7 @@ class BeginningRunner(ThreadRunner):
         self.doors: list[int | None] = []
         self.jobs = Jobs()
         self.command_may_end = trio.Event()
+        self.serves_one_call: Callable[[], bool] | None = None
 
     def begin(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: p.Identity) -> None:
         ctx.begun = (tool, args)
@@ -96,6 +98,12 @@ class BeginningRunner(ThreadRunner):
         ctx.begun = None
         output: ToolOutput = tool.run(args, ctx)
         return output
+
+    def jobs_running(self) -> bool:
+        return self.jobs.any_running()
+
+    def spin_only_when(self, serves_one_call: Callable[[], bool]) -> None:
+        self.serves_one_call = serves_one_call
 
     async def run(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: p.Identity) -> ToolOutput:
         if tool.name == "shell":
@@ -111,12 +119,16 @@ def door() -> Iterator[Door]:
     the_door.close()
 
 
-def service(root: Path, door: Door) -> tuple[BatchRuns, BeginningRunner, list[bytes]]:
+def _parts(root: Path) -> tuple[Config, Registry, Sandbox]:
     registry = Registry()
     for tool in builtin_tools():
         registry.register(tool)
     config = Config(tools=ToolsConfig(approval=ApprovalConfig(preset="all")))  # the command runs unasked
-    sandbox = Sandbox([root])
+    return config, registry, Sandbox([root])
+
+
+def service(root: Path, door: Door) -> tuple[BatchRuns, BeginningRunner, list[bytes]]:
+    config, registry, sandbox = _parts(root)
     runner = BeginningRunner()
     sent: list[bytes] = []
     shared = Shared(
@@ -130,6 +142,21 @@ def service(root: Path, door: Door) -> tuple[BatchRuns, BeginningRunner, list[by
         doorbell=door,
     )
     return BatchRuns(shared, ConfirmationFlow(shared)), runner, sent
+
+
+def test_the_service_tells_its_runner_when_a_call_may_spin(tmp_path: Path, door: Door) -> None:
+    """The runner learns the question from the service that owns the loop: with nothing
+    else served a call may spin; a frame waiting says no."""
+    config, registry, sandbox = _parts(tmp_path)
+    runner = BeginningRunner()
+    executor = Executor(runner, sandbox, config)
+    Service(
+        config=config, registry=registry, sandbox=sandbox, executor=executor, send=lambda *a, **k: None, doorbell=door
+    )
+    assert runner.serves_one_call is not None, "never told"
+    assert runner.serves_one_call()
+    door.ring()
+    assert not runner.serves_one_call(), "a frame waits: no spin"
 
 
 def submit(runs: BatchRuns, session: Session, name: str, arguments: dict[str, Any], request_id: int) -> None:

@@ -15,6 +15,7 @@ file up to 64 KiB) runs on the event loop instead: a thread hop costs more here
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -41,6 +42,14 @@ class ToolRunner(Protocol):
 
     def abandon(self, ctx: ToolContext) -> None:
         """``ctx``'s call was begun and will not be run."""
+
+    def jobs_running(self) -> bool:
+        """Whether background jobs run, whose output the event loop follows."""
+
+    def spin_only_when(self, serves_one_call: Callable[[], bool]) -> None:
+        """``serves_one_call()`` says whether the event loop serves nothing but the call
+        asking: only then may a call hold the loop's thread a moment (a spin for its
+        outcome). Never calling it is correct."""
 
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None: ...
 
@@ -95,6 +104,12 @@ class ThreadRunner:
 
     def abandon(self, ctx: ToolContext) -> None:
         pass
+
+    def jobs_running(self) -> bool:
+        return False  # (nothing runs in the background here)
+
+    def spin_only_when(self, serves_one_call: Callable[[], bool]) -> None:
+        pass  # nothing spins here
 
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
         """A diff preview, only for clients with the daemon's own privileges (else None)."""

@@ -240,6 +240,12 @@ class SpawnRunner:
             begun, ctx.begun = ctx.begun, None
             self.workers.abandon(begun)
 
+    def jobs_running(self) -> bool:
+        return self.jobs.any_running()
+
+    def spin_only_when(self, serves_one_call: Callable[[], bool]) -> None:
+        self.workers.loop_serves_one_call = serves_one_call
+
     async def preview(self, tool: Tool[Any], args: Any, ctx: ToolContext, identity: Identity) -> str | None:
         """The call's diff preview, computed in a worker with the client's privileges; a
         call that would fail raises its error (the request then shows why)."""

@@ -115,9 +115,7 @@ class Service:
         )
         self.confirming = ConfirmationFlow(self.shared)
         self.runs = BatchRuns(self.shared, self.confirming)
-        workers = getattr(executor.runner, "workers", None)  # the confined runner's
-        if workers is not None:
-            workers.loop_serves_one_call = self.runs.serves_one_batch_alone
+        executor.runner.spin_only_when(self.runs.serves_one_batch_alone)
         self.admin = Administration(self.shared, self.runs)
 
     @property

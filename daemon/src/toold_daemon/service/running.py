@@ -435,8 +435,7 @@ class BatchRuns:
         doorbell = self.shared.doorbell
         if self._tasks > own_tasks or (doorbell is not None and doorbell.ringing()):
             return False
-        jobs = getattr(self.shared.executor.runner, "jobs", None)  # the confined runner's
-        return jobs is None or not jobs.any_running()
+        return not self.shared.executor.runner.jobs_running()
 
     def _defer(self, session: Session, submit: Callable[[], None], request_id: int) -> None:
         """Hold a submission until the session's ended batches are journaled, and its
