@@ -48,17 +48,19 @@ def link() -> Iterator[Link]:
 
 
 def start(
-    root: Path, argv: list[str], to_egress: socket.socket
+    root: Path, argv: list[str], to_egress: socket.socket | zygote.NextListener
 ) -> tuple[Spawned, zygote.Started | None, socket.socket]:
-    """Start ``argv`` as the zygote does: (its reply, what it watches, the channel's reading end)."""
+    """Start ``argv`` as the zygote does, with a listener made then or (given a
+    ``NextListener``) ahead: (its reply, what it watches, the channel's reading end)."""
     request = SpawnRequest(
         call_id="c1", token="tok-1", argv=argv, cwd=str(root), roots=[str(root)], egress_proxy=True, temp=str(root),
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )  # fmt: skip
     channel_ours, channel_theirs = socket.socketpair()
     fd = channel_theirs.detach()
+    proxied = to_egress if isinstance(to_egress, zygote.NextListener) else zygote.NextListener(to_egress)
     reply, started = zygote._start(
-        msgspec.msgpack.encode(request), [fd], identity=roots_identity([str(root)]), to_egress=to_egress
+        msgspec.msgpack.encode(request), [fd], identity=roots_identity([str(root)]), proxied=proxied
     )
     return reply, started, channel_ours
 
@@ -102,7 +104,10 @@ def handed_over(theirs: socket.socket) -> list[tuple[EgressListen, socket.socket
 
 
 def _proxy_port(started: zygote.Started) -> int:
-    return int(started[0].env["HTTP_PROXY"].rsplit(":", 1)[1])
+    listener = started[5]
+    assert listener is not None
+    with socket.socket(fileno=os.dup(listener.fileno())) as held:
+        return int(held.getsockname()[1])
 
 
 def test_a_command_that_does_not_start_hands_over_no_listener(in_tmp: Path, link: Link) -> None:
@@ -173,8 +178,7 @@ def test_a_command_that_connects_hands_over_the_listener_its_environment_names(
     with listener_socket:
         assert listen.token == "tok-1"
         assert listener_socket.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
-        assert listener_socket.getsockname()[1] == port
-        assert started[0].env["all_proxy"] == f"socks5h://127.0.0.1:{port}"
+        assert listener_socket.getsockname()[1] == port  # the one its environment named
         if then == "exit":
             listener_socket.setblocking(False)
             connection, _ = listener_socket.accept()  # what the command sent waits there
@@ -210,3 +214,34 @@ def test_a_listener_the_egress_process_cannot_take_leaves_the_command_no_way_out
     assert outcome.ok, outcome.content
     assert "first ended\nthen ConnectionRefusedError" in outcome.content
     assert outcome.unconnected  # nothing went over: nothing to end there
+
+
+_SAYS_ITS_PROXY = "echo $HTTP_PROXY $all_proxy"
+
+
+def test_a_listener_made_ahead_refuses_connections_until_its_command_starts(in_tmp: Path, link: Link) -> None:
+    """The zygote makes the next command's listener while it waits for that command. Until
+    the command starts it is bound but does not listen: another command of the zygote's,
+    sharing its loopback, cannot leave a connection in it to be served as the next
+    command's, under that call's egress rules and answers. Then it serves that command,
+    whose environment names it."""
+    ours, theirs = link
+    ahead = zygote.NextListener(ours)
+    ahead.prepare()
+    assert ahead._next is not None
+    port = int(ahead._next.environment["HTTP_PROXY"].rsplit(":", 1)[1])
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    _reply, started, channel = start(in_tmp, ["/bin/sh", "-c", _SAYS_ITS_PROXY], ahead)
+    assert started is not None and ahead._next is None  # taken by this command
+    assert _proxy_port(started) == port
+    outcome = supervise(started, channel)
+    assert outcome.ok
+    assert f"http://127.0.0.1:{port} socks5h://127.0.0.1:{port}" in outcome.content
+    assert handed_over(theirs) == []
+    ahead.prepare()  # the next one: another port, not listening either
+    assert ahead._next is not None
+    following = int(ahead._next.environment["HTTP_PROXY"].rsplit(":", 1)[1])
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", following), timeout=5).close()
+    ahead.close()

@@ -120,29 +120,40 @@ def proxy_environment(port: int) -> dict[str, str]:
 
 class ProxyListener:
     """A listening socket on this namespace's loopback for one command's connections, and
-    the command's request with its environment pointing its HTTP clients at it. It is
-    handed to the egress process (``hand_over``), which accepts on it from outside the
-    namespace; a command that did not start never hands it over (it would stay open
-    there, served for a call nobody ends). A zygote hands it over only once a connection
-    waits in its backlog (``fileno`` is what it watches)."""
+    the environment that points the command's HTTP clients at it. It is handed to the
+    egress process (``hand_over``), which accepts on it from outside the namespace; a
+    command that did not start never hands it over (it would stay open there, served for
+    a call nobody ends). A zygote makes the next command's listener while it waits for
+    that command, and hands it over only once a connection waits in its backlog
+    (``fileno`` is what it watches).
 
-    def __init__(self, request: SpawnRequest) -> None:
+    It listens only once it serves a command (``serve``): made ahead, it is bound and
+    refuses connections, so that no other command (of the zygote's, sharing its
+    loopback) can leave one in its backlog to be served as the next command's, under that
+    call's egress rules and answers."""
+
+    def __init__(self) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self._socket.bind(("127.0.0.1", 0))
-            self._socket.listen(64)  # connections made before the hand-over wait in the backlog
+            self.environment = proxy_environment(self._socket.getsockname()[1])
         except OSError:
             self._socket.close()
             raise
-        port = self._socket.getsockname()[1]
-        self.request = msgspec.structs.replace(request, env={**request.env, **proxy_environment(port)})
+        self._listen: EgressListen | None = None
+
+    def serve(self, request: SpawnRequest) -> dict[str, str]:
+        """Listen for ``request``'s command: the environment it runs with."""
+        self._socket.listen(64)  # connections made before the hand-over wait in the backlog
+        self._listen = EgressListen(token=request.token, budget=request.egress_budget)
+        return {**request.env, **self.environment}
 
     def fileno(self) -> int:
         return self._socket.fileno()
 
     def hand_over(self, to_egress: socket.socket) -> None:
-        listen = EgressListen(token=self.request.token, budget=self.request.egress_budget)
-        socket.send_fds(to_egress, [frame(listen)], [self._socket.fileno()])
+        assert self._listen is not None, "a listener serves a command before it is handed over"
+        socket.send_fds(to_egress, [frame(self._listen)], [self._socket.fileno()])
 
     def close(self) -> None:
         """Our copy (the egress process holds its own once handed over)."""
@@ -152,12 +163,13 @@ class ProxyListener:
 def listen_through_the_proxy(request: SpawnRequest, to_egress: socket.socket) -> SpawnRequest:
     """Hand a listener to an egress process that lives and dies with this process (a
     fresh child's): the request whose command will use it."""
-    listener = ProxyListener(request)
+    listener = ProxyListener()
     try:
+        env = listener.serve(request)
         listener.hand_over(to_egress)
     finally:
         listener.close()
-    return listener.request
+    return msgspec.structs.replace(request, env=env)
 
 
 class _Call(msgspec.Struct):

@@ -20,9 +20,12 @@ _EVERY_SIGNAL = tuple(
 )
 
 
-def start_command(request: SpawnRequest, *, setsid: bool) -> tuple[int, dict[int, str]]:
+def start_command(
+    request: SpawnRequest, *, setsid: bool, env: dict[str, str] | None = None
+) -> tuple[int, dict[int, str]]:
     """Write the call's files, then start argv with fresh stdout/stderr pipes (in the
-    current directory): (pid, {read end: stream name})."""
+    current directory), with ``env`` if given, else the request's: (pid, {read end:
+    stream name})."""
     for name, text in request.files.items():
         with open(os.path.join(request.temp, os.path.basename(name)), "w", encoding="utf-8") as f:
             f.write(text)
@@ -36,7 +39,7 @@ def start_command(request: SpawnRequest, *, setsid: bool) -> tuple[int, dict[int
             pid = os.posix_spawn(
                 request.argv[0],
                 request.argv,
-                request.env,
+                request.env if env is None else env,
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, out_w, 1),
                     (os.POSIX_SPAWN_DUP2, err_w, 2),

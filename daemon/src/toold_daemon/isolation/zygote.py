@@ -11,7 +11,9 @@ to each call's own channel. No thread per command: a zygote is one task, whateve
 
 In proxy mode each command gets a listener of its own for its proxy connections; the
 zygote holds it (``HeldListener``, watched by the supervisor) and hands it to its egress
-process only once a connection waits on it.
+process only once a connection waits on it. The next command's listener is made while
+the zygote waits for that command (``NextListener``), not between its request and its
+start.
 
 The zygote carries no call token and is in no call's process group, so the kills and
 sweeps of its calls never reach it. It waits in the cgroup of the next call, so the
@@ -54,25 +56,30 @@ def serve(
     else:
         write_frame(sock_fd, Outcome(ok=True, layers=layers))
     to_egress = egress[0] if egress is not None else None
+    proxied = NextListener(to_egress) if to_egress is not None else None
     supervisor = Supervisor(layers)
     supervisor.watch_other(sock_fd)
     listening = True
     while listening or supervisor.active:
+        if proxied is not None and listening:
+            proxied.prepare()
         for _ready in supervisor.step():
             received = receive_with_fds(sock)
             if received is None:  # retired: finish what runs, start nothing new
                 supervisor.forget_other(sock_fd)
                 listening = False
                 continue
-            reply, started = _start(*received, identity=identity, to_egress=to_egress)
+            reply, started = _start(*received, identity=identity, proxied=proxied)
             sock.sendall(frame(reply))  # first: the runner waits for the pid
             if started is not None:
                 request, channel, pid, pipes, at, listener = started
                 supervisor.add(request, channel, pid, pipes, at, listener=listener)
+    if proxied is not None:
+        proxied.close()
 
 
 def _start(
-    body: bytes, fds: list[int], *, identity: tuple[tuple[int, int], ...], to_egress: socket.socket | None
+    body: bytes, fds: list[int], *, identity: tuple[tuple[int, int], ...], proxied: NextListener | None
 ) -> tuple[Spawned, Started | None]:
     try:
         request = _decoder.decode(body)
@@ -89,12 +96,12 @@ def _start(
     os.set_inheritable(channel, False)  # the command must not get the channel
     started = time.monotonic()
     listener = None
+    env = request.env
     try:
         os.chdir(request.cwd or "/")
-        if to_egress is not None and request.egress_proxy:
-            listener = HeldListener(ProxyListener(request), to_egress)
-            request = listener.request
-        pid, pipes = start_command(request, setsid=True)
+        if proxied is not None and request.egress_proxy:
+            listener, env = proxied.take(request)
+        pid, pipes = start_command(request, setsid=True, env=env)
     except OSError as exc:
         os.close(channel)
         if listener is not None:  # a command that did not start never hands its listener over
@@ -111,7 +118,6 @@ class HeldListener:
     def __init__(self, listener: ProxyListener, to_egress: socket.socket) -> None:
         self._listener = listener
         self._to_egress = to_egress
-        self.request = listener.request
 
     def fileno(self) -> int:
         return self._listener.fileno()
@@ -127,3 +133,37 @@ class HeldListener:
 
     def close(self) -> None:
         self._listener.close()
+
+
+class NextListener:
+    """The proxy listener of the next command, made while the zygote waits for it: a
+    socket, a bind and a listen (a few system calls) that would otherwise lie between a
+    command's request and its start."""
+
+    def __init__(self, to_egress: socket.socket) -> None:
+        self._to_egress = to_egress
+        self._next: ProxyListener | None = None
+
+    def prepare(self) -> None:
+        if self._next is None:
+            try:
+                self._next = ProxyListener()
+            except OSError:
+                pass  # made when the command comes, and then its failure is the command's
+
+    def take(self, request: SpawnRequest) -> tuple[HeldListener, dict[str, str]]:
+        """The listener for ``request``'s command and the environment it runs with."""
+        listener, self._next = self._next, None
+        if listener is None:
+            listener = ProxyListener()
+        try:
+            env = listener.serve(request)
+        except OSError:
+            listener.close()
+            raise
+        return HeldListener(listener, self._to_egress), env
+
+    def close(self) -> None:
+        if self._next is not None:
+            self._next.close()
+            self._next = None
