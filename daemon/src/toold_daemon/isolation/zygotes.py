@@ -37,8 +37,7 @@ import secrets
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import trio
@@ -84,20 +83,27 @@ class CommandNotStarted(Exception):
     """The zygote is fine but could not start this command (bad cwd, no such program)."""
 
 
-@asynccontextmanager
-async def held(lock: trio.Lock) -> AsyncIterator[None]:
+class held:  # lower case, as contextlib.suppress: it reads as what it does
     """Hold ``lock``; taken at once when it is free. trio's ``acquire`` always passes
     through the scheduler, even for a free lock: on a command's path (the pool, then the
     zygote) that was two trips round the event loop, about 50 µs each under load. The
-    command's path has checkpoints enough of its own (the request, the reply)."""
-    try:
-        lock.acquire_nowait()
-    except trio.WouldBlock:
-        await lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
+    command's path has checkpoints enough of its own (the request, the reply). A class
+    rather than ``asynccontextmanager``, whose generator costs twice as much (1.9 µs
+    against 0.9 µs here), twice per command."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: trio.Lock) -> None:
+        self._lock = lock
+
+    async def __aenter__(self) -> None:
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._lock.release()
 
 
 def kind_of(request: SpawnRequest) -> Kind:
