@@ -114,3 +114,66 @@ def test_frames_stay_whole_when_writes_are_cut_short() -> None:
     assert final is not None
     assert "".join(text).splitlines() == [f"line {i}" for i in range(2000)]
     os.close(channel)
+
+
+def _open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+def _until_done(supervisor: Supervisor, channel: int, *, read: bool = True) -> tuple[Outcome, int]:
+    """Step until the command's outcome is read: (it, how many steps that took)."""
+    buffer, steps = FrameBuffer(), 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if read:
+            for message in read_available(channel, buffer):
+                if isinstance(message, Outcome):
+                    return message, steps
+        supervisor.step(max_wait=1.0)
+        steps += 1
+    raise AssertionError("no outcome")
+
+
+def test_what_a_command_held_is_closed_and_unwatched_once_its_outcome_is_out() -> None:
+    """Once a command's outcome is out, its pipes and pidfd are closed and unwatched; a
+    pipe that ends while the command runs on is unwatched at once (at its end it would
+    be readable at every step: a busy loop)."""
+    supervisor = Supervisor({})
+    before = _open_fds()
+    _pid, channel = start(supervisor, "true")
+    outcome, _steps = _until_done(supervisor, channel)
+    assert outcome.ok and not supervisor.active
+    os.close(channel)
+    assert _open_fds() == before and not supervisor._selector.get_map()
+
+    _pid, channel = start(supervisor, "exec >&- 2>&-; sleep 0.3")  # its pipes end first
+    outcome, steps = _until_done(supervisor, channel)
+    assert outcome.ok and outcome.data["exit_code"] == 0
+    assert steps < 20, f"{steps} steps while it slept: a pipe at its end stayed watched"
+    os.close(channel)
+    assert _open_fds() == before and not supervisor._selector.get_map()
+
+
+def test_a_command_whose_reader_lagged_leaves_nothing_open() -> None:
+    """Its pipes were unwatched while the reader lagged (paused) when they ended: closed
+    all the same, and its every byte streamed."""
+    supervisor = Supervisor({})
+    before = _open_fds()
+    _pid, channel = start(supervisor, "head -c 2000000 /dev/zero | tr '\\0' a")
+    settle = time.monotonic() + 0.5
+    while time.monotonic() < settle:  # nobody reads: its channel fills, its pipes pause
+        supervisor.step(max_wait=0.05)
+    buffer, streamed, final = FrameBuffer(), 0, None
+    deadline = time.monotonic() + 20
+    while final is None and time.monotonic() < deadline:
+        for message in read_available(channel, buffer):
+            if isinstance(message, Chunk):
+                streamed += len(message.data)
+            else:
+                final = message
+        if supervisor.active:
+            supervisor.step(max_wait=0.05)
+    assert final is not None and final.ok and streamed == 2_000_000
+    assert not supervisor.active
+    os.close(channel)
+    assert _open_fds() == before and not supervisor._selector.get_map()
