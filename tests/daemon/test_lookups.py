@@ -10,6 +10,7 @@ import pytest
 
 from tests.folding_disk import fat_disk
 from toold_daemon.sandbox.lookups import WouldBlock, from_the_caches_alone, lexists, open_path
+from toold_daemon.sandbox.named import denied_words
 from toold_daemon.sandbox.paths import Sandbox
 
 
@@ -49,3 +50,55 @@ def test_a_path_the_kernel_must_ask_a_disk_about_would_block_on_the_loop(tmp_pat
         assert on_disk.canonical(str(disk / "f.txt")) == str(disk / "f.txt")  # off the loop: it asks the disk
         with from_the_caches_alone():
             assert lexists(str(disk / "f.txt"))  # and now the answer is cached
+
+
+def test_a_name_right_in_a_local_root_is_looked_up_once_without_following_it(tmp_path: Path) -> None:
+    """A command's word run in the workspace (``true``, ``notes``) is a name right in a
+    root: its canonical name is the root's and its own, unless it is a symlink, which
+    ``canonical`` then follows. A root on a FUSE disk has no such shortcut."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "file.txt").write_text("x")
+    (root / "dir").mkdir()
+    (root / ".env").write_text("SECRET")
+    (root / "notes").symlink_to(".env")
+    (root / "away").symlink_to("/nowhere")  # dangling
+    (root / "up").symlink_to(tmp_path)
+    local = Sandbox([root]).local_root_at(str(root))
+    assert local is not None
+    for name in ("file.txt", "dir", f"missing-{time.monotonic_ns()}"):
+        assert local.real_name_in_root(name) == str(root / name)
+    for name in ("notes", "away", "up"):
+        assert local.real_name_in_root(name) is None
+    assert Sandbox([root]).local_root_at(str(root / "dir")) is None  # only a root itself
+    (tmp_path / "fuse").mkdir()
+    with fat_disk(tmp_path / "fuse") as disk:
+        assert Sandbox([disk]).local_root_at(str(disk)) is None
+
+
+def test_the_words_of_a_command_in_a_root_are_checked_through_their_symlinks(tmp_path: Path) -> None:
+    """The lexical check of a command's words, as planning makes it: on the loop, and on
+    a thread when a lookup there would wait (a symlink to follow, a name the kernel has
+    not cached). A plain word right in the root is answered on the loop with one lookup;
+    a symlink there is still followed to the denied file it names, as is a word with a
+    directory in it."""
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / ".env").write_text("SECRET")
+    (root / "notes").symlink_to(".env")
+    (root / "sub" / "notes").symlink_to("../.env")
+    sandbox = Sandbox([root], denied_patterns=["**/.env"])
+
+    def checked(words: list[str], cwd: Path) -> str | None:
+        try:
+            with from_the_caches_alone():
+                return denied_words(sandbox, words, str(cwd))
+        except WouldBlock:
+            return denied_words(sandbox, words, str(cwd))  # planned aside, as the planner does
+
+    with from_the_caches_alone():  # never aside
+        assert denied_words(sandbox, ["true"], str(root)) is None
+        assert denied_words(sandbox, ["cat", f"readme-{time.monotonic_ns()}"], str(root)) is None
+    assert checked(["cat", "notes"], root) == "notes (**/.env)"
+    assert checked(["cat", "sub/notes"], root) == "sub/notes (**/.env)"
+    assert checked(["cat", "notes"], root / "sub") == "notes (**/.env)"

@@ -89,10 +89,14 @@ def _denied_path(sandbox: Sandbox, absolute: str, real_dirs: dict[str, str]) -> 
 def _real_path(sandbox: Sandbox, absolute: str, real_dirs: dict[str, str]) -> str:
     """``os.path.realpath(absolute)`` (normalised), its directory's part worked out once
     per check: a command's words mostly share a directory, and realpath costs a system
-    call for every component of it. On the event loop, from the kernel's caches alone."""
-    if must_not_wait():
-        return sandbox.canonical(absolute)
+    call for every component of it. On the event loop, from the kernel's caches alone,
+    but for a word right in a root on a local disk (most words: ``true``, ``status``,
+    ``notes.txt`` run in the workspace), looked up there once (``real_name_in_root``)."""
     directory, name = os.path.split(absolute)
+    if must_not_wait():
+        local = sandbox.local_root_at(directory) if name else None
+        real = local.real_name_in_root(name) if local is not None else None
+        return real if real is not None else sandbox.canonical(absolute)
     real_dir = real_dirs.get(directory)
     if real_dir is None:
         real_dir = os.path.realpath(directory)

@@ -313,6 +313,12 @@ class Sandbox:
                 raise
             return local.canonical_below(path)
 
+    def local_root_at(self, directory: str) -> LocalRoot | None:
+        """The root on a local disk whose canonical name is ``directory``, if any."""
+        index = self._root_index(directory)
+        local = self._local_roots[index] if index is not None else None
+        return local if local is not None and local.path == directory else None
+
     def root_of(self, path: Path | str) -> Path | None:
         """The root that contains canonical ``path``, compared by components (``/r-evil`` is not in ``/r``)."""
         index = self._root_index(str(path))
