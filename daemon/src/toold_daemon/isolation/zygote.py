@@ -137,8 +137,8 @@ class HeldListener:
 
 class NextListener:
     """The proxy listener of the next command, made while the zygote waits for it: a
-    socket, a bind and a listen (a few system calls) that would otherwise lie between a
-    command's request and its start."""
+    socket and its bind, which would otherwise lie between a command's request and its
+    start. It listens only once it is taken (``ProxyListener.serve``)."""
 
     def __init__(self, to_egress: socket.socket) -> None:
         self._to_egress = to_egress
