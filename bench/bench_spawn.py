@@ -7,16 +7,25 @@ line adds the protocol: ``shell true`` through a running daemon and the client.
 Commands go through the zygote of their kind (warmed up first), the Python tool through
 a freshly forked and confined child. The figures that the targets are about are the
 per-round ratios: each round times its own baselines just before its isolated calls.
+
+With ``--against DIR`` (a checkout of another commit, ``git worktree add /tmp/base
+COMMIT``) a journaled daemon of that tree runs beside this tree's two and takes its turn
+in every round: its ratio to ``subprocess.run`` and, round by round, this tree's p50
+over its own. Compare the trees by that last figure: with three daemons up, every
+daemon's ratio to ``subprocess.run`` reads higher than with two (3.0x against 2.7x
+here for the journaled one).
+
+    .venv/bin/python bench/bench_spawn.py [n] [--against DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -24,7 +33,7 @@ from pathlib import Path
 
 import trio
 
-from _common import report, running_daemon, sample
+from _common import report, running_daemon, sample, tree_environment
 from toold_client import Client
 from toold_daemon.config import Config
 from toold_daemon.config.loading import parse
@@ -100,31 +109,47 @@ def spread(ratios: list[float]) -> str:
     )
 
 
-def _through_daemons(tmp: Path, root: Path, n: int) -> tuple[dict[bool, list[float]], list[float]]:
-    """``shell true`` through a daemon without a journal and one with, and
-    ``subprocess.run`` beside them: both daemons run at once and the three alternate in
-    rounds, so that the machine's drift hits them alike (measured one after the other,
-    the journal's cost read four times what it is)."""
-    through_daemon: dict[bool, list[float]] = {False: [], True: []}
+#: The daemons ``shell true`` goes through: (journaled?, another checkout or None for this one).
+Daemon = tuple[bool, Path | None]
+
+
+def _through_daemons(
+    tmp: Path, root: Path, n: int, against: Path | None = None
+) -> tuple[dict[Daemon, list[float]], list[float], list[float]]:
+    """``shell true`` through a daemon without a journal and one with (and, given
+    ``against``, a journaled one of that checkout), and ``subprocess.run`` beside them:
+    the daemons run at once and all alternate in rounds, so that the machine's drift hits
+    them alike (measured one after the other, the journal's cost read four times what it
+    is). Also each round's p50 of this tree's journaled daemon over the other's."""
+    daemons: list[Daemon] = [(False, None), (True, None)] + ([(True, against)] if against else [])
+    through_daemon: dict[Daemon, list[float]] = {daemon: [] for daemon in daemons}
     sub_beside: list[float] = []
+    this_over_against: list[float] = []
     with contextlib.ExitStack() as stack:
         clients = {}
-        for journaled in (False, True):
+        for journaled, tree in daemons:
             cfg = tmp / f"journal-{journaled}.toml"
             cfg.write_text(f'[tools.approval]\nallowlist = ["shell"]\n[journal]\nenabled = {str(journaled).lower()}\n')
-            endpoint = stack.enter_context(running_daemon(root, "--config", str(cfg)))
-            clients[journaled] = stack.enter_context(Client(endpoint))
+            env = tree_environment(tree) if tree is not None else None
+            endpoint = stack.enter_context(running_daemon(root, "--config", str(cfg), env=env))
+            clients[(journaled, tree)] = stack.enter_context(Client(endpoint))
         per_round = max(1, n // ROUNDS)
         for round_number in range(ROUNDS):
             warmup = 20 if round_number == 0 else 2
             sub_beside += sample(lambda: subprocess.run(["sh", "-c", "true"], check=True), per_round, warmup=warmup)
-            for journaled, client in clients.items():
+            this_round = {}
+            for daemon, client in clients.items():
                 call = functools.partial(client.call, "shell", {"command": "true"})
-                through_daemon[journaled] += sample(call, per_round, warmup=warmup)
-    return through_daemon, sub_beside
+                this_round[daemon] = sample(call, per_round, warmup=warmup)
+                through_daemon[daemon] += this_round[daemon]
+            if against is not None:
+                this_over_against.append(
+                    statistics.median(this_round[(True, None)]) / statistics.median(this_round[(True, against)])
+                )
+    return through_daemon, sub_beside, this_over_against
 
 
-def main(n: int = 300) -> None:
+def main(n: int = 300, against: Path | None = None) -> None:
     config = parse('[tools.approval]\nallowlist = ["shell"]\n')
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
@@ -143,7 +168,7 @@ def main(n: int = 300) -> None:
                 runner.close()
 
         rounds = trio.run(measure)
-        through_daemon, sub_beside = _through_daemons(Path(tmp), root, n)
+        through_daemon, sub_beside, this_over_against = _through_daemons(Path(tmp), root, n, against)
     fork, python_child, sub, shell_true = (rounds.samples[k] for k in ("fork", "py", "sub", "sh"))
     print(f"# isolated child cost, n={n} in {ROUNDS} rounds (baselines, then isolated calls)")
     report("bare fork + exit + wait [baseline A]", fork)
@@ -152,9 +177,16 @@ def main(n: int = 300) -> None:
     report("subprocess.run sh -c true [baseline B]", sub)
     report("isolated shell true vs B", shell_true, sub)
     print(f"{'':44} {spread(rounds.ratios['sh'])}")
-    report("shell true via daemon+client, no journal vs B'", through_daemon[False], sub_beside)
-    report("shell true via daemon+client, journaled vs B'", through_daemon[True], sub_beside)
+    report("shell true via daemon+client, no journal vs B'", through_daemon[(False, None)], sub_beside)
+    report("shell true via daemon+client, journaled vs B'", through_daemon[(True, None)], sub_beside)
+    if against is not None:
+        report(f"  the same through {against} vs B'", through_daemon[(True, against)], sub_beside)
+        print(f"{'':44} this tree / {against}: {spread(this_over_against)}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("n", type=int, nargs="?", default=300)
+    parser.add_argument("--against", type=Path, help="another checkout: its journaled daemon takes its turn too")
+    args = parser.parse_args()
+    main(args.n, args.against.resolve() if args.against else None)
