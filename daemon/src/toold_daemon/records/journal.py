@@ -114,6 +114,9 @@ class Journal:
             self._reader_db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._reader_db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             self._reading = threading.Lock()
+            # The writer thread's checkpoints, on their own: commits go on during one.
+            self._checkpoint_db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._checkpoint_db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"{path}: cannot use the journal: {exc}; move it aside to start fresh") from None
         os.chmod(path, 0o600)
@@ -162,6 +165,7 @@ class Journal:
             self._writer.close()
             self._writer = None
         self._writer_db.close()
+        self._checkpoint_db.close()
         with self._reading:
             self._reader_db.close()
         self._db.close()
@@ -196,7 +200,7 @@ class Journal:
         from inside trio, after the process has settled its privileges (a thread keeps
         the ones it was born with)."""
         if self._writer is None:
-            self._writer = JournalWriter(self._writer_db, trio.lowlevel.current_trio_token())
+            self._writer = JournalWriter(self._writer_db, trio.lowlevel.current_trio_token(), self._checkpoint_db)
 
     def bind_nursery(self, nursery: trio.Nursery, crowded: Callable[[], bool]) -> None:
         """Let the loop decide when and where groups of writes nobody waits for are
