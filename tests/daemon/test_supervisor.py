@@ -47,6 +47,24 @@ def read_available(fd: int, buffer: FrameBuffer) -> list[Chunk | Outcome]:
         messages += [child_decoder.decode(body) for body in buffer.feed(data)]
 
 
+def read_to_the_outcome(
+    supervisor: Supervisor, channel: int, max_wait: float | None = None
+) -> tuple[Outcome, int, int]:
+    """Read the command's channel as it comes, stepping the supervisor, until its outcome:
+    (it, the characters streamed before it, how many steps that took)."""
+    buffer, streamed, steps = FrameBuffer(), 0, 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for message in read_available(channel, buffer):
+            if isinstance(message, Outcome):
+                return message, streamed, steps
+            streamed += len(message.data)
+        if supervisor.active:
+            supervisor.step(max_wait)
+            steps += 1
+    raise AssertionError("no outcome")
+
+
 def test_a_lagging_reader_stalls_only_its_own_command() -> None:
     supervisor = Supervisor({"seccomp": "on"})
     chatty, chatty_channel = start(supervisor, "head -c 4000000 /dev/zero | tr '\\0' a")
@@ -66,17 +84,8 @@ def test_a_lagging_reader_stalls_only_its_own_command() -> None:
     assert psutil.Process(chatty).status() != psutil.STATUS_ZOMBIE
     assert supervisor.active
 
-    chatty_buffer, streamed, final = FrameBuffer(), 0, None
-    deadline = time.monotonic() + 20
-    while final is None and time.monotonic() < deadline:
-        for message in read_available(chatty_channel, chatty_buffer):
-            if isinstance(message, Chunk):
-                streamed += len(message.data)
-            else:
-                final = message
-        if supervisor.active:
-            supervisor.step()
-    assert final is not None and final.ok
+    final, streamed, _steps = read_to_the_outcome(supervisor, chatty_channel)
+    assert final.ok
     assert streamed == 4_000_000  # every byte streamed once the reader caught up
     assert final.data["exit_code"] == 0
     assert not supervisor.active
@@ -122,20 +131,6 @@ def _open_fds() -> set[int]:
     return {int(name) for name in os.listdir("/proc/self/fd")}
 
 
-def _until_done(supervisor: Supervisor, channel: int, *, read: bool = True) -> tuple[Outcome, int]:
-    """Step until the command's outcome is read: (it, how many steps that took)."""
-    buffer, steps = FrameBuffer(), 0
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if read:
-            for message in read_available(channel, buffer):
-                if isinstance(message, Outcome):
-                    return message, steps
-        supervisor.step(max_wait=1.0)
-        steps += 1
-    raise AssertionError("no outcome")
-
-
 def test_what_a_command_held_is_closed_and_unwatched_once_its_outcome_is_out() -> None:
     """Once a command's outcome is out, its pipes and pidfd are closed and unwatched; a
     pipe that ends while the command runs on is unwatched at once (at its end it would
@@ -143,13 +138,13 @@ def test_what_a_command_held_is_closed_and_unwatched_once_its_outcome_is_out() -
     supervisor = Supervisor({})
     before = _open_fds()
     _pid, channel = start(supervisor, "true")
-    outcome, _steps = _until_done(supervisor, channel)
+    outcome, _streamed, _steps = read_to_the_outcome(supervisor, channel, 1.0)
     assert outcome.ok and not supervisor.active
     os.close(channel)
     assert not _open_fds() - before and not supervisor._selector.get_map()
 
     _pid, channel = start(supervisor, "exec >&- 2>&-; sleep 0.3")  # its pipes end first
-    outcome, steps = _until_done(supervisor, channel)
+    outcome, _streamed, steps = read_to_the_outcome(supervisor, channel, 1.0)
     assert outcome.ok and outcome.data["exit_code"] == 0
     assert steps < 20, f"{steps} steps while it slept: a pipe at its end stayed watched"
     os.close(channel)
@@ -165,17 +160,8 @@ def test_a_command_whose_reader_lagged_leaves_nothing_open() -> None:
     settle = time.monotonic() + 0.5
     while time.monotonic() < settle:  # nobody reads: its channel fills, its pipes pause
         supervisor.step(max_wait=0.05)
-    buffer, streamed, final = FrameBuffer(), 0, None
-    deadline = time.monotonic() + 20
-    while final is None and time.monotonic() < deadline:
-        for message in read_available(channel, buffer):
-            if isinstance(message, Chunk):
-                streamed += len(message.data)
-            else:
-                final = message
-        if supervisor.active:
-            supervisor.step(max_wait=0.05)
-    assert final is not None and final.ok and streamed == 2_000_000
+    final, streamed, _steps = read_to_the_outcome(supervisor, channel, 0.05)
+    assert final.ok and streamed == 2_000_000
     assert not supervisor.active
     os.close(channel)
     assert not _open_fds() - before and not supervisor._selector.get_map()
