@@ -475,3 +475,40 @@ def test_a_servers_connection_cannot_put_terminal_escapes_in_front_of_the_person
     assert len(kept) == 1 and kept[0].refused and "\x1b" in kept[0].host  # kept as it came
     assert shown.returncode == 0 and b"evil.invalid:443" in shown.stdout, shown
     assert b"\x1b" not in shown.stdout and b"\x07" not in shown.stdout, shown.stdout
+
+
+#: Connects to every port on loopback but its own proxy's and, where one answers, leaves
+#: a request to an allowed host there and goes: what it found is printed.
+_PLANT = """
+import os, socket
+own = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+planted = []
+for port in range(32768, 61000):
+    if port == own:
+        continue
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+    except OSError:
+        continue
+    s.sendall(b"CONNECT 127.0.0.2:{target} HTTP/1.1\\r\\nHost: 127.0.0.2\\r\\n\\r\\n")
+    planted.append(port)
+print("planted", planted)
+"""
+
+
+def test_a_command_cannot_leave_a_connection_for_the_next_command_of_its_zygote(
+    daemon: DaemonProcess, allowed_web: Server
+) -> None:
+    """Attack: a zygote makes the next command's proxy listener while it waits for that
+    command, and all its commands share one loopback. A command scans loopback for a
+    listener other than its own and leaves a request in it, to be handed over as the
+    next command's connection: under that call's rules and a person's answers for it,
+    and in its records. The listener made ahead is bound but listens only once its
+    command starts: nothing answers, and the next command's result records nothing."""
+    with daemon.client(timeout=60) as c:
+        c.call("shell", {"command": "true"})  # the zygote is up, its next listener made
+        scan = c.call("shell", {"command": f"python3 -c '{_PLANT.format(target=allowed_web.port)}'"})
+        assert scan.ok and "planted []" in scan.content, scan.content
+        victim = c.call("shell", {"command": "sleep 0.5"})  # time for a planted request to go over
+    assert victim.ok
+    assert not (victim.data or {}).get("network"), victim.data
