@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from toold_client import APPROVE_ALL, DENY_ALL, Client, Decision
 from toold_daemon.egress.calls import EgressCalls
 from toold_daemon.egress.process import EgressAnswer, EgressUsed, from_runner
 from toold_daemon.isolation.wire import FrameBuffer, frame
+from toold_protocol import ToolResult
 
 
 @pytest.fixture(scope="module")
@@ -514,3 +516,28 @@ def test_a_command_cannot_leave_a_request_for_the_next_command_of_its_zygote(
     assert not (victim.data or {}).get("network"), victim.data
     time.sleep(0.5)
     assert not [r for r in allowed_web.requests if r.path.startswith(f"/{mark}")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known hole: a running command's proxy listener answers any command of its zygote (one loopback); "
+    "telling which process connected needs the egress process to look up the loopback peer's owner",
+)
+def test_a_command_cannot_leave_a_request_in_a_running_commands_listener(
+    daemon: DaemonProcess, allowed_web: Server
+) -> None:
+    """Attack: while another call's command runs (a person may have answered yes to a host
+    for that call), a command of the same zygote finds that command's proxy listener on
+    the shared loopback and leaves a request there: it is served as the other call's
+    connection, under its rules and answers, and recorded in its result."""
+    mark = f"borrowed-{time.monotonic_ns()}"
+    victim: list[ToolResult] = []
+    with daemon.client(timeout=60) as c, daemon.client(timeout=60) as other:
+        c.call("shell", {"command": "true"})
+        running = threading.Thread(target=lambda: victim.append(other.call("shell", {"command": "sleep 2"})))
+        running.start()
+        time.sleep(0.5)  # the victim runs, its listener listening
+        c.call("shell", {"command": f"python3 -c '{_PLANT.format(target=allowed_web.port, mark=mark)}'"})
+        running.join()
+    (result,) = victim
+    assert not (result.data or {}).get("network"), result.data
