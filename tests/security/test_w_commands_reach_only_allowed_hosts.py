@@ -518,18 +518,15 @@ def test_a_command_cannot_leave_a_request_for_the_next_command_of_its_zygote(
     assert not [r for r in allowed_web.requests if r.path.startswith(f"/{mark}")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hole: a running command's proxy listener answers any command of its zygote (one loopback); "
-    "telling which process connected needs the egress process to look up the loopback peer's owner",
-)
 def test_a_command_cannot_leave_a_request_in_a_running_commands_listener(
     daemon: DaemonProcess, allowed_web: Server
 ) -> None:
     """Attack: while another call's command runs (a person may have answered yes to a host
     for that call), a command of the same zygote finds that command's proxy listener on
-    the shared loopback and leaves a request there: it is served as the other call's
-    connection, under its rules and answers, and recorded in its result."""
+    the shared loopback and leaves a request there, to be served as the other call's
+    connection, under its rules and answers, and recorded in its result. The egress
+    process serves only connections made in the call's own cgroup: the request goes
+    nowhere and the running call records nothing."""
     mark = f"borrowed-{time.monotonic_ns()}"
     victim: list[ToolResult] = []
     with daemon.client(timeout=60) as c, daemon.client(timeout=60) as other:
@@ -541,3 +538,4 @@ def test_a_command_cannot_leave_a_request_in_a_running_commands_listener(
         running.join()
     (result,) = victim
     assert not (result.data or {}).get("network"), result.data
+    assert not [r for r in allowed_web.requests if r.path.startswith(f"/{mark}")]

@@ -32,6 +32,7 @@ import msgspec
 import trio
 
 from ..isolation.wire import FrameBuffer, SpawnRequest, close_fds, frame, receive_with_fds
+from .peers import LoopbackPeers
 from .proxy import Connection, Proxy
 from .relay import Budget
 from .rules import EgressRules
@@ -54,6 +55,12 @@ _FORGOTTEN_UNSEEN = 4096
 class EgressListen(msgspec.Struct, frozen=True, kw_only=True, tag="egress_listen"):
     token: str  # the call's token
     budget: int  # bytes the call may move, both ways together
+    cgroup: int = 0  # the call's cgroup (v2) id: a connection made elsewhere is closed; 0: not checked
+
+
+class EgressPeers(msgspec.Struct, frozen=True, tag="egress_peers"):
+    """Before any listener: the socket diagnostics of the commands' namespace (its fd
+    beside), by which the egress process tells which cgroup a connection comes from."""
 
 
 class EgressAsk(msgspec.Struct, frozen=True, kw_only=True, tag="egress_ask"):
@@ -107,7 +114,7 @@ FromRunner = EgressAnswer | EgressForget
 ToRunner = EgressAsk | EgressUsed | EgressRecord | EgressForgotten
 from_runner = msgspec.msgpack.Decoder(FromRunner)
 to_runner = msgspec.msgpack.Decoder(ToRunner)
-_listen_decoder = msgspec.msgpack.Decoder(EgressListen)
+_from_zygote_decoder = msgspec.msgpack.Decoder(EgressListen | EgressPeers)
 
 
 def proxy_environment(port: int) -> dict[str, str]:
@@ -145,7 +152,7 @@ class ProxyListener:
     def serve(self, request: SpawnRequest) -> dict[str, str]:
         """Listen for ``request``'s command: the environment it runs with."""
         self._socket.listen(64)  # connections made before the hand-over wait in the backlog
-        self._listen = EgressListen(token=request.token, budget=request.egress_budget)
+        self._listen = EgressListen(token=request.token, budget=request.egress_budget, cgroup=request.socket_cgroup)
         return {**request.env, **self.environment}
 
     def fileno(self) -> int:
@@ -198,6 +205,7 @@ class EgressServer:
         #: forgotten); it is then closed unserved. The oldest make room past the bound
         #: (a command that failed to start never hands its listener over).
         self._forgotten_unseen: dict[str, None] = {}
+        self._peers: LoopbackPeers | None = None  # the commands' namespace's, from the zygote
 
     async def run(self) -> None:
         """Serve until the runner closes its end, or until the zygote (or the command's own
@@ -248,9 +256,15 @@ class EgressServer:
                 return
             body, fds = received
             try:
-                listen = _listen_decoder.decode(body)
+                listen = _from_zygote_decoder.decode(body)
             except msgspec.DecodeError:
                 close_fds(fds)
+                continue
+            if isinstance(listen, EgressPeers):
+                if len(fds) == 1 and self._peers is None:
+                    self._peers = LoopbackPeers(socket.socket(fileno=fds[0]))
+                else:
+                    close_fds(fds)
                 continue
             if len(fds) != 1 or self._forgotten_before_listening(listen.token):
                 close_fds(fds)  # no listener; or the call is over: its backlog goes nowhere
@@ -286,7 +300,8 @@ class EgressServer:
             self._nursery.start_soon(self._flush, call)  # at once: the process may not outlive its call
 
         call.listener = listener
-        proxy = call.proxy = Proxy(decide, record, self._allowed_networks, Budget(listen.budget))
+        from_the_call = self._from_cgroup(listen.cgroup)
+        proxy = call.proxy = Proxy(decide, record, self._allowed_networks, Budget(listen.budget), from_the_call)
         try:
             with call.scope:
                 async with listener:
@@ -296,6 +311,22 @@ class EgressServer:
         finally:
             call.proxy = call.listener = None  # the proxy's closures hold the call: no cycle left behind
             call.done.set()
+
+    def _from_cgroup(self, cgroup: int) -> Callable[[trio.socket.SocketType], bool] | None:
+        """Whether a connection's other end was made in ``cgroup`` (the call's): another
+        command of the zygote may have connected to this call's listener. None: every
+        connection is the call's (a zygote that could not tell says so in its layers)."""
+        peers = self._peers
+        if not cgroup or peers is None:
+            return None
+
+        def made_there(connection: trio.socket.SocketType) -> bool:
+            try:
+                return peers.cgroup_of(connection.getpeername(), connection.getsockname()) == cgroup
+            except OSError:  # the connection is gone already
+                return False
+
+        return made_there
 
     async def _from_runner(self) -> None:
         buffer = FrameBuffer()

@@ -69,10 +69,14 @@ class Proxy(msgspec.Struct):
     record: Callable[[Connection], None]
     allowed_networks: Sequence[IPNetwork] = ()
     budget: Budget = msgspec.field(default_factory=lambda: Budget(1 << 62))
+    #: Whether a connection comes from the call's own command; one that does not is
+    #: closed unread and unrecorded (None: every connection is taken as the call's).
+    from_the_call: Callable[[trio.socket.SocketType], bool] | None = None
     #: Connections being served now. Once ``serve`` is cancelled with none, nothing more
     #: goes out and no record is to come: a connection whose task has not run yet meets
     #: the cancellation before it reads a byte.
     serving: int = 0
+    foreign: int = 0  # connections closed as made by another command
 
     async def serve(self, listener: trio.abc.Listener[trio.SocketStream]) -> None:
         """Accept and serve connections until cancelled. Out of descriptors or memory (a
@@ -89,6 +93,10 @@ class Proxy(msgspec.Struct):
                         raise
                     log.warning("egress proxy cannot accept (%s); retrying shortly", os.strerror(exc.errno or 0))
                     await trio.sleep(_ACCEPT_RETRY_SECONDS)
+                    continue
+                if self.from_the_call is not None and not self.from_the_call(stream.socket):
+                    self.foreign += 1
+                    await stream.aclose()
                     continue
                 nursery.start_soon(self._serve_one, stream)
 

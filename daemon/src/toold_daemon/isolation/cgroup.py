@@ -68,6 +68,9 @@ class Cgroups(msgspec.Struct):
     #: Emptied call cgroups, for later calls. Taken in threads and given back on the loop:
     #: only ``list.append`` and ``list.pop``, each atomic.
     spare: list[str] = msgspec.field(default_factory=list)
+    #: Call cgroups' ids in the unified hierarchy, the one a socket records its maker's
+    #: cgroup in (see ``socket_id``). Written in threads, read on the loop: one dict item.
+    socket_ids: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def base(self) -> str:
@@ -137,7 +140,17 @@ class Cgroups(msgspec.Struct):
             for done in reversed(made):
                 _rmdir(done)
             raise CgroupUnavailable(f"cgroup {name} could not be made: {exc.strerror or exc}") from None
+        for hierarchy, path in zip(self.hierarchies, made, strict=True):
+            if hierarchy.version == 2:
+                with contextlib.suppress(OSError):
+                    self.socket_ids[name] = os.stat(path).st_ino  # a cgroup's id is its inode number
         return name
+
+    def socket_id(self, name: str) -> int:
+        """The id that the sockets made in call cgroup ``name`` carry (the kernel records
+        the unified hierarchy's cgroup of the process that makes a socket), or 0 when our
+        cgroups have no unified hierarchy: every socket would then carry the same one."""
+        return self.socket_ids.get(name, 0)
 
     def call_group(self, *, pids_max: int, memory_max: int) -> str:
         """A call cgroup with these limits: an emptied one kept from an earlier call, its
@@ -219,7 +232,10 @@ class Cgroups(msgspec.Struct):
 
     def remove(self, name: str) -> bool:
         """Remove an emptied cgroup everywhere; False while processes are still leaving it."""
-        return all([_rmdir(path) for path in self.paths(name)])
+        removed = all([_rmdir(path) for path in self.paths(name)])
+        if removed:
+            self.socket_ids.pop(name, None)
+        return removed
 
     def keep_unified_only(self) -> None:
         """Give up the cgroup v1 hierarchies (remove their bases): an unprivileged process

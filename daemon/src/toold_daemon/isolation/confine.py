@@ -20,10 +20,12 @@ import time
 from collections.abc import Sequence
 
 from ..config.capabilities import capability_number
+from ..egress.peers import open_diagnostics
+from ..egress.process import EgressPeers
 from ..egress.rules import EgressRules
 from . import cgroup, kernel
 from .views import mount_views, processes_report
-from .wire import Limits, SpawnRequest
+from .wire import Limits, SpawnRequest, frame
 
 
 class ConfinementFailed(Exception):
@@ -232,7 +234,23 @@ def _open_loopback(namespace: str, links: tuple[socket.socket, socket.socket | N
                 link.close()
         return f"off: the namespace's loopback could not be brought up ({exc.strerror}); the network is cut"
     _egress.append((links[0], links[1]))
-    return "on (a filtering proxy is the only way out)"
+    return f"on (a filtering proxy is the only way out; {_tell_egress_the_peers(links[0])})"
+
+
+def _tell_egress_the_peers(to_egress: socket.socket) -> str:
+    """Give the egress process this namespace's socket diagnostics, by which it serves a
+    command's listener only for connections that command's cgroup made: all commands of
+    a zygote share its loopback (``egress.peers``). What the layer report says of it."""
+    diagnostics, why_not = open_diagnostics()
+    if diagnostics is None:
+        return f"a command's listener takes connections from any command of its zygote: {why_not}"
+    try:
+        socket.send_fds(to_egress, [frame(EgressPeers())], [diagnostics.fileno()])
+    except OSError as exc:
+        return f"a command's listener takes connections from any command of its zygote ({exc.strerror or exc})"
+    finally:
+        diagnostics.close()
+    return "a connection to a command's listener is served only if made in that call's cgroup"
 
 
 def _close_other_fds(keep: list[int]) -> None:

@@ -71,6 +71,7 @@ class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True, tag="spawn", omit_
     network_namespace: bool = True  # false: cut the network with seccomp only
     egress_proxy: bool = False  # no network of its own: a filtering proxy is the way out (zygotes)
     egress_budget: int = 1 << 30  # bytes a call may move through the proxy
+    socket_cgroup: int = 0  # the call's cgroup id, which its sockets carry: whose proxy connections are its own
     narrow_reads: bool = False  # of /etc only what programs need (``SNIPPET_READ``)
     writable: list[str] = []  # read-write paths besides the roots (the private temp dir)
     limits: Limits = Limits()

@@ -189,6 +189,8 @@ class Zygote(msgspec.Struct, eq=False):
                     if not self.parked:
                         raise ZygoteUnavailable("no cgroup to start the command in")
                 group = self.parked
+                if request.egress_proxy and group:  # its proxy serves its own connections only
+                    request = msgspec.structs.replace(request, socket_cgroup=self.cgroups.socket_id(group))
                 try:
                     await send_with_fd(self.sock, frame(request), channel_write_end)
                     reply = _spawned_decoder.decode(await receive_frame(self.sock))
