@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests.webserver import Server, serving
 from toold_daemon.egress.peers import LoopbackPeers, open_diagnostics
 from toold_daemon.egress.proxy import Connection, Proxy
 from toold_daemon.egress.relay import Budget
+from toold_daemon.isolation.cgroup import Cgroups
 
 #: Moves itself into the cgroup given, connects to the port given, sends what is given
 #: and prints the first reply (or nothing when the connection is closed unanswered).
@@ -155,3 +157,51 @@ async def test_a_proxy_serves_only_the_connections_its_calls_cgroup_made(
     assert proxy.foreign == 1
     assert [r.port for r in records] == [web.port]
     assert [r.path for r in web.requests] == ["/own"]
+
+
+#: Joins the cgroups given, makes a TCP socket there and hands it over the fd given first,
+#: then exits.
+_MAKE_AND_HAND_OVER = """
+import socket, sys
+for path in sys.argv[2:]:
+    with open(path + "/cgroup.procs", "w") as procs:
+        procs.write("0")
+made = socket.socket()
+socket.send_fds(socket.socket(fileno=int(sys.argv[1])), [b"s"], [made.fileno()])
+"""
+
+
+def test_a_socket_made_during_an_earlier_use_of_a_kept_cgroup_is_not_the_later_calls(
+    cgroups: Cgroups, peers: LoopbackPeers
+) -> None:
+    """Attack: a command makes a socket and hands it to a process that outlives its call
+    (another command's background job), then ends; its cgroup is kept and given to a
+    later call. Connected then, the socket must not pass as the later call's own: each
+    use of a kept cgroup has an innermost cgroup, and so an id, of its own."""
+    name = cgroups.call_group(pids_max=16, memory_max=1 << 30)
+    first = cgroups.socket_id(name)
+    if not first:
+        pytest.skip("no cgroups in the unified hierarchy here")
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        maker = subprocess.Popen(
+            [sys.executable, "-c", _MAKE_AND_HAND_OVER, str(theirs.fileno()), *cgroups.paths(name)],
+            pass_fds=[theirs.fileno()],
+        )
+        assert maker.wait(10) == 0
+        _, (fd,), _, _ = socket.recv_fds(ours, 16, 1)
+    handed = socket.socket(fileno=fd)
+    deadline = time.monotonic() + 5
+    while not cgroups.release(name):  # the maker leaves the cgroup as it is reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert cgroups.call_group(pids_max=16, memory_max=1 << 30) == name  # kept, and taken again
+    later = cgroups.socket_id(name)
+    assert later and later != first
+    with socket.socket() as listener, handed:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        handed.connect(listener.getsockname())
+        accepted, _ = listener.accept()
+        with accepted:
+            assert peers.cgroup_of(accepted.getpeername(), accepted.getsockname()) == first != later

@@ -21,17 +21,18 @@ SLOW_MOVE_SECONDS = 0.3
 
 def _zygote(tmp_path: Path) -> tuple[Zygote, list[str]]:
     """A zygote record over a hierarchy of plain directories whose ``cgroup.procs`` are
-    files: what the zygote writes there can be read back."""
+    files: what the zygote writes there can be read back. Processes join a cgroup's
+    innermost one (of the same name, in the unified hierarchy)."""
     base = tmp_path / "toold-test"
-    (base / "home").mkdir(parents=True)
-    (base / "home" / "cgroup.procs").touch()
+    (base / "home" / "home").mkdir(parents=True)
+    (base / "home" / "home" / "cgroup.procs").touch()
     cgroups = Cgroups(hierarchies=(Hierarchy(base=str(base), version=2),))
     made: list[str] = []
 
     def new_group() -> str:
         name = f"call-{len(made)}"
-        (base / name).mkdir()
-        (base / name / "cgroup.procs").touch()
+        (base / name / name).mkdir(parents=True)
+        (base / name / name / "cgroup.procs").touch()
         made.append(name)
         return name
 
@@ -73,7 +74,7 @@ async def test_a_slow_move_leaves_the_event_loop_free(tmp_path: Path, monkeypatc
     assert trio.current_time() - started >= SLOW_MOVE_SECONDS
     assert ticks >= 10, f"the loop ran {ticks} times while the zygote moved"  # 0 on the loop
     assert (zygote.parked, zygote.inside) == (made[0], "")
-    assert (tmp_path / "toold-test" / made[0] / "cgroup.procs").read_text() == "4242"
+    assert (tmp_path / "toold-test" / made[0] / made[0] / "cgroup.procs").read_text() == "4242"
 
 
 async def test_a_refused_move_sends_the_zygote_home_and_drops_the_fresh_cgroup(tmp_path: Path) -> None:
@@ -82,7 +83,7 @@ async def test_a_refused_move_sends_the_zygote_home_and_drops_the_fresh_cgroup(t
     zygote.inside = "call-before"
     assert await zygote.park()  # it left the call's cgroup, for its home
     assert (zygote.parked, zygote.inside) == ("", "")
-    assert (tmp_path / "toold-test" / "home" / "cgroup.procs").read_text() == "4242"
+    assert (tmp_path / "toold-test" / "home" / "home" / "cgroup.procs").read_text() == "4242"
     assert not (tmp_path / "toold-test" / made[0]).exists()
 
 

@@ -38,8 +38,8 @@ def _call_cgroup_of(pid: int) -> str:
     return ""
 
 
-def _members(base: str, group: str) -> set[int]:
-    return {int(w) for w in Path(base, group, "cgroup.procs").read_text().split()}
+def _members(cgroups: Cgroups, group: str) -> set[int]:
+    return {int(w) for w in Path(cgroups.paths(group)[0], "cgroup.procs").read_text().split()}
 
 
 def _escapees() -> list[int]:
@@ -54,7 +54,6 @@ async def test_a_background_process_of_an_earlier_call_is_never_in_a_later_calls
         pytest.skip(f"no per-call cgroups here: {commands.runner.cgroups.reason}")
     report = "grep -m1 -o 'call-[0-9a-f]*' /proc/self/cgroup"
     leave_behind = f"{report}; setsid sleep {MARKER} >/dev/null 2>&1 </dev/null & sleep 0.1"
-    base = commands.runner.cgroups.base
     async with commands.serving():
         left_in = (await commands.run("shell", ShellArgs(command=leave_behind))).content.strip()
         assert left_in.startswith("call-")
@@ -72,7 +71,7 @@ async def test_a_background_process_of_an_earlier_call_is_never_in_a_later_calls
                         ]
                         group = next((g for pid in sleeping if (g := _call_cgroup_of(pid))), "")
                         if group:
-                            members = _members(base, group)
+                            members = _members(commands.runner.cgroups, group)
                 later.append(group)
                 # The zygote started the command there and leaves behind it, in a thread
                 # (moves on cgroup v1 can take milliseconds): only its own process stays.
@@ -80,7 +79,7 @@ async def test_a_background_process_of_an_earlier_call_is_never_in_a_later_calls
                     while len(members) > 1:
                         assert not set(_escapees()) & members
                         await trio.sleep(0.01)
-                        members = _members(base, group)
+                        members = _members(commands.runner.cgroups, group)
                 assert not set(_escapees()) & members
                 assert [psutil.Process(pid).cmdline() for pid in members if alive(pid)] == [["sleep", "0.4"]]
     assert _escapees() == []  # killed with its call

@@ -209,7 +209,8 @@ def test_children_join_only_the_daemons_own_call_cgroups(places: tuple[Path, Pat
     """A child joins its cgroups as root, before it drops to the client: a compromised
     protocol process must not be able to put a client's process into a cgroup of its
     choosing (another service's, to escape its limits, or to be killed with it). Only
-    ``call-``/``zygote-``/``worker-`` cgroups right below the daemon's own base pass."""
+    ``call-``/``zygote-``/``worker-`` cgroups right below the daemon's own base pass, and
+    the innermost one of the same name inside each."""
     daemon_root, _ = places
     control = spawner(Admission(daemon_roots=(str(daemon_root),), allowed_uids=(4242,)))
     bases = sorted(call_bases_of(os.getpid()))  # we are the daemon this spawner serves
@@ -222,14 +223,18 @@ def test_children_join_only_the_daemons_own_call_cgroups(places: tuple[Path, Pat
             f"{base}/../elsewhere",
             f"{base}/call-00/../../call-00",
             f"{base}/call-00/nested",
+            f"{base}/call-00/call-01",  # an innermost cgroup has its call cgroup's name
+            f"{base}/call-00/call-00/call-00",
+            f"{base}/elsewhere/call-00",
             f"{base}/shell-00",
             f"{base}-evil/call-00",
             "/sys/fs/cgroup/system.slice/ssh.service",
         ):
             refused = ask(control, msgspec.structs.replace(listing(daemon_root, 4242), cgroups=[bad]))
             assert refused.pid == 0 and "not one of the daemon's call cgroups" in refused.error, (bad, refused)
-        fine = ask(control, msgspec.structs.replace(listing(daemon_root, 4242), cgroups=[f"{base}/call-00"]))
-        assert fine.pid > 0, fine.error
+        for good in (f"{base}/call-00", f"{base}/call-00/call-00"):
+            fine = ask(control, msgspec.structs.replace(listing(daemon_root, 4242), cgroups=[good]))
+            assert fine.pid > 0, (good, fine.error)
     finally:
         control.close()
 

@@ -100,11 +100,15 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 def check_cgroups(paths: list[str], bases: frozenset[str]) -> None:
     """Raise ``Refused`` unless every path is one of the daemon's own call cgroups: a
     ``call-``/``zygote-``/``worker-`` directory right below one of ``bases`` (what
-    ``cgroup.call_bases_of`` found for the daemon). A child joins them as root, so a
+    ``cgroup.call_bases_of`` found for the daemon), or the one of the same name inside it
+    (the innermost, in the unified hierarchy). A child joins them as root, so a
     compromised daemon could otherwise put a process into any cgroup of the machine."""
     for path in paths:
         name = os.path.basename(path)
-        if os.path.normpath(path) != path or os.path.dirname(path) not in bases or not _CALL_CGROUP.fullmatch(name):
+        parent = os.path.dirname(path)
+        if os.path.basename(parent) == name:
+            parent = os.path.dirname(parent)
+        if os.path.normpath(path) != path or parent not in bases or not _CALL_CGROUP.fullmatch(name):
             raise Refused(f"{path!r} is not one of the daemon's call cgroups")
 
 

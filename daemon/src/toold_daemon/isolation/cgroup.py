@@ -68,8 +68,9 @@ class Cgroups(msgspec.Struct):
     #: Emptied call cgroups, for later calls. Taken in threads and given back on the loop:
     #: only ``list.append`` and ``list.pop``, each atomic.
     spare: list[str] = msgspec.field(default_factory=list)
-    #: Call cgroups' ids in the unified hierarchy, the one a socket records its maker's
-    #: cgroup in (see ``socket_id``). Written in threads, read on the loop: one dict item.
+    #: The ids of call cgroups' innermost cgroups in the unified hierarchy, the one a
+    #: socket records its maker's cgroup in (see ``socket_id``, ``_innermost``). Written
+    #: in threads, read on the loop: one dict item.
     socket_ids: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
@@ -115,8 +116,39 @@ class Cgroups(msgspec.Struct):
         return f"on (per-call cgroups under {first.base}; {kill}; limits: {', '.join(limits) or 'none'})"
 
     def paths(self, name: str) -> list[str]:
-        """The call cgroup ``name`` in every hierarchy (what a process joins)."""
+        """Where the processes of call cgroup ``name`` are, in every hierarchy (what a
+        process joins): in the unified hierarchy, its innermost cgroup (``_innermost``)."""
+        if not name:
+            return []
+        return [
+            os.path.join(h.base, name, name) if h.version == 2 else os.path.join(h.base, name) for h in self.hierarchies
+        ]
+
+    def dirs(self, name: str) -> list[str]:
+        """Call cgroup ``name`` itself in every hierarchy: where its limits are, and what
+        its kill and its removal take (with everything inside)."""
         return [os.path.join(h.base, name) for h in self.hierarchies] if name else []
+
+    def _innermost(self, name: str) -> bool:
+        """Make call cgroup ``name``'s innermost cgroup in the unified hierarchy anew (its
+        processes' cgroup there, without controllers: the limits are its parent's), and
+        note its id. A kept cgroup keeps its id, and a socket carries the id of the cgroup
+        its maker was in: a socket made during an earlier call, and handed to a process
+        that outlived it, would pass as a later call's (``egress.peers``). Each use gets a
+        cgroup of its own, ids never repeat. False if it could not be made."""
+        for hierarchy in self.hierarchies:
+            if hierarchy.version != 2:
+                continue
+            path = os.path.join(hierarchy.base, name, name)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(path)  # the last call's, emptied
+                os.mkdir(path, 0o755)
+                self.socket_ids[name] = os.stat(path).st_ino  # a cgroup's id is its inode number
+            except OSError:
+                self.socket_ids.pop(name, None)
+                return False
+        return True
 
     def create(self, name: str, *, pids_max: int, memory_max: int) -> str:
         """A fresh cgroup (``call-<token>`` for one call, ``zygote-<token>`` for a zygote's
@@ -140,10 +172,9 @@ class Cgroups(msgspec.Struct):
             for done in reversed(made):
                 _rmdir(done)
             raise CgroupUnavailable(f"cgroup {name} could not be made: {exc.strerror or exc}") from None
-        for hierarchy, path in zip(self.hierarchies, made, strict=True):
-            if hierarchy.version == 2:
-                with contextlib.suppress(OSError):
-                    self.socket_ids[name] = os.stat(path).st_ino  # a cgroup's id is its inode number
+        if not self._innermost(name):
+            self.remove(name)
+            raise CgroupUnavailable(f"cgroup {name} could not be made: no innermost cgroup in the unified hierarchy")
         return name
 
     def socket_id(self, name: str) -> int:
@@ -160,7 +191,7 @@ class Cgroups(msgspec.Struct):
                 name = self.spare.pop()
             except IndexError:  # taken meanwhile by another thread
                 break
-            if self._limit(name, pids_max, memory_max):
+            if self._limit(name, pids_max, memory_max) and self._innermost(name):
                 return name
             self.remove(name)
         return self.create(f"call-{secrets.token_hex(12)}", pids_max=pids_max, memory_max=memory_max)
@@ -177,11 +208,12 @@ class Cgroups(msgspec.Struct):
         if len(self.spare) >= SPARE_CALL_CGROUPS:
             return self.remove(name)
         try:
-            if any(_read(os.path.join(path, "cgroup.procs")).strip() for path in self.paths(name)):
+            holding = {*self.dirs(name), *self.paths(name)}
+            if any(_read(os.path.join(path, "cgroup.procs")).strip() for path in holding):
                 return False
             # A cgroup made inside it (by a command that could write there: root without
             # Landlock) may hold processes its own list does not show; rmdir waits for them.
-            if any(_inner_cgroups(path) for path in self.paths(name)):
+            if any(inner not in holding for path in self.dirs(name) for inner in _inner_cgroups(path)):
                 return self.remove(name)
         except OSError:  # gone, or not a cgroup: nothing to keep
             return self.remove(name)
@@ -191,7 +223,7 @@ class Cgroups(msgspec.Struct):
     def _limit(self, name: str, pids_max: int, memory_max: int) -> bool:
         """Write the limits of cgroup ``name`` again; False if one was refused."""
         try:
-            for hierarchy, path in zip(self.hierarchies, self.paths(name), strict=True):
+            for hierarchy, path in zip(self.hierarchies, self.dirs(name), strict=True):
                 for file, value in hierarchy.limit_files(pids_max, memory_max).items():
                     _write_or_raise(os.path.join(path, file), value)
         except OSError:
@@ -200,7 +232,7 @@ class Cgroups(msgspec.Struct):
 
     def limit_pids(self, name: str, pids_max: int) -> None:
         """Set cgroup ``name``'s process limit (where a hierarchy enforces one)."""
-        for hierarchy, path in zip(self.hierarchies, self.paths(name), strict=True):
+        for hierarchy, path in zip(self.hierarchies, self.dirs(name), strict=True):
             if "pids" in hierarchy.limits:
                 _write(os.path.join(path, "pids.max"), str(pids_max))
 
@@ -225,14 +257,14 @@ class Cgroups(msgspec.Struct):
         when neither works."""
         if not name or not self.hierarchies:
             return False
-        path = self.paths(name)[0]
+        path = self.dirs(name)[0]
         if not spare and self.hierarchies[0].version == 2 and _write(os.path.join(path, "cgroup.kill"), "1"):
             return True
         return kill_listed(path, spare=spare)
 
     def remove(self, name: str) -> bool:
         """Remove an emptied cgroup everywhere; False while processes are still leaving it."""
-        removed = all([_rmdir(path) for path in self.paths(name)])
+        removed = all([_rmdir(path) for path in self.dirs(name)])
         if removed:
             self.socket_ids.pop(name, None)
         return removed
