@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 
 from ..config import Config
+from ..egress.peers import open_diagnostics
 from ..egress.rules import network_summary
 from ..records.journal import JOURNAL_NAME, RECOVERY_NAME
 from . import bytecode
@@ -40,6 +41,7 @@ def service_checks(config: Config, endpoint: str, state_dir: Path, spawner_socke
         _bytecode(),
         _cgroup_moves(),
         *_network_modes(config),
+        _proxy_connections(config),
     ]
 
 
@@ -114,6 +116,42 @@ def _network_modes(config: Config) -> list[Check]:
     network = config.tools.network
     tools = sorted({"shell", "run_code", *network.tools, *(c.name for c in config.tools.commands)})
     return [Check(f"network {tool}", network.mode_of(tool) != "host", network_summary(network, tool)) for tool in tools]
+
+
+def _proxy_connections(config: Config) -> Check:
+    network = config.tools.network
+    tools = {"shell", "run_code", *network.tools, *(c.name for c in config.tools.commands)}
+    diagnostics, why_not = open_diagnostics()
+    if diagnostics is not None:
+        diagnostics.close()
+    try:
+        mounts = Path("/proc/self/mounts").read_text()
+    except OSError:
+        mounts = ""
+    return proxy_connections(any(network.mode_of(tool) == "proxy" for tool in tools), why_not, mounts)
+
+
+def proxy_connections(proxied: bool, why_not_diagnostics: str, mounts: str) -> Check:
+    """Whether a command's proxy listener can tell its own command's connections from
+    those of the other commands sharing its zygote's loopback: the kernel must report a
+    socket's cgroup (``egress.peers``), and calls need cgroups in the unified hierarchy."""
+    if not proxied:
+        return Check("proxy connections", True, "no command goes through the egress proxy")
+    if why_not_diagnostics:
+        return Check(
+            "proxy connections",
+            False,
+            f"any command of a zygote can use another's proxy listener: {why_not_diagnostics}",
+        )
+    if not any(len(fields) >= 3 and fields[2] == "cgroup2" for fields in map(str.split, mounts.splitlines())):
+        return Check(
+            "proxy connections",
+            False,
+            "any command of a zygote can use another's proxy listener: no cgroup2 mount for the calls' cgroups",
+        )
+    return Check(
+        "proxy connections", True, "a command's proxy listener serves only connections made in its call's cgroup"
+    )
 
 
 def _activation() -> Check:

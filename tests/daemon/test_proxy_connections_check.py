@@ -1,0 +1,29 @@
+"""``toold doctor``'s "proxy connections": whether a command's proxy listener can tell
+its own command's connections from those of the zygote's other commands (the kernel's
+socket diagnostics report a socket's cgroup, and calls have cgroups in cgroup2)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from tests.daemon.test_cgroup_moves_check import HYBRID, SYSTEMD_V2
+from toold_daemon.config import Config
+from toold_daemon.operation.checks import _proxy_connections, proxy_connections
+
+V1_ONLY = "cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n"
+
+
+def test_the_check_is_on_only_where_connections_can_be_told_apart() -> None:
+    assert proxy_connections(True, "", SYSTEMD_V2).on
+    assert proxy_connections(True, "", HYBRID).on
+    off = proxy_connections(True, "", V1_ONLY)
+    assert not off.on and "no cgroup2 mount" in off.detail
+    old_kernel = proxy_connections(True, "the kernel does not report a socket's cgroup (Linux 5.7)", SYSTEMD_V2)
+    assert not old_kernel.on and "Linux 5.7" in old_kernel.detail
+    assert proxy_connections(False, "no socket diagnostics", V1_ONLY).on  # nothing goes through the proxy
+
+
+def test_this_machine_tells_them_apart_and_host_mode_everywhere_needs_no_check() -> None:
+    assert _proxy_connections(Config()).on, _proxy_connections(Config()).detail
+    host = msgspec.convert({"tools": {"network": {"mode": "host"}}}, Config)
+    assert _proxy_connections(host).detail == "no command goes through the egress proxy"
