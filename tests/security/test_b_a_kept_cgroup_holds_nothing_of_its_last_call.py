@@ -86,14 +86,18 @@ async def test_a_background_process_of_an_earlier_call_is_never_in_a_later_calls
     assert left_in in later  # the very cgroup it was in served a later call
 
 
+@pytest.mark.parametrize("where", ["in its processes' cgroup", "beside it"])
 def test_a_process_hidden_in_a_cgroup_made_inside_a_calls_is_found_and_the_cgroup_not_kept(
-    cgroups: Cgroups,
+    cgroups: Cgroups, where: str
 ) -> None:
     """The call's own ``cgroup.procs`` is empty then, and yet it is not: the cgroup is not
     kept while the inner one lives, the kill reaches what hides there in every hierarchy,
-    and removing the call's cgroup removes the emptied inner one first."""
+    and removing the call's cgroup removes the emptied inner one first. In the unified
+    hierarchy the call's processes are in an innermost cgroup inside the call's: one made
+    beside that is found too."""
     name = cgroups.call_group(pids_max=16, memory_max=1 << 30)
-    inner = [os.path.join(path, "inner", "deeper") for path in cgroups.paths(name)]
+    places = cgroups.paths(name) if where == "in its processes' cgroup" else cgroups.dirs(name)
+    inner = [os.path.join(path, "inner", "deeper") for path in places]
     for path in inner:
         os.makedirs(path)
     hidden = subprocess.Popen(["sleep", "30"])
@@ -102,7 +106,7 @@ def test_a_process_hidden_in_a_cgroup_made_inside_a_calls_is_found_and_the_cgrou
             Path(path, "cgroup.procs").write_text(str(hidden.pid))
         assert all(Path(path, "cgroup.procs").read_text() == "" for path in cgroups.paths(name))
         assert not cgroups.release(name) and cgroups.spare == []
-        assert cgroup.kill_listed(cgroups.paths(name)[-1])  # listed-pid kill: the v1 way
+        assert cgroup.kill_listed(cgroups.dirs(name)[-1])  # listed-pid kill: the v1 way
         assert hidden.wait(timeout=5) != 0
         deadline = time.monotonic() + 5
         while not cgroups.remove(name):  # the inner cgroups first, deepest first

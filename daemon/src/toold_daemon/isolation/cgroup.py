@@ -213,12 +213,23 @@ class Cgroups(msgspec.Struct):
                 return False
             # A cgroup made inside it (by a command that could write there: root without
             # Landlock) may hold processes its own list does not show; rmdir waits for them.
-            if any(inner not in holding for path in self.dirs(name) for inner in _inner_cgroups(path)):
+            if self._made_inside(name):
                 return self.remove(name)
         except OSError:  # gone, or not a cgroup: nothing to keep
             return self.remove(name)
         self.spare.append(name)
         return True
+
+    def _made_inside(self, name: str) -> bool:
+        """Whether a cgroup besides its innermost one was made inside call cgroup ``name``
+        (a directory's link count tells without listing it). Raises ``OSError`` if gone."""
+        for hierarchy, path in zip(self.hierarchies, self.dirs(name), strict=True):
+            innermost = 1 if hierarchy.version == 2 else 0
+            if os.stat(path).st_nlink > 2 + innermost:
+                return True
+            if innermost and os.stat(os.path.join(path, name)).st_nlink > 2:
+                return True
+        return False
 
     def _limit(self, name: str, pids_max: int, memory_max: int) -> bool:
         """Write the limits of cgroup ``name`` again; False if one was refused."""
