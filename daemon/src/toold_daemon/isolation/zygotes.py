@@ -31,6 +31,7 @@ process more: lowering first would instead refuse a fork the call is owed.)
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -403,7 +404,7 @@ class Zygotes:
             home=home,
             layers={},
             cgroups=self._cgroups,
-            new_group=self._new_group,
+            new_group=functools.partial(self._new_group, proxied=request.egress_proxy),
             pids_max=self._limits[0],
             nursery=self.nursery,
         )
@@ -432,12 +433,15 @@ class Zygotes:
             await zygote.park()  # so that even the first command needs no move
         return zygote
 
-    def _new_group(self) -> str:
+    def _new_group(self, *, proxied: bool) -> str:
         """A call cgroup to park a zygote in (a kept one when there is one, see
-        ``Cgroups.call_group``): one process over the call's limit, for the zygote itself."""
+        ``Cgroups.call_group``): one process over the call's limit, for the zygote itself.
+        ``proxied``: its commands' connections go through the egress proxy, which tells
+        them apart by the id of the cgroup that made them, so a kept one gets an id of
+        its own; the others need none (their sockets cannot reach a proxy's loopback)."""
         pids_max, memory_max = self._limits
         try:
-            return self._cgroups.call_group(pids_max=pids_max + 1, memory_max=memory_max)
+            return self._cgroups.call_group(pids_max=pids_max + 1, memory_max=memory_max, new_id=proxied)
         except CgroupUnavailable as exc:  # parked nowhere: its next command goes to a fresh child
             log.warning("no fresh cgroup for a zygote: %s", exc)
             return ""
