@@ -17,13 +17,15 @@ def test_the_check_is_on_only_where_connections_can_be_told_apart() -> None:
     assert proxy_connections(True, "", SYSTEMD_V2).on
     assert proxy_connections(True, "", HYBRID).on
     off = proxy_connections(True, "", V1_ONLY)
-    assert not off.on and "no cgroup2 mount" in off.detail
+    assert not off.on and "no per-call cgroups in cgroup2" in off.detail
     old_kernel = proxy_connections(True, "the kernel does not report a socket's cgroup (Linux 5.7)", SYSTEMD_V2)
     assert not old_kernel.on and "Linux 5.7" in old_kernel.detail
     assert proxy_connections(False, "no socket diagnostics", V1_ONLY).on  # nothing goes through the proxy
 
 
-def test_this_machine_tells_them_apart_and_host_mode_everywhere_needs_no_check() -> None:
+def test_this_machine_tells_them_apart_but_not_without_cgroups_and_host_mode_needs_no_check() -> None:
     assert _proxy_connections(Config()).on, _proxy_connections(Config()).detail
     host = msgspec.convert({"tools": {"network": {"mode": "host"}}}, Config)
     assert _proxy_connections(host).detail == "no command goes through the egress proxy"
+    without_cgroups = msgspec.convert({"tools": {"isolation": {"cgroups": False}}}, Config)
+    assert not _proxy_connections(without_cgroups).on

@@ -128,6 +128,8 @@ def _proxy_connections(config: Config) -> Check:
         mounts = Path("/proc/self/mounts").read_text()
     except OSError:
         mounts = ""
+    if not config.tools.isolation.cgroups:
+        mounts = ""  # no per-call cgroups: nothing to tell the calls' sockets apart by
     return proxy_connections(any(network.mode_of(tool) == "proxy" for tool in tools), why_not, mounts)
 
 
@@ -147,7 +149,7 @@ def proxy_connections(proxied: bool, why_not_diagnostics: str, mounts: str) -> C
         return Check(
             "proxy connections",
             False,
-            "any command of a zygote can use another's proxy listener: no cgroup2 mount for the calls' cgroups",
+            "any command of a zygote can use another's proxy listener: no per-call cgroups in cgroup2",
         )
     return Check(
         "proxy connections", True, "a command's proxy listener serves only connections made in its call's cgroup"
