@@ -5,12 +5,14 @@ A zygote in proxy mode forks this process before it leaves the host's network, s
 process keeps the host's network and nothing else of the zygote's later layers; it
 confines itself (``confine_egress``) and then serves two sockets:
 
-- from its zygote, one ``EgressListen`` per command that connects, carrying a listening
-  TCP socket the zygote made *inside* the command's network namespace (127.0.0.1, a free
-  port): a socket keeps the namespace it was made in, so this process accepts the
-  command's connections there and connects out here. The zygote holds each listener
-  until a connection waits on it, so a command that never connects costs this process
-  nothing;
+- from its zygote, first the socket diagnostics of the commands' namespace
+  (``EgressPeers``, see ``egress.peers``), then one ``EgressListen`` per command that
+  connects, carrying a listening TCP socket the zygote made *inside* the command's
+  network namespace (127.0.0.1, a free port): a socket keeps the namespace it was made
+  in, so this process accepts the command's connections there and connects out here,
+  serving only those the call's own cgroup made (other commands share that loopback).
+  The zygote holds each listener until a connection waits on it, so a command that
+  never connects costs this process nothing;
 - to and from the protocol process (the runner): ``EgressAsk`` for each connection the
   rules leave open (the runner asks the person) and ``EgressUsed`` for a call's first
   connection the rules decide, each answered by ``EgressAnswer``;
