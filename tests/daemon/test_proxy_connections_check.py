@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import msgspec
 
-from tests.daemon.test_cgroup_moves_check import HYBRID, SYSTEMD_V2
 from toold_daemon.config import Config
 from toold_daemon.operation.checks import _proxy_connections, proxy_connections
 
-V1_ONLY = "cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n"
-
 
 def test_the_check_is_on_only_where_connections_can_be_told_apart() -> None:
-    assert proxy_connections(True, "", SYSTEMD_V2).on
-    assert proxy_connections(True, "", HYBRID).on
-    off = proxy_connections(True, "", V1_ONLY)
+    assert proxy_connections(True, "", per_call_cgroup2=True).on
+    off = proxy_connections(True, "", per_call_cgroup2=False)
     assert not off.on and "no per-call cgroups in cgroup2" in off.detail
-    old_kernel = proxy_connections(True, "the kernel does not report a socket's cgroup (Linux 5.7)", SYSTEMD_V2)
+    old_kernel = proxy_connections(
+        True, "the kernel does not report a socket's cgroup (Linux 5.7)", per_call_cgroup2=True
+    )
     assert not old_kernel.on and "Linux 5.7" in old_kernel.detail
-    assert proxy_connections(False, "no socket diagnostics", V1_ONLY).on  # nothing goes through the proxy
+    assert proxy_connections(False, "no socket diagnostics", per_call_cgroup2=False).on  # nothing uses the proxy
 
 
 def test_this_machine_tells_them_apart_but_not_without_cgroups_and_host_mode_needs_no_check() -> None:

@@ -88,7 +88,7 @@ def cgroup_moves(mounts: str, cmdline: str) -> Check:
     its commands, so they do not. ``favordynmods`` (a cgroup2 mount option, or the
     ``cgroup_favordynmods=`` boot option) trades it for slightly dearer forks and exits
     system-wide: the administrator's choice, so the daemon only says how."""
-    cgroup2 = [fields for fields in map(str.split, mounts.splitlines()) if len(fields) >= 4 and fields[2] == "cgroup2"]
+    cgroup2 = _cgroup2_mounts(mounts)
     if any(
         word.startswith("cgroup_favordynmods=") and word.split("=", 1)[1].lower() in ("1", "y", "true")
         for word in cmdline.split()
@@ -110,30 +110,44 @@ def cgroup_moves(mounts: str, cmdline: str) -> Check:
     )
 
 
+def _cgroup2_mounts(mounts: str) -> list[list[str]]:
+    """The cgroup2 lines of a mount table (``/proc/self/mounts``), split into fields."""
+    return [fields for fields in map(str.split, mounts.splitlines()) if len(fields) >= 4 and fields[2] == "cgroup2"]
+
+
+def _command_tools(config: Config) -> list[str]:
+    """The tools that run commands, each with its own network mode (``[tools.network]``)."""
+    network = config.tools.network
+    return sorted({"shell", "run_code", *network.tools, *(c.name for c in config.tools.commands)})
+
+
 def _network_modes(config: Config) -> list[Check]:
     """How commands reach the network: "on" for the filtering proxy or none, "off" where a
     tool has the host's network unfiltered (``[tools.network]``)."""
     network = config.tools.network
-    tools = sorted({"shell", "run_code", *network.tools, *(c.name for c in config.tools.commands)})
-    return [Check(f"network {tool}", network.mode_of(tool) != "host", network_summary(network, tool)) for tool in tools]
+    return [
+        Check(f"network {tool}", network.mode_of(tool) != "host", network_summary(network, tool))
+        for tool in _command_tools(config)
+    ]
 
 
 def _proxy_connections(config: Config) -> Check:
     network = config.tools.network
-    tools = {"shell", "run_code", *network.tools, *(c.name for c in config.tools.commands)}
     diagnostics, why_not = open_diagnostics()
     if diagnostics is not None:
         diagnostics.close()
     try:
-        mounts = Path("/proc/self/mounts").read_text()
+        cgroup2 = bool(_cgroup2_mounts(Path("/proc/self/mounts").read_text()))
     except OSError:
-        mounts = ""
-    if not config.tools.isolation.cgroups:
-        mounts = ""  # no per-call cgroups: nothing to tell the calls' sockets apart by
-    return proxy_connections(any(network.mode_of(tool) == "proxy" for tool in tools), why_not, mounts)
+        cgroup2 = False
+    return proxy_connections(
+        any(network.mode_of(tool) == "proxy" for tool in _command_tools(config)),
+        why_not,
+        per_call_cgroup2=cgroup2 and config.tools.isolation.cgroups,
+    )
 
 
-def proxy_connections(proxied: bool, why_not_diagnostics: str, mounts: str) -> Check:
+def proxy_connections(proxied: bool, why_not_diagnostics: str, *, per_call_cgroup2: bool) -> Check:
     """Whether a command's proxy listener can tell its own command's connections from
     those of the other commands sharing its zygote's loopback: the kernel must report a
     socket's cgroup (``egress.peers``), and calls need cgroups in the unified hierarchy."""
@@ -145,7 +159,7 @@ def proxy_connections(proxied: bool, why_not_diagnostics: str, mounts: str) -> C
             False,
             f"any command of a zygote can use another's proxy listener: {why_not_diagnostics}",
         )
-    if not any(len(fields) >= 3 and fields[2] == "cgroup2" for fields in map(str.split, mounts.splitlines())):
+    if not per_call_cgroup2:
         return Check(
             "proxy connections",
             False,
