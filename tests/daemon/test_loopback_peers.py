@@ -4,13 +4,11 @@ proxy serves a call's listener only for the connections its own cgroup made."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import trio
@@ -22,12 +20,14 @@ from toold_daemon.egress.proxy import Connection, Proxy
 from toold_daemon.egress.relay import Budget
 from toold_daemon.isolation.cgroup import Cgroups
 
-#: Moves itself into the cgroup given, connects to the port given, sends what is given
-#: and prints the first reply (or nothing when the connection is closed unanswered).
+#: Joins the cgroups given (one path per hierarchy, comma-separated), connects to the
+#: port given, sends what is given and prints the first reply (or nothing when the
+#: connection is closed unanswered).
 _CONNECT = """
 import socket, sys
-with open(sys.argv[1] + "/cgroup.procs", "w") as procs:
-    procs.write("0")
+for path in sys.argv[1].split(","):
+    with open(path + "/cgroup.procs", "w") as procs:
+        procs.write("0")
 s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
 s.sendall(sys.argv[3].encode())
 s.settimeout(10)
@@ -38,31 +38,17 @@ except ConnectionResetError:
 """
 
 
-def _unified_mount() -> Path | None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if fields[fields.index("-") + 1] == "cgroup2":
-            return Path(fields[4])
-    return None
-
-
 @pytest.fixture
-def two_cgroups() -> Iterator[tuple[Path, Path]]:
-    """Two fresh cgroups in the unified hierarchy, below the one this process is in."""
-    mount = _unified_mount()
-    if os.geteuid() != 0 or mount is None:
-        pytest.skip("making cgroups in the unified hierarchy takes root and a cgroup2 mount")
-    own = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
-    parent = mount / own.lstrip("/") / f"toold-peers-{os.getpid()}"
-    made = [parent / "a", parent / "b"]
-    try:
-        for path in (parent, *made):
-            path.mkdir()
-    except OSError as exc:
-        pytest.skip(f"no cgroup can be made here: {exc}")
-    yield made[0], made[1]
-    for path in (*made, parent):
-        path.rmdir()
+def two_calls(cgroups: Cgroups) -> tuple[str, str]:
+    """Two call cgroups as the daemon makes them, each with the id its sockets carry."""
+    calls = (cgroups.call_group(pids_max=16, memory_max=1 << 30), cgroups.call_group(pids_max=16, memory_max=1 << 30))
+    if not all(cgroups.socket_id(name) for name in calls):
+        pytest.skip("no cgroups in the unified hierarchy here")
+    return calls
+
+
+def _joining(cgroups: Cgroups, name: str) -> str:
+    return ",".join(cgroups.paths(name))
 
 
 @pytest.fixture
@@ -75,28 +61,26 @@ def peers() -> Iterator[LoopbackPeers]:
     found.close()
 
 
-def test_the_cgroup_that_made_a_connection_is_told(two_cgroups: tuple[Path, Path], peers: LoopbackPeers) -> None:
-    a, b = two_cgroups
+def test_the_cgroup_that_made_a_connection_is_told(
+    cgroups: Cgroups, two_calls: tuple[str, str], peers: LoopbackPeers
+) -> None:
+    ids = [cgroups.socket_id(name) for name in two_calls]
+    assert ids[0] != ids[1]
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(4)
         port = listener.getsockname()[1]
-        for group in (a, b):
-            child = subprocess.Popen([sys.executable, "-c", _CONNECT, str(group), str(port), "hi"])
+        for name, expected in zip(two_calls, ids, strict=True):
+            child = subprocess.Popen([sys.executable, "-c", _CONNECT, _joining(cgroups, name), str(port), "hi"])
             accepted, _ = listener.accept()
             with accepted:
-                told = peers.cgroup_of(accepted.getpeername(), accepted.getsockname())
-                assert told == group.stat().st_ino  # a cgroup's id is its inode number
+                assert peers.cgroup_of(accepted.getpeername(), accepted.getsockname()) == expected
                 accepted.sendall(b"bye")
             child.wait(10)
         with socket.create_connection(("127.0.0.1", port)) as own, listener.accept()[0] as accepted:
-            assert peers.cgroup_of(accepted.getpeername(), accepted.getsockname()) not in (
-                a.stat().st_ino,
-                b.stat().st_ino,
-            )
-            assert peers.cgroup_of(own.getsockname(), own.getpeername()) == peers.cgroup_of(
-                accepted.getpeername(), accepted.getsockname()
-            )
+            mine = peers.cgroup_of(accepted.getpeername(), accepted.getsockname())
+            assert mine is not None and mine not in ids
+            assert peers.cgroup_of(own.getsockname(), own.getpeername()) == mine
 
 
 def test_a_connection_gone_on_both_sides_or_not_on_loopback_is_told_by_no_one(peers: LoopbackPeers) -> None:
@@ -121,28 +105,28 @@ def web() -> Iterator[Server]:
 
 
 async def test_a_proxy_serves_only_the_connections_its_calls_cgroup_made(
-    two_cgroups: tuple[Path, Path], peers: LoopbackPeers, web: Server
+    cgroups: Cgroups, two_calls: tuple[str, str], peers: LoopbackPeers, web: Server
 ) -> None:
     """Attack: a process of another cgroup (another command of the zygote) leaves a
     request in the call's listener. It is closed unanswered and recorded nowhere; the
     call's own request goes through."""
-    own, other = two_cgroups
+    own, other = two_calls
     records: list[Connection] = []
 
     async def decide(host: str, port: int) -> tuple[bool, str]:
         return True, "test"
 
     def made_in_own(connection: trio.socket.SocketType) -> bool:
-        return peers.cgroup_of(connection.getpeername(), connection.getsockname()) == own.stat().st_ino
+        return peers.cgroup_of(connection.getpeername(), connection.getsockname()) == cgroups.socket_id(own)
 
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     proxy = Proxy(decide, records.append, LOOPBACK, Budget(1 << 30), made_in_own)
 
-    async def request(group: Path, mark: str) -> str:
+    async def request(name: str, mark: str) -> str:
         text = f"GET http://127.0.0.1:{web.port}/{mark} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         done = await trio.run_process(
-            [sys.executable, "-c", _CONNECT, str(group), str(port), text], capture_stdout=True, check=True
+            [sys.executable, "-c", _CONNECT, _joining(cgroups, name), str(port), text], capture_stdout=True, check=True
         )
         return done.stdout.decode()
 
