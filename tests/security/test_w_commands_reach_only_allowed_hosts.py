@@ -8,6 +8,7 @@ by ``allowed_networks``; 127.0.0.4 is denied by name."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import threading
@@ -538,4 +539,58 @@ def test_a_command_cannot_leave_a_request_in_a_running_commands_listener(
         running.join()
     (result,) = victim
     assert not (result.data or {}).get("network"), result.data
+    assert not [r for r in allowed_web.requests if r.path.startswith(f"/{mark}")]
+
+
+#: Connects again and again to every listener on loopback but its own, for a while,
+#: leaving a request in each: a flood meant to jam another command's proxy or slip a
+#: request in among its own.
+_FLOOD = """
+import os, socket, time
+own = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+ports = []
+for port in range(32768, 61000):
+    if port == own:
+        continue
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        ports.append(port)
+    except OSError:
+        pass
+sent, deadline = 0, time.monotonic() + 1.5
+while time.monotonic() < deadline:
+    for port in ports:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+            s.sendall(b"GET http://127.0.0.2:{target}/{mark} HTTP/1.1\\r\\nHost: 127.0.0.2\\r\\n\\r\\n")
+            s.close()
+            sent += 1
+        except OSError:
+            pass
+print("sent", sent)
+"""
+
+
+def test_a_flood_into_another_commands_listener_neither_jams_it_nor_gets_through(
+    daemon: DaemonProcess, allowed_web: Server
+) -> None:
+    """Attack: while a command waits to make its own request, another command of the
+    zygote floods that command's proxy listener with requests of its own. None is
+    served; the victim's own request is, and its result records that one alone."""
+    mark = f"flood-{time.monotonic_ns()}"
+    victim: list[ToolResult] = []
+    command = f"sleep 1.2; curl -sS {allowed_web.url('/json')}"
+    with daemon.client(timeout=60) as c, daemon.client(timeout=60) as other:
+        c.call("shell", {"command": "true"})
+        running = threading.Thread(target=lambda: victim.append(other.call("shell", {"command": command})))
+        running.start()
+        time.sleep(0.3)  # the victim runs, its listener listening
+        flood = c.call("shell", {"command": f"python3 -c '{_FLOOD.format(target=allowed_web.port, mark=mark)}'"})
+        running.join()
+    sent = re.search(r"sent (\d+)", flood.content)
+    assert flood.ok and sent and int(sent.group(1)) > 10, flood.content  # it did flood
+    (result,) = victim
+    assert result.ok and '"toold"' in result.content, result.content
+    (record,) = result.data["network"]
+    assert record["port"] == allowed_web.port and not record["refused"]
     assert not [r for r in allowed_web.requests if r.path.startswith(f"/{mark}")]
