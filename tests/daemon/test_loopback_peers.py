@@ -4,6 +4,8 @@ proxy serves a call's listener only for the connections its own cgroup made."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from tests.webserver import Server, serving
 from toold_daemon.egress.peers import LoopbackPeers, open_diagnostics
 from toold_daemon.egress.proxy import Connection, Proxy
 from toold_daemon.egress.relay import Budget
+from toold_daemon.isolation import cgroup
 from toold_daemon.isolation.cgroup import Cgroups
 
 #: Joins the cgroups given (one path per hierarchy, comma-separated), connects to the
@@ -189,3 +192,34 @@ def test_a_socket_made_during_an_earlier_use_of_a_kept_cgroup_is_not_the_later_c
         accepted, _ = listener.accept()
         with accepted:
             assert peers.cgroup_of(accepted.getpeername(), accepted.getsockname()) == first != later
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="iproute2's ss is not installed (scripts/bootstrap installs it)")
+def test_iproute2s_ss_names_the_same_cgroup_for_a_connection(
+    cgroups: Cgroups, two_calls: tuple[str, str], peers: LoopbackPeers
+) -> None:
+    """Outside proof: `ss --cgroup` reads a socket's cgroup through the same kernel
+    interface with iproute2's own code, and names it by path (below the cgroup2 mount):
+    that path is the call's innermost cgroup, whose id is the one we read."""
+    name = two_calls[0]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CONNECT, _joining(cgroups, name), str(port), "hi"], stdout=subprocess.DEVNULL
+        )
+        accepted, (host, peer_port) = listener.accept()
+        with accepted:
+            shown = subprocess.run(
+                ["ss", "-tnH", "--cgroup", "src", f"{host}:{peer_port}"], capture_output=True, text=True, check=True
+            ).stdout
+            ours = peers.cgroup_of(accepted.getpeername(), accepted.getsockname())
+            accepted.sendall(b"bye")
+        child.wait(10)
+    (path,) = [word.removeprefix("cgroup:") for word in shown.split() if word.startswith("cgroup:")]
+    mount = next(point for point, _root, fs, _options in cgroup._mounts() if fs == "cgroup2")
+    named = os.path.join(mount, path.lstrip("/"))
+    innermost = next(p for h, p in zip(cgroups.hierarchies, cgroups.paths(name), strict=True) if h.version == 2)
+    assert named == innermost
+    assert ours == os.stat(named).st_ino == cgroups.socket_id(name)
