@@ -62,13 +62,17 @@ class Command(msgspec.Struct, frozen=True):
     narrow_reads: bool = False
 
 
+_MAKING_CANCEL_EVENTS = threading.Lock()
+
+
 class ToolContext(msgspec.Struct):
     """Fresh per call."""
 
     call_id: str
     sandbox: Sandbox
     config: Config
-    cancelled: threading.Event = msgspec.field(default_factory=threading.Event)
+    #: ``cancelled``'s event, made when first asked for (most calls never are).
+    cancel_event: threading.Event | None = None
     emit: Callable[..., None] | None = None  # (stream, text[, how many chunks were merged])
     resolved: dict[str, Path] = msgspec.field(default_factory=dict)
     #: Output streamed so far (bounded by the runner), kept for timeout and cancel results.
@@ -102,6 +106,20 @@ class ToolContext(msgspec.Struct):
         since validation is refused rather than followed."""
         path = self.resolved.get(raw)
         return path if path is not None else self.sandbox.resolve(raw, follow_last=follow_last)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the call is cancelled or timed out; a long loop checks it. Made on
+        first use: a ``threading.Event`` costs ~2 µs to make, in the daemon and in the
+        worker, for every call, and few calls ever look at it. Made under a lock, since
+        the loop (to set it) and a tool's thread (to check it) may ask first at once."""
+        event = self.cancel_event
+        if event is None:
+            with _MAKING_CANCEL_EVENTS:
+                if self.cancel_event is None:
+                    self.cancel_event = threading.Event()
+                event = self.cancel_event
+        return event
 
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():
