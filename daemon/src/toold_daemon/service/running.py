@@ -158,7 +158,7 @@ class BatchRuns:
             umask=message.umask if message.umask is not None else session.umask,
             calls=calls,
             results=[None] * len(calls),
-            digest=_digest(message),
+            digest=_digest(message) if chosen is not None else "",
             approval_timeout=message.approval_timeout_seconds,
             sandbox=session.sandbox,
             dry_run=message.dry_run,
@@ -577,7 +577,10 @@ def journal_holds_back(journal: Journal, uid: int) -> bool:
 
 
 def _digest(message: SubmitBatch) -> str:
-    """What makes a resubmission the same batch: its calls, and whether it is a dry run."""
+    """What makes a resubmission the same batch: its calls, and whether it is a dry run.
+    Only a batch whose client chose its id can be submitted again under it (the ids the
+    daemon makes are never in a uid's namespace of chosen ones): the others keep none, and
+    skip its hash."""
     digest = fingerprint(message.calls)
     return f"dry:{digest}" if message.dry_run else digest
 
