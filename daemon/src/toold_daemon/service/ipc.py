@@ -135,6 +135,7 @@ class IpcServer:
         self._backlogs = Backlogs(max_backlog_bytes, max_uid_backlog_bytes, self._seen_reading)
         self._ctx = zmq.Context()
         self._router: zmq.Socket[bytes] | None = None
+        self._router_fd: int | None = None
         self._zap: zmq.Socket[bytes] | None = None
         self._lock_fd: int | None = None
         self._outbox: dict[bytes, collections.deque[bytes]] = {}
@@ -239,6 +240,7 @@ class IpcServer:
         if self.closed:
             return
         self.closed = True
+        self._router_fd = None
         self._flush_outbox()
         if self._router is not None and self._monitor is not None:
             self._router.disable_monitor()
@@ -277,7 +279,9 @@ class IpcServer:
         """libzmq's descriptor for the clients' socket: readable once something comes for
         it (a frame; or something of its own, which only ends a wait early)."""
         assert self._router is not None
-        return int(self._router.getsockopt(zmq.FD))
+        if self._router_fd is None:  # (asked for every read that waits for its worker)
+            self._router_fd = int(self._router.getsockopt(zmq.FD))
+        return self._router_fd
 
     # ------------------------------------------------------------------ sending
 
@@ -465,8 +469,12 @@ class IpcServer:
     def _read_inbound(self, router: zmq.Socket[bytes]) -> None:
         """Read what libzmq holds into the intake, up to its bounds."""
         intake = self._intake
-        # Asked first rather than read until zmq.Again: raising it costs more than asking.
-        while intake.waiting < _INTAKE_FRAMES and intake.bytes < _INTAKE_BYTES and _frames_wait(router):
+        # The pump comes here woken by libzmq's descriptor or told that frames wait, so a
+        # frame is there nearly always: the first is read at once. After it, asking
+        # whether another waits costs less than reading until zmq.Again is raised.
+        first = True
+        while intake.waiting < _INTAKE_FRAMES and intake.bytes < _INTAKE_BYTES and (first or _frames_wait(router)):
+            first = False
             try:
                 frames = _receive_parts(router)
             except zmq.Again:
