@@ -91,11 +91,14 @@ def _answer(body: bytes, sock_fd: int, work: Work) -> Outcome:
     except (msgspec.MsgspecError, ValueError) as exc:
         return Outcome(ok=False, error_type="BadArgs", error_code="BAD_REQUEST", error_message=str(exc)[:300])
     call = Work(tool, args, work.config, work.sandbox, "", work.tools)
-    own_umask = os.umask(request.umask)  # new files get the client's modes (one call at a time here)
+    # New files get the client's modes (one call at a time here); a tool that changes
+    # nothing makes none, and is spared the two system calls.
+    own_umask = os.umask(request.umask) if tool.side_effecting else None
     try:
         return run_tool(request, sock_fd, call)
     except Exception as exc:  # a tool's bug ends that call, never the worker
         detail = f"{type(exc).__name__}: {exc}"[:300]
         return Outcome(ok=False, error_type="ExecutionFailed", error_code="TOOL_FAILED", error_message=detail)
     finally:
-        os.umask(own_umask)
+        if own_umask is not None:
+            os.umask(own_umask)

@@ -17,12 +17,14 @@ def run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
     what it did to each path it declares. A call that fails after changing some of them
     (a recursive delete stopped by a directory it may not empty, a disk error) raises
     its error with those changes (``ToolError.changes``): what it did stays undoable."""
+    if not tool.side_effecting:
+        return tool.run(args, ctx)  # (changes nothing: no pre-image, no hash to remember)
     with remembering_digests():
         return _run_capturing(tool, args, ctx)
 
 
 def _run_capturing(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
-    if ctx.undo_budget < 0 or not tool.side_effecting:
+    if ctx.undo_budget < 0:
         return tool.run(args, ctx)
     paths = tool.changes(args, ctx)
     if not paths:
