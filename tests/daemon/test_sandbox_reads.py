@@ -88,3 +88,44 @@ def test_a_pipe_is_read_to_its_end(tmp_path: Path) -> None:
     finally:
         writer.join()
         os.close(read_end)
+
+
+@pytest.mark.parametrize("length", [1, 4096, 200_000])
+def test_a_file_of_the_size_it_was_told_takes_one_read(
+    tmp_path: Path, length: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first read asks for a byte more than the size: getting exactly the size is the
+    end, seen without another read (one system call fewer for every file read whole)."""
+    data = os.urandom(length)
+    (tmp_path / "f").write_bytes(data)
+    reads: list[int] = []
+    real_read = os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        reads.append(n)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", counted)
+    with opened(tmp_path / "f") as fd:
+        assert read_at_most(fd, 1 << 20, length) == data
+    assert reads == [length + 1]
+
+
+def test_a_pipe_whose_first_read_gives_the_size_it_was_told_is_still_read_to_its_end() -> None:
+    """Only a regular file's short read is its end; what callers pass for anything else is
+    ``fstat``'s size, 0 for a pipe, which a first read that gives anything never equals."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"a" * 10)
+    assert os.fstat(read_end).st_size == 0  # (Linux: a pipe has no size to trust)
+
+    def write_rest() -> None:
+        os.write(write_end, b"b" * 10)
+        os.close(write_end)
+
+    writer = threading.Thread(target=write_rest)
+    writer.start()
+    try:
+        assert read_at_most(read_end, 1 << 20, os.fstat(read_end).st_size) == b"a" * 10 + b"b" * 10
+    finally:
+        writer.join()
+        os.close(read_end)

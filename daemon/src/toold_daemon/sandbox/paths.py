@@ -417,11 +417,29 @@ class Sandbox:
 
     def open(self, path: Path, flags: int = os.O_RDONLY, *, display: str | None = None) -> int:
         """Open validated ``path`` beneath its root, refusing symlinks on the way. Returns an fd."""
+        return self._open(path, flags, display)[0]
+
+    def open_and_stat(
+        self, path: Path, flags: int = os.O_RDONLY, *, display: str | None = None
+    ) -> tuple[int, os.stat_result]:
+        """``open``, and what ``fstat`` says of the file opened (taken to check it anyway:
+        a caller that needs it is spared a second one)."""
+        fd, st = self._open(path, flags, display)
+        if st is None:
+            try:
+                st = os.fstat(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd, st
+
+    def _open(self, path: Path, flags: int, display: str | None) -> tuple[int, os.stat_result | None]:
+        """The fd, and the file's ``fstat`` where it was taken (a file below a root)."""
         text = str(path)
         shown = display or text
         if UNCHECKED_FOR_TESTS:
             try:
-                return os.open(text, flags | os.O_CLOEXEC)
+                return os.open(text, flags | os.O_CLOEXEC), None
             except OSError as exc:
                 raise from_os_error(exc, shown) from None
         index = self._root_index(text)
@@ -434,7 +452,7 @@ class Sandbox:
         except OSError as exc:
             raise from_os_error(exc, shown) from None
         if not parts:
-            return fd
+            return fd, None
         try:
             opened = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
         except OSError as exc:
@@ -442,11 +460,12 @@ class Sandbox:
         finally:
             os.close(fd)
         try:
-            self.refuse_denied_link(os.fstat(opened), shown)
+            st = os.fstat(opened)
+            self.refuse_denied_link(st, shown)
         except BaseException:
             os.close(opened)
             raise
-        return opened
+        return opened, st
 
     def open_dir(self, path: Path, *, display: str | None = None) -> int:
         return self.open(path, os.O_RDONLY | os.O_DIRECTORY, display=display)

@@ -16,16 +16,20 @@ _GROWTH_CHUNK = 64 * 1024  # what is read at a time once a file has outgrown its
 
 def read_at_most(fd: int, limit: int, size: int) -> bytes:
     """The bytes of ``fd`` from its offset to its end, or its first ``limit`` bytes.
-    ``size`` (from ``fstat``) sizes the first read; a file that grew meanwhile is read
-    on, in 64 KiB reads, to its end or the limit."""
+    ``size`` (from ``fstat``) sizes the first read, which asks for one byte more: given
+    exactly ``size`` bytes, the file ends there (a short read of a regular file is its
+    end), and no read is made to see it. A file that grew meanwhile is read on, in 64 KiB
+    reads, to its end or the limit."""
     parts: list[bytes] = []
     left = limit
-    wanted = size + 1  # one more than expected: seeing the end costs no second read
+    asked = min(left, size + 1)  # one more than expected: seeing the end costs no second read
     while left > 0:
-        data = os.read(fd, min(left, wanted))
+        data = os.read(fd, asked)
         if not data:
             break
         parts.append(data)
         left -= len(data)
-        wanted = _GROWTH_CHUNK
+        if len(parts) == 1 and len(data) == size < asked:
+            break  # all that fstat said was there, and not the byte after: the end
+        asked = min(left, _GROWTH_CHUNK)
     return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -97,9 +97,9 @@ class ReadFile(Tool[ReadFileArgs]):
         path = ctx.resolve(args.path)
         shown = sandbox.display(path)
         limits = ctx.config.tools.read_file
-        fd = sandbox.open(path, os.O_RDONLY | os.O_NONBLOCK, display=args.path)
+        fd, st = sandbox.open_and_stat(path, os.O_RDONLY | os.O_NONBLOCK, display=args.path)
         try:
-            st = _regular_file_stat(fd, args.path)
+            _check_regular_file(st, args.path)
         except ToolError:
             os.close(fd)
             raise
@@ -145,8 +145,7 @@ class ReadFile(Tool[ReadFileArgs]):
         return ToolOutput(content, content, data, records=records)
 
 
-def _regular_file_stat(fd: int, given: str) -> os.stat_result:
-    st = os.fstat(fd)
+def _check_regular_file(st: os.stat_result, given: str) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise ToolError(
             ToolErrorType.EXECUTION_FAILED, "IS_A_DIRECTORY", f"{given} is a directory; use list_directory", path=given
@@ -155,7 +154,6 @@ def _regular_file_stat(fd: int, given: str) -> os.stat_result:
         raise ToolError(
             ToolErrorType.EXECUTION_FAILED, "NOT_A_REGULAR_FILE", f"{given} is not a regular file", path=given
         )
-    return st
 
 
 def _read_whole(fd: int, size: int, given: str, limit: int) -> bytes:
