@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import os
 import socket
+import threading
 
 import msgspec
 import pytest
@@ -141,3 +142,92 @@ def test_a_large_frame_is_built_and_decoded_without_copies_beside_it() -> None:
     assert isinstance(decoded, Outcome) and decoded.data == {"blob": data}
     assert peak < 1.5 * len(data)  # the decoded bytes alone, not a copy of the frame as well
     assert buffer.decode_next(child_decoder) == Outcome(ok=False)  # the next frame is still there
+
+
+def _turn_frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize("length", [0, 1, 300, 64 * 1024, 200_000])
+def test_a_peer_that_takes_turns_sends_a_frame_whole_or_in_pieces_and_it_comes_whole(length: int) -> None:
+    """A worker reads its daemon's request with one read when it is all there (``alone``):
+    a small frame whole, a large one (or one sent in pieces) waited for to its end."""
+    body = os.urandom(length)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(_turn_frame(body))
+        assert receive_with_fds(theirs, alone=True) == (body, [])
+        data = _turn_frame(body)
+        cut = len(data) // 2 or 1
+        ours.sendall(data[:cut])
+
+        def rest() -> None:
+            ours.sendall(data[cut:])
+
+        sender = threading.Thread(target=rest)
+        sender.start()
+        try:
+            assert receive_with_fds(theirs, alone=True) == (body, [])
+        finally:
+            sender.join()
+
+
+def test_a_peer_that_takes_turns_and_sends_past_its_frame_is_broken() -> None:
+    """Bytes after the frame would be read as part of it, then lost: a peer that does not
+    wait for its answer is refused, never half-read."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(_turn_frame(b"first") + _turn_frame(b"second"))
+        with pytest.raises(ValueError, match="past the frame"):
+            receive_with_fds(theirs, alone=True)
+
+
+def test_a_peer_that_takes_turns_and_closes_mid_frame_is_gone() -> None:
+    ours, theirs = socket.socketpair()
+    with theirs:
+        ours.sendall((100).to_bytes(4, "big") + b"partial")
+        ours.close()
+        assert receive_with_fds(theirs, alone=True) is None
+
+
+def test_a_frame_past_the_bound_from_a_peer_that_takes_turns_is_refused() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall((1000).to_bytes(4, "big") + b"x" * 1000)
+        with pytest.raises(ValueError, match="over the limit"):
+            receive_with_fds(theirs, limit=999, alone=True)
+
+
+async def test_a_peer_that_takes_turns_still_gets_its_fds() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        read_end, write_end = os.pipe()
+        try:
+            await send_with_fd(trio.socket.from_stdlib_socket(ours), _turn_frame(b"hi"), write_end)
+            received = receive_with_fds(theirs, alone=True)
+            assert received is not None
+            body, (passed,) = received
+            assert body == b"hi"
+            os.close(passed)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+
+
+def test_a_whole_frame_from_a_peer_that_takes_turns_takes_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    real_read = os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        reads.append(n)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", counted)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(_turn_frame(b"r" * 432))
+        assert receive_with_fds(theirs, alone=True) == (b"r" * 432, [])
+        assert reads == []  # the header's read took the body too
+        ours.sendall(_turn_frame(b"r" * 432))
+        assert receive_with_fds(theirs) == (b"r" * 432, [])  # (not alone: the body's own read)
+        assert reads == [432]

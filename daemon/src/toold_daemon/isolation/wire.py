@@ -227,23 +227,39 @@ def close_fds(fds: list[int]) -> None:
             pass
 
 
-def receive_with_fds(sock: socket.socket, *, limit: int = MAX_FRAME) -> tuple[bytes, list[int]] | None:
+#: What the first read of a frame from a peer that takes turns asks for (``alone``).
+_TURN_READ = 64 * 1024
+
+
+def receive_with_fds(
+    sock: socket.socket, *, limit: int = MAX_FRAME, alone: bool = False
+) -> tuple[bytes, list[int]] | None:
     """One frame from a blocking socket, with the fds attached to its first bytes
-    (SCM_RIGHTS); None at end of file. ``limit``: the most bytes a frame may have."""
-    header, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, 4)
-    if not header:
+    (SCM_RIGHTS); None at end of file. ``limit``: the most bytes a frame may have.
+
+    ``alone``: the peer sends no frame before this one is answered (a worker's daemon),
+    so the first read may take what is there, the header and usually the whole body:
+    one system call instead of two. Bytes past the frame break that rule: ValueError."""
+    first = _HEADER.size + (_TURN_READ if alone else 0)
+    data, fds, _flags, _addr = socket.recv_fds(sock, first, 4)
+    if not data:
         return None
-    if len(header) < _HEADER.size:
-        rest = read_exact(sock.fileno(), _HEADER.size - len(header))
+    if len(data) < _HEADER.size:
+        rest = read_exact(sock.fileno(), _HEADER.size - len(data))
         if rest is None:
             return None
-        header += rest
-    (size,) = _HEADER.unpack(header)
+        data += rest
+    (size,) = _HEADER.unpack_from(data)
     if size > limit:
         raise ValueError(f"frame of {size} bytes is over the limit")
-    body = read_exact(sock.fileno(), size) if size else b""
-    if body is None:
-        return None
+    body = data[_HEADER.size :]
+    if len(body) > size:
+        raise ValueError("bytes past the frame from a peer that takes turns")
+    if len(body) < size:
+        rest = read_exact(sock.fileno(), size - len(body))
+        if rest is None:
+            return None
+        body = body + rest if body else rest
     return body, fds
 
 

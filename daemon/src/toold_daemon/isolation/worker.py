@@ -45,7 +45,7 @@ def serve(sock_fd: int, layers: dict[str, str], work: Work) -> None:
     sock = socket.socket(fileno=sock_fd)
     limit = _request_limit(work)
     while True:
-        received = receive_with_fds(sock, limit=limit)
+        received = receive_with_fds(sock, limit=limit, alone=True)  # one request at a time
         if received is None:
             return
         body, fds = received
