@@ -226,5 +226,9 @@ def _monitor_event(monitor: zmq.Socket[bytes]) -> int:
     return int(struct.unpack_from("=h", frames[0])[0])
 
 
+#: An int, not pyzmq's flag: ``int & flag`` runs the flag's Python-level ``__rand__``.
+_POLLIN = int(zmq.POLLIN)
+
+
 def _has_input(sock: zmq.Socket[bytes]) -> bool:
-    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & _POLLIN)
