@@ -102,3 +102,33 @@ def test_the_words_of_a_command_in_a_root_are_checked_through_their_symlinks(tmp
     assert checked(["cat", "notes"], root) == "notes (**/.env)"
     assert checked(["cat", "sub/notes"], root) == "sub/notes (**/.env)"
     assert checked(["cat", "notes"], root / "sub") == "notes (**/.env)"
+
+
+def test_a_name_below_a_root_with_no_link_on_the_way_is_its_own_canonical_name(tmp_path: Path) -> None:
+    """One lookup through the root held open says a normalised path has no symlink on the
+    way; anything else (a link at the end or on the way, a name not there, a way out) is
+    left to the full lookup, which follows what a link says."""
+    from toold_daemon.sandbox.lookups import local_root
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f.txt").write_text("x")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "g.txt").write_text("y")
+    (tmp_path / "a" / "to-g").symlink_to("../elsewhere/g.txt")  # (relative: they stay below the root)
+    (tmp_path / "a" / "via").symlink_to("../elsewhere")
+    (tmp_path / "a" / "absolute").symlink_to(tmp_path / "elsewhere")
+    root = local_root(str(tmp_path))
+    assert root is not None  # (a local disk here)
+    with from_the_caches_alone():
+        os.stat(tmp_path / "a" / "b" / "f.txt")  # cached
+        assert root.holds_without_links("a/b/f.txt")
+        assert root.holds_without_links("a/b")
+        way_out = "../" + tmp_path.name + "/a/b/f.txt"
+        for odd in ("a/to-g", "a/via/g.txt", "a/absolute/g.txt", "a/missing.txt", way_out, "/etc/passwd"):
+            assert not root.holds_without_links(odd), odd
+        sandbox = Sandbox([tmp_path])
+        root_name = str(sandbox.roots[0])
+        assert str(sandbox.resolve("a/b/f.txt")) == f"{root_name}/a/b/f.txt"
+        assert str(sandbox.resolve("a/to-g")) == f"{root_name}/elsewhere/g.txt"
+        assert str(sandbox.resolve("a/via/g.txt")) == f"{root_name}/elsewhere/g.txt"
+        assert str(sandbox.resolve("a/absolute/g.txt")) == f"{root_name}/elsewhere/g.txt"

@@ -197,3 +197,25 @@ def test_a_command_too_long_to_check_word_by_word_asks(ruled: DaemonProcess) -> 
         explained = c.explain("shell", {"command": "cat " + " ".join(["readme.txt"] * 500) + " .env"})
         assert explained.decision == "ask" and ".env" in explained.reason, explained.reason
         assert c.ping(timeout=5) < 5  # the daemon still answers
+
+
+@pytest.mark.parametrize("path", ["notes", "keys/id_ed25519", "keys/../notes"])
+def test_a_relative_symlink_to_a_denied_file_is_denied_to_built_in_tools(ruled: DaemonProcess, path: str) -> None:
+    """Attack: a name with no link on the way is its own canonical name, found in one
+    lookup; a relative link (`notes -> .env`, `keys -> deploy/.ssh`) stays below the root
+    and must still be followed to the denied name it leads to, not taken for itself."""
+    if not os.path.lexists(ruled.root / "keys"):
+        os.symlink("deploy/.ssh", ruled.root / "keys")
+    with ruled.client(timeout=30) as c:
+        result = c.call("read_file", {"path": path})
+    assert not result.ok and result.error is not None, result
+    assert result.error.code in ("DENIED_PATTERN", "PATH_TRAVERSAL"), result
+    assert SECRET not in result.content and "sesame" not in result.content
+
+
+def test_a_relative_symlink_to_a_public_file_is_read_through(ruled: DaemonProcess) -> None:
+    if not os.path.lexists(ruled.root / "readme-link"):
+        os.symlink("readme.txt", ruled.root / "readme-link")
+    with ruled.client(timeout=30) as c:
+        result = c.call("read_file", {"path": "readme-link"})
+    assert result.ok and "public" in result.content, result

@@ -277,10 +277,14 @@ class Sandbox:
             return Path(candidate)
         try:
             if follow_last and candidate != "/":
-                resolved = self.canonical(candidate)
+                resolved = self._canonical_normalised(candidate)
             else:
                 head, name = os.path.split(candidate)
-                resolved = os.path.join(self.canonical(head), name) if name else self.canonical(candidate)
+                resolved = (
+                    os.path.join(self._canonical_normalised(head), name)
+                    if name
+                    else self._canonical_normalised(candidate)
+                )
         except OSError as exc:  # the path changed while it was being resolved (a racing rename)
             raise from_os_error(exc, raw) from None
         if self._root_of_str(resolved) is None:
@@ -299,6 +303,15 @@ class Sandbox:
                 pattern=pattern,
             )
         return Path(resolved)
+
+    def _canonical_normalised(self, path: str) -> str:
+        """``canonical`` of a normalised absolute ``path``: the path itself when it lies
+        below a root held open with no symlink on the way (``holds_without_links``)."""
+        index = self._root_index(path)
+        local = self._local_roots[index] if index is not None else None
+        if local is not None and path.startswith(local.prefix) and local.holds_without_links(path[len(local.prefix) :]):
+            return path
+        return self.canonical(path)
 
     def canonical(self, path: str) -> str:
         """``os.path.realpath`` of absolute ``path``; on the event loop from the kernel's
