@@ -176,13 +176,10 @@ def _read_now(fd: int) -> bytes | None:
 
 def _read_or_wait(fd: int, interrupt_fd: int | None, deadline: float) -> bytes | None:
     """What ``fd`` holds now or once readable before ``deadline``; None once the time is
-    up, or ``interrupt_fd`` is readable while ``fd`` is not."""
-    data = _read_now(fd)
-    if data is not None:
-        return data
-    wait_ms = math.ceil((deadline - time.monotonic()) * 1000)
-    if wait_ms <= 0:
-        return None
+    up, or ``interrupt_fd`` is readable while ``fd`` is not. Asked through ``poll`` first:
+    the outcome is seldom there yet, and a read that finds nothing raises (a system call
+    and an exception for nothing, on most calls)."""
+    wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     if interrupt_fd is not None:
