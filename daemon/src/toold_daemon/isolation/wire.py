@@ -206,9 +206,10 @@ def write_frame(fd: int, message: msgspec.Struct) -> None:
         view = view[written:]
 
 
-def read_exact(fd: int, size: int) -> bytes | None:
-    """Read ``size`` bytes from a blocking fd, or None at end of file."""
-    parts: list[bytes] = []
+def read_exact(fd: int, size: int, *, after: bytes = b"") -> bytes | None:
+    """Read ``size`` bytes from a blocking fd, or None at end of file; ``after``: bytes
+    already read, which come first (joined once with the rest, not copied twice)."""
+    parts: list[bytes] = [after] if after else []
     while size:
         data = os.read(fd, size)
         if not data:
@@ -256,10 +257,10 @@ def receive_with_fds(
     if len(body) > size:
         raise ValueError("bytes past the frame from a peer that takes turns")
     if len(body) < size:
-        rest = read_exact(sock.fileno(), size - len(body))
-        if rest is None:
+        whole = read_exact(sock.fileno(), size - len(body), after=body)
+        if whole is None:
             return None
-        body = body + rest if body else rest
+        body = whole
     return body, fds
 
 
