@@ -25,7 +25,7 @@ from ..errors import bad_args, from_os_error, sandbox_violation
 from ..globmatch import glob_regex, last_name_glob
 from .denied_tree import denied_inodes
 from .homes import HOME_DOTFILES, home_directories, home_dotfile
-from .lookups import LocalRoot, WouldBlock, local_root, open_path, refuse_to_wait
+from .lookups import LocalRoot, WouldBlock, is_canonical, local_root, open_path, refuse_to_wait
 
 # Tests only: with TOOLD_TEST_UNCHECKED_PATHS=1 in the daemon's environment, resolving
 # is lexical and opening follows symlinks, so a test can show that the kernel layer of
@@ -305,13 +305,9 @@ class Sandbox:
         return Path(resolved)
 
     def _canonical_normalised(self, path: str) -> str:
-        """``canonical`` of a normalised absolute ``path``: the path itself when it lies
-        below a root held open with no symlink on the way (``holds_without_links``)."""
-        index = self._root_index(path)
-        local = self._local_roots[index] if index is not None else None
-        if local is not None and path.startswith(local.prefix) and local.holds_without_links(path[len(local.prefix) :]):
-            return path
-        return self.canonical(path)
+        """``canonical`` of a normalised absolute ``path``: the path itself when no symlink
+        is on it (``is_canonical``)."""
+        return path if is_canonical(path) else self.canonical(path)
 
     def canonical(self, path: str) -> str:
         """``os.path.realpath`` of absolute ``path``; on the event loop from the kernel's
