@@ -440,14 +440,17 @@ class IpcServer:
         assert router is not None
         fd = self.fileno()
         while True:
+            # One scheduler step first, so that a flood of frames never starves the batch
+            # tasks; what they queued meanwhile leaves in this flush. Also after a wait:
+            # the tasks woken with the pump (a command's outcome, a zygote back from its
+            # move) go before the frames that woke it. Skipped there (the wait being a
+            # scheduler step already), a read cost 3 % less CPU and one beside commands
+            # 5 % less time, and a command beside a stream of reads 5 % more.
+            await trio.lowlevel.checkpoint()
             self._read_inbound(router)
             self._serve_intake()
             self._flush_outbox()  # replies to what was just served, at once
             if self.ringing():
-                # One scheduler step before the frames waiting, so that a flood of them
-                # never starves the batch tasks; what they queue meanwhile leaves in the
-                # next flush. (After a wait there is no need: the wait was that step.)
-                await trio.lowlevel.checkpoint()
                 continue  # frames wait their turn, or unannounced: a send may consume the edge
             with trio.CancelScope() as wake:
                 self._wake = wake
