@@ -1,8 +1,11 @@
-"""What one client's commands cost everyone else: ``read_file`` latency from one client
-alone, then while another client runs ``shell true`` back to back (same daemon, same
-run). Starting a command moves a process between cgroups, which in the kernel may wait
-out an RCU grace period (milliseconds); done on the event loop, that wait was every
-other client's too. The ratio of reads beside commands to reads alone shows it.
+"""What one client's commands cost everyone else, and the other way round: ``read_file``
+latency from one client alone, then while another client runs ``shell true`` back to
+back (same daemon, same run), and the commands' own latency alone and beside the reads.
+Starting a command moves a process between cgroups, which in the kernel may wait out an
+RCU grace period (milliseconds); done on the event loop, that wait was every other
+client's too. The ratio of reads beside commands to reads alone shows it; the ratio of
+commands beside reads to commands alone shows what a stream of reads costs the commands
+(who goes first when the loop wakes with both ready).
 
 With ``--against DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base
 COMMIT``) the same figures for that tree come from the same run, rounds alternating.
@@ -40,7 +43,9 @@ def one_round(endpoint: str, figures: dict[str, list[float]]) -> None:
 
         def run_commands() -> None:
             while not stop.is_set():
+                began = time.perf_counter()
                 result = commands.call("shell", {"command": "true"})
+                figures["shell beside"].append(time.perf_counter() - began)
                 assert result.ok, result.content
 
         beside = threading.Thread(target=run_commands)
@@ -80,21 +85,29 @@ def main() -> None:
             )
             for name, tree in trees.items()
         }
-        figures = {name: {"shell": [], "alone": [], "beside": []} for name in trees}
+        figures = {name: {"shell": [], "shell beside": [], "alone": [], "beside": []} for name in trees}
         for round_ in range(options.rounds):
             order = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
             for name in order:
                 one_round(endpoints[name], figures[name])
     print(f"# reads beside back-to-back shell commands, {options.rounds} rounds of {READS} reads")
     for name, by_case in figures.items():
-        for case, label in (("shell", "shell true"), ("alone", "read_file alone"), ("beside", "read_file beside")):
+        cases = (
+            ("shell", "shell true alone"),
+            ("shell beside", "shell beside reads"),
+            ("alone", "read_file alone"),
+            ("beside", "read_file beside"),
+        )
+        for case, label in cases:
             times = by_case[case]
             p50, p99 = statistics.median(times) * 1e3, pct(times, 99) * 1e3
-            print(f"{name:>12}: {label:<18} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms")
+            print(f"{name:>12}: {label:<19} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms")
         alone, beside = by_case["alone"], by_case["beside"]
         ratio = statistics.median(beside) / statistics.median(alone)
         tail = pct(beside, 99) / pct(alone, 99)
         print(f"{name:>12}: reads beside commands / alone: p50 {ratio:.2f}x  p99 {tail:.2f}x")
+        shells = statistics.median(by_case["shell beside"]) / statistics.median(by_case["shell"])
+        print(f"{name:>12}: commands beside reads / alone: p50 {shells:.2f}x")
 
 
 if __name__ == "__main__":
