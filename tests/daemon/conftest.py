@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +28,18 @@ def run(tool: Tool[Any], ctx: ToolContext, **arguments: Any) -> ToolOutput:
     args = msgspec.msgpack.decode(msgspec.msgpack.encode(arguments), type=tool.args_type)
     tool.validate(args)
     return tool.run(args, ctx)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes asked of every ``os.read`` while the test runs (each still made, for real):
+    for the tests that count the system calls a read takes."""
+    asked: list[int] = []
+    real_read = os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        asked.append(n)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", counted)
+    return asked

@@ -19,6 +19,10 @@ from toold_daemon.isolation.sockets import PeerGone, receive_frame, send_with_fd
 from toold_daemon.isolation.wire import MAX_FRAME, receive_with_fds
 
 
+def _turn_frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
 async def test_a_frame_that_comes_in_pieces_is_received_whole() -> None:
     ours, theirs = socket.socketpair()
     with ours, theirs:
@@ -100,13 +104,15 @@ async def test_a_send_that_finds_the_socket_full_waits_and_keeps_its_fd() -> Non
             os.close(write_end)
 
 
-async def test_a_frame_and_its_fd_reach_the_zygotes_side() -> None:
+@pytest.mark.parametrize("alone", [False, True])
+async def test_a_frame_and_its_fd_reach_the_other_side(alone: bool) -> None:
+    """A zygote's frames, and a worker's (``alone``: its peer takes turns)."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
         read_end, write_end = os.pipe()
         try:
-            await send_with_fd(trio.socket.from_stdlib_socket(ours), (2).to_bytes(4, "big") + b"hi", write_end)
-            received = receive_with_fds(theirs)
+            await send_with_fd(trio.socket.from_stdlib_socket(ours), _turn_frame(b"hi"), write_end)
+            received = receive_with_fds(theirs, alone=alone)
             assert received is not None
             body, (passed,) = received
             assert body == b"hi"
@@ -142,10 +148,6 @@ def test_a_large_frame_is_built_and_decoded_without_copies_beside_it() -> None:
     assert isinstance(decoded, Outcome) and decoded.data == {"blob": data}
     assert peak < 1.5 * len(data)  # the decoded bytes alone, not a copy of the frame as well
     assert buffer.decode_next(child_decoder) == Outcome(ok=False)  # the next frame is still there
-
-
-def _turn_frame(body: bytes) -> bytes:
-    return len(body).to_bytes(4, "big") + body
 
 
 @pytest.mark.parametrize("length", [0, 1, 300, 64 * 1024, 200_000])
@@ -198,31 +200,7 @@ def test_a_frame_past_the_bound_from_a_peer_that_takes_turns_is_refused() -> Non
             receive_with_fds(theirs, limit=999, alone=True)
 
 
-async def test_a_peer_that_takes_turns_still_gets_its_fds() -> None:
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        read_end, write_end = os.pipe()
-        try:
-            await send_with_fd(trio.socket.from_stdlib_socket(ours), _turn_frame(b"hi"), write_end)
-            received = receive_with_fds(theirs, alone=True)
-            assert received is not None
-            body, (passed,) = received
-            assert body == b"hi"
-            os.close(passed)
-        finally:
-            os.close(read_end)
-            os.close(write_end)
-
-
-def test_a_whole_frame_from_a_peer_that_takes_turns_takes_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    reads: list[int] = []
-    real_read = os.read
-
-    def counted(fd: int, n: int) -> bytes:
-        reads.append(n)
-        return real_read(fd, n)
-
-    monkeypatch.setattr(os, "read", counted)
+def test_a_whole_frame_from_a_peer_that_takes_turns_takes_one_read(reads: list[int]) -> None:
     ours, theirs = socket.socketpair()
     with ours, theirs:
         ours.sendall(_turn_frame(b"r" * 432))

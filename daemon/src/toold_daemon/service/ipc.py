@@ -441,11 +441,8 @@ class IpcServer:
         fd = self.fileno()
         while True:
             # One scheduler step first, so that a flood of frames never starves the batch
-            # tasks; what they queued meanwhile leaves in this flush. Also after a wait:
-            # the tasks woken with the pump (a command's outcome, a zygote back from its
-            # move) go before the frames that woke it. Skipped there (the wait being a
-            # scheduler step already), a read cost 3 % less CPU and one beside commands
-            # 5 % less time, and a command beside a stream of reads 5 % more.
+            # tasks; what they queued meanwhile leaves in this flush. After a wait too: the
+            # tasks woken with the pump go first (what skipping it trades: architecture.md).
             await trio.lowlevel.checkpoint()
             self._read_inbound(router)
             self._serve_intake()
