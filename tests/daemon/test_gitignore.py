@@ -5,6 +5,7 @@ built to backtrack in no time at all."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pathspec
@@ -27,6 +28,8 @@ def test_one_line_names_what_pathspec_says_it_names(line: str, path: str, is_dir
         return  # nothing but slashes: pathspec reads it as "everything", git as nothing
     if "[!" in line or "[^" in line:
         return  # a negated class: pathspec lets it match the "/" it appends to a directory
+    if re.search(r"/\*{3,}/$", line):
+        return  # "d/***/": pathspec leaves out the directory that "d/**/" names; git does not (AS_GIT_SAYS)
     try:
         spec = pathspec.GitIgnoreSpec.from_lines([line])
     except ValueError:  # a line pathspec refuses (a lone escape at its end)
@@ -61,6 +64,8 @@ AS_GIT_SAYS = [
     (["d/**"], "d", True, True),
     (["d/**"], "d/x", False, True),
     (["d/***"], "d", True, True),  # (any run of stars after the last slash, as git says)
+    (["d/***/"], "d", True, True),  # (so with a slash after them too)
+    (["d/***/"], "d", False, None),
     (["d/***"], "d/x/y", False, True),
     (["**", "!a"], "ba/a", False, True),  # in an ignored directory: no line re-includes it
     (["?", "!b"], "b/a", False, True),
