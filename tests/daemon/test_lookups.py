@@ -148,3 +148,63 @@ def test_a_root_moved_aside_and_made_anew_is_looked_at_by_its_name(tmp_path: Pat
     with from_the_caches_alone():
         os.stat(root / "sub" / "f.txt")  # cached
         assert str(sandbox.resolve("sub/f.txt")) == f"{root_name}/elsewhere/f.txt"
+
+
+def test_a_commands_word_in_a_root_moved_aside_and_made_anew_is_looked_at_in_the_new_root(tmp_path: Path) -> None:
+    """A word right in the root is looked up there on the loop: in the root its name
+    names now. Made anew with a link to a denied file where a plain file was, the word
+    is denied (the old directory, held open, said "a plain file")."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "notes").write_text("plain")
+    (root / ".env").write_text("SECRET")
+    sandbox = Sandbox([root], denied_patterns=["**/.env"])
+    with from_the_caches_alone():
+        assert denied_words(sandbox, ["cat", "notes"], str(root)) is None
+    os.rename(root, tmp_path / "aside")
+    root.mkdir()
+    (root / ".env").write_text("SECRET")
+    (root / "notes").symlink_to(".env")
+    try:
+        with from_the_caches_alone():
+            said = denied_words(sandbox, ["cat", "notes"], str(root))
+    except WouldBlock:
+        said = denied_words(sandbox, ["cat", "notes"], str(root))  # planned aside, as the planner does
+    assert said == "notes (**/.env)"
+
+
+def test_a_new_name_below_a_root_moved_aside_and_made_anew_is_looked_up_in_the_new_root(tmp_path: Path) -> None:
+    """A name the kernel has not cached, in a cached directory, is looked up for real on
+    the loop: in the directory the root's name names now, not in the one moved aside."""
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    sandbox = Sandbox([root])
+    root_name = str(sandbox.roots[0])
+    os.rename(root, tmp_path / "aside")
+    (root / "elsewhere").mkdir(parents=True)
+    (root / "sub").symlink_to("elsewhere")
+    name = f"never-looked-up-{os.getpid()}-{time.monotonic_ns()}"
+    os.stat(root / "elsewhere")  # cached; the new name in it is not
+    try:
+        with from_the_caches_alone():
+            resolved = str(sandbox.resolve(f"sub/{name}"))
+    except WouldBlock:
+        resolved = str(sandbox.resolve(f"sub/{name}"))
+    assert resolved == f"{root_name}/elsewhere/{name}"
+
+
+def test_a_root_gone_is_looked_at_where_a_lookup_may_wait(tmp_path: Path) -> None:
+    """A root whose name no longer names a directory: on the loop nothing is answered
+    from the directory it was (``WouldBlock``, and the thread's lookup says what is)."""
+    from toold_daemon.sandbox.lookups import local_root
+
+    root = tmp_path / "root"
+    root.mkdir()
+    local = local_root(os.path.realpath(root))
+    assert local is not None
+    assert local.real_name_in_root("x") == f"{local.prefix}x"
+    os.rename(root, tmp_path / "aside")
+    with from_the_caches_alone(), pytest.raises(WouldBlock):
+        local.real_name_in_root("x")
+    with from_the_caches_alone(), pytest.raises(WouldBlock):
+        local.canonical_below(f"{local.prefix}x")

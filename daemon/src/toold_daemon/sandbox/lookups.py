@@ -28,7 +28,6 @@ import logging
 import os
 import stat
 import threading
-import weakref
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +57,10 @@ _hows: dict[int, _OpenHow] = {}  # by flags: made once
 #: A cached directory below a root, never across a mount (``LocalRoot.canonical_below``).
 _HOW_CACHED_DIRECTORY = _OpenHow(
     flags=_O_PATH | os.O_CLOEXEC | os.O_DIRECTORY, mode=0, resolve=_RESOLVE_CACHED | _RESOLVE_NO_XDEV
+)
+#: A root's directory by its name, cached, with no symlink on it (``LocalRoot``).
+_HOW_CACHED_ROOT = _OpenHow(
+    flags=_O_PATH | os.O_CLOEXEC | os.O_DIRECTORY, mode=0, resolve=_RESOLVE_CACHED | _RESOLVE_NO_SYMLINKS
 )
 #: A cached path with no symlink on it (``is_canonical``).
 _HOW_CACHED_WITHOUT_LINKS = _OpenHow(
@@ -150,12 +153,34 @@ def filesystem_type(fd: int) -> int:
 
 
 class LocalRoot:
-    """A root on a local disk, held open: where a name the kernel has not cached may be
-    looked up on the loop (``canonical_below``)."""
+    """A root on a local disk: where a name the kernel has not cached may be looked up on
+    the loop (``canonical_below``, ``real_name_in_root``).
 
-    def __init__(self, path: str, fd: int) -> None:
-        self.path, self.prefix, self.fd = path, path.rstrip("/") + "/", fd
-        weakref.finalize(self, os.close, fd)
+    The root is opened by its name for each lookup, from the kernel's caches, and only
+    while that name still names a directory on a local disk: a root held open would
+    still be the old directory after the root was moved aside and made anew, and would
+    answer for a tree that is no longer the workspace (a file where a link now is). One
+    cached lookup that follows nothing and an ``fstat``; anything else is ``WouldBlock``."""
+
+    def __init__(self, path: str, device: int) -> None:
+        self.path, self.prefix = path, path.rstrip("/") + "/"
+        self._name = os.fsencode(path)
+        self._device = device
+
+    def _open_now(self) -> int:
+        """The directory the root's name names now, if the kernel's caches know it and it
+        lies on the disk the root was found on, a local one (else ``WouldBlock``: looked
+        up where a lookup may wait). The disk is told by its device number: while the root's
+        disk is mounted no other disk has its number, and a disk mounted over the root
+        since (a FUSE server's) has one of its own."""
+        how = ctypes.byref(_HOW_CACHED_ROOT)
+        fd = int(_syscall(_SYS_OPENAT2, _AT_FDCWD_ARG, self._name, how, _HOW_SIZE))
+        if fd < 0:
+            raise WouldBlock()
+        if os.fstat(fd).st_dev != self._device:
+            os.close(fd)
+            raise WouldBlock()
+        return fd
 
     def canonical_below(self, path: str) -> str:
         """The canonical name of ``path`` (below this root) whose directory the kernel
@@ -163,8 +188,12 @@ class LocalRoot:
         that directory only. ``WouldBlock`` for anything more (the directory not cached,
         on another mount, or the name a symlink to follow)."""
         parent, name = os.path.split(path[len(self.prefix) :])
-        how = ctypes.byref(_HOW_CACHED_DIRECTORY)
-        parent_fd = _syscall(_SYS_OPENAT2, ctypes.c_long(self.fd), os.fsencode(parent or "."), how, _HOW_SIZE)
+        root = self._open_now()
+        try:
+            how = ctypes.byref(_HOW_CACHED_DIRECTORY)
+            parent_fd = _syscall(_SYS_OPENAT2, ctypes.c_long(root), os.fsencode(parent or "."), how, _HOW_SIZE)
+        finally:
+            os.close(root)
         if parent_fd < 0 or not name:
             if parent_fd >= 0:
                 os.close(parent_fd)
@@ -189,17 +218,19 @@ class LocalRoot:
 
     def real_name_in_root(self, name: str) -> str | None:
         """The canonical name of ``name`` right in this root (no ``/`` in it), unless it
-        is a symlink (None: follow it through ``canonical``). One lookup that follows
-        nothing, through the root held open, where a canonical name would take five
-        system calls (a cached lookup, then a directory's and a name's, and the
-        directory's name read back from /proc). The root's name is the one it had when
-        the sandbox was made: the daemon's roots do not move under it."""
+        is a symlink (None: follow it through ``canonical``). Two lookups that follow
+        nothing (the root by its name, then the name in it), where a canonical name would
+        take five system calls (a cached lookup, then a directory's and a name's, and the
+        directory's name read back from /proc)."""
+        root = self._open_now()
         try:
-            fd = os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+            fd = os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
         except FileNotFoundError:
             return self.prefix + name
         except OSError:
             return None
+        finally:
+            os.close(root)
         try:
             return None if stat.S_ISLNK(os.fstat(fd).st_mode) else self.prefix + name
         finally:
@@ -207,16 +238,16 @@ class LocalRoot:
 
 
 def local_root(path: str) -> LocalRoot | None:
-    """``path`` (a canonical root) held open where it lies on a local disk, else None.
-    Made where the root may be looked at (its sandbox is built off the loop)."""
+    """``path`` (a canonical root) where it lies on a local disk, else None. Made where
+    the root may be looked at (its sandbox is built off the loop)."""
     try:
         fd = os.open(path, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
-    if filesystem_type(fd) not in LOCAL_FILESYSTEMS:
+    try:
+        return LocalRoot(path, os.fstat(fd).st_dev) if filesystem_type(fd) in LOCAL_FILESYSTEMS else None
+    finally:
         os.close(fd)
-        return None
-    return LocalRoot(path, fd)
 
 
 def is_canonical(path: str) -> bool:
