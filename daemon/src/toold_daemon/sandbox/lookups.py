@@ -218,10 +218,15 @@ class LocalRoot:
 
     def real_name_in_root(self, name: str) -> str | None:
         """The canonical name of ``name`` right in this root (no ``/`` in it), unless it
-        is a symlink (None: follow it through ``canonical``). Two lookups that follow
-        nothing (the root by its name, then the name in it), where a canonical name would
-        take five system calls (a cached lookup, then a directory's and a name's, and the
-        directory's name read back from /proc)."""
+        is a symlink (None: follow it through ``canonical``). Mostly one cached lookup of
+        the whole name that follows no link (``_cached_without_links``): there, or known
+        to be missing, it is its own canonical name. A name the kernel has not cached is
+        looked up in the root its name names now (``_open_now``)."""
+        code = _cached_without_links(self._name + b"/" + os.fsencode(name))
+        if code in (0, errno.ENOENT):
+            return self.prefix + name
+        if code != errno.EAGAIN:  # a link on the way (ELOOP), or one that cannot be looked at
+            return None
         root = self._open_now()
         try:
             fd = os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
@@ -258,14 +263,18 @@ def is_canonical(path: str) -> bool:
     kernel has not cached, a kernel without these lookups): the name is then worked out
     as ever. By name, never through a root held open, which would still be the old
     directory after a root was moved aside and made anew."""
-    if not _cached_lookups[0]:
-        return False
-    how = ctypes.byref(_HOW_CACHED_WITHOUT_LINKS)
-    fd = _syscall(_SYS_OPENAT2, _AT_FDCWD_ARG, os.fsencode(path), how, _HOW_SIZE)
+    return _cached_lookups[0] and _cached_without_links(os.fsencode(path)) == 0
+
+
+def _cached_without_links(path: bytes) -> int:
+    """0 when absolute ``path`` is there with no symlink on it, from the kernel's caches
+    alone; else the error: ``ENOENT`` missing (the cache knows it is not there),
+    ``ELOOP`` a link on the way, ``EAGAIN`` not cached."""
+    fd = _syscall(_SYS_OPENAT2, _AT_FDCWD_ARG, path, ctypes.byref(_HOW_CACHED_WITHOUT_LINKS), _HOW_SIZE)
     if fd < 0:
-        return False
+        return ctypes.get_errno()
     os.close(fd)
-    return True
+    return 0
 
 
 def lexists(path: str, *, dir_fd: int | None = None) -> bool:
