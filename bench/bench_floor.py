@@ -23,17 +23,21 @@ The relay's ratio to the peer is a lower bound for toold's: no change inside the
 takes a read below it without changing the process shape (fewer processes, or a
 transport without libzmq's I/O thread).
 
-    .venv/bin/python bench/bench_floor.py [calls-per-round] [rounds]
+With ``--config FILE`` toold's daemon runs under that configuration: what the floor is
+with a guarantee taken out (``[journal]\nenabled = false`` and ``[daemon]\naudit =
+"off"``: a read's journal record and its audit records).
+
+    .venv/bin/python bench/bench_floor.py [calls-per-round] [rounds] [--config FILE]
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import multiprocessing
 import os
 import socket
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -118,7 +122,7 @@ def cpu_per_call(fn: Callable[[], object], processes: list[psutil.Process], n: i
     return (cpu_of(processes) - before) / n
 
 
-def main(n: int = 1000, rounds: int = 5) -> None:
+def main(n: int = 1000, rounds: int = 5, config: str | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = four_kb_root(Path(tmp))
         target = str(root / "four_kb.txt")
@@ -130,7 +134,7 @@ def main(n: int = 1000, rounds: int = 5) -> None:
         try:
             with (
                 relay_pair(tmp, root) as (relay_processes, relay),
-                running_daemon(root) as endpoint,
+                running_daemon(root, *(("--config", config) if config else ())) as endpoint,
                 Client(endpoint) as client,
             ):
                 peer_process = psutil.Process(peer.pid)
@@ -190,4 +194,9 @@ def main(n: int = 1000, rounds: int = 5) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(arg) for arg in sys.argv[1:3]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("n", nargs="?", type=int, default=1000)
+    parser.add_argument("rounds", nargs="?", type=int, default=5)
+    parser.add_argument("--config", help="toold's daemon under this configuration file")
+    arguments = parser.parse_args()
+    main(arguments.n, arguments.rounds, arguments.config)
