@@ -480,20 +480,53 @@ def test_a_servers_connection_cannot_put_terminal_escapes_in_front_of_the_person
     assert b"\x1b" not in shown.stdout and b"\x07" not in shown.stdout, shown.stdout
 
 
-#: Connects to every port on loopback but its own proxy's and, where one answers, leaves
-#: a request for the allowed server there and goes.
-_PLANT = """
-import os, socket
+#: The ports listening on the loopback of a command's network namespace, but its own
+#: proxy's: as the kernel lists them (a scan of every port by connecting took long enough
+#: under load to miss a command that lives a second), by the scan where /proc/net/tcp
+#: cannot be read. (A template for ``str.format``: its braces are doubled.)
+_LISTENERS = """
+import os, socket, time
 own = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
-for port in range(32768, 61000):
-    if port == own:
-        continue
+
+def listening():
+    try:
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+        found = set()
+        for row in rows:
+            address, state = row[1], row[3]
+            if state == "0A" and address.startswith("0100007F:"):
+                found.add(int(address.split(":")[1], 16))
+        return sorted(found - {{own}})
+    except OSError:
+        ports = []
+        for port in range(32768, 61000):
+            if port == own:
+                continue
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                ports.append(port)
+            except OSError:
+                pass
+        return ports
+"""
+
+#: Connects to every listener on loopback but its own proxy's and leaves a request for
+#: the allowed server in each; says how many took one.
+_PLANT = (
+    _LISTENERS
+    + """
+planted = 0
+for port in listening():
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+        s.sendall(b"GET http://127.0.0.2:{target}/{mark} HTTP/1.1\\r\\nHost: 127.0.0.2\\r\\n\\r\\n")
+        planted += 1
     except OSError:
         continue
-    s.sendall(b"GET http://127.0.0.2:{target}/{mark} HTTP/1.1\\r\\nHost: 127.0.0.2\\r\\n\\r\\n")
+print("planted", planted)
 """
+)
 
 
 def test_a_command_cannot_leave_a_request_for_the_next_command_of_its_zygote(
@@ -535,8 +568,10 @@ def test_a_command_cannot_leave_a_request_in_a_running_commands_listener(
         running = threading.Thread(target=lambda: victim.append(other.call("shell", {"command": "sleep 2"})))
         running.start()
         time.sleep(0.5)  # the victim runs, its listener listening
-        c.call("shell", {"command": f"python3 -c '{_PLANT.format(target=allowed_web.port, mark=mark)}'"})
+        plant = c.call("shell", {"command": f"python3 -c '{_PLANT.format(target=allowed_web.port, mark=mark)}'"})
         running.join()
+    planted = re.search(r"planted (\d+)", plant.content)
+    assert plant.ok and planted and int(planted.group(1)) >= 1, plant.content  # it reached the victim's listener
     (result,) = victim
     assert not (result.data or {}).get("network"), result.data
     assert not [r for r in allowed_web.requests if r.path.startswith(f"/{mark}")]
@@ -545,35 +580,9 @@ def test_a_command_cannot_leave_a_request_in_a_running_commands_listener(
 #: Connects again and again to every listener on loopback but its own, for a while,
 #: leaving a request in each: a flood meant to jam another command's proxy or slip a
 #: request in among its own.
-_FLOOD = """
-import os, socket, time
-own = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
-
-def listening():
-    # The sockets listening on the loopback of this network namespace, as the kernel
-    # lists them (a scan of every port by connecting took long enough under load to miss
-    # a command that lives a second); the scan where /proc/net/tcp cannot be read.
-    try:
-        with open("/proc/net/tcp") as table:
-            rows = [line.split() for line in table.readlines()[1:]]
-        found = set()
-        for row in rows:
-            address, state = row[1], row[3]
-            if state == "0A" and address.startswith("0100007F:"):
-                found.add(int(address.split(":")[1], 16))
-        return sorted(found - {{own}})
-    except OSError:
-        ports = []
-        for port in range(32768, 61000):
-            if port == own:
-                continue
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                ports.append(port)
-            except OSError:
-                pass
-        return ports
-
+_FLOOD = (
+    _LISTENERS
+    + """
 ports, looking = [], time.monotonic() + 1.0
 while not ports and time.monotonic() < looking:
     ports = listening()
@@ -589,6 +598,7 @@ while time.monotonic() < deadline:
             pass
 print("sent", sent, "to", len(ports))
 """
+)
 
 
 def test_a_flood_into_another_commands_listener_neither_jams_it_nor_gets_through(
