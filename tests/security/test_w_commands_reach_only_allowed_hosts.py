@@ -509,15 +509,23 @@ def listening():
             except OSError:
                 pass
         return ports
+
+def listening_soon():
+    # what listens, looked for again for up to a second (a command may start late under load)
+    looking = time.monotonic() + 1.0
+    while not (ports := listening()) and time.monotonic() < looking:
+        time.sleep(0.01)
+    return ports
 """
 
-#: Connects to every listener on loopback but its own proxy's and leaves a request for
-#: the allowed server in each; says how many took one.
+#: Connects to every listener on loopback but its own proxy's (as soon as there is one,
+#: for up to a second) and leaves a request for the allowed server in each; says how
+#: many took one.
 _PLANT = (
     _LISTENERS
     + """
 planted = 0
-for port in listening():
+for port in listening_soon():
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
         s.sendall(b"GET http://127.0.0.2:{target}/{mark} HTTP/1.1\\r\\nHost: 127.0.0.2\\r\\n\\r\\n")
@@ -583,9 +591,7 @@ def test_a_command_cannot_leave_a_request_in_a_running_commands_listener(
 _FLOOD = (
     _LISTENERS
     + """
-ports, looking = [], time.monotonic() + 1.0
-while not ports and time.monotonic() < looking:
-    ports = listening()
+ports = listening_soon()
 sent, deadline = 0, time.monotonic() + 1.5
 while time.monotonic() < deadline:
     for port in ports:
