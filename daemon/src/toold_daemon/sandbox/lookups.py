@@ -222,7 +222,7 @@ class LocalRoot:
         the whole name that follows no link (``_cached_without_links``): there, or known
         to be missing, it is its own canonical name. A name the kernel has not cached is
         looked up in the root its name names now (``_open_now``)."""
-        code = _cached_without_links(self._name + b"/" + os.fsencode(name))
+        code = _cached_without_links(os.fsencode(self.prefix + name))
         if code in (0, errno.ENOENT):
             return self.prefix + name
         if code != errno.EAGAIN:  # a link on the way (ELOOP), or one that cannot be looked at
