@@ -219,3 +219,22 @@ def test_a_relative_symlink_to_a_public_file_is_read_through(ruled: DaemonProces
     with ruled.client(timeout=30) as c:
         result = c.call("read_file", {"path": "readme-link"})
     assert result.ok and "public" in result.content, result
+
+
+def test_a_workspace_made_anew_is_judged_as_it_is_now(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Attack: the workspace is made anew under the daemon (removed and cloned again, the
+    clone an attacker's repository) with a link to a denied file where a plain file was.
+    A command naming the link is judged by the workspace as it is now: asked about, as
+    in a workspace that always had the link, never allowed by what the old tree said."""
+    with module_daemon(tmp_path_factory, "made-anew", RULES) as d:
+        (d.root / "notes").write_text("plain\n")
+        with d.client(timeout=30) as c:
+            assert c.explain("shell", {"command": "cat notes"}).decision == "allow"
+            os.rename(d.root, d.root.with_name("aside"))
+            d.root.mkdir()
+            _plant(d.root)  # .env, and notes -> .env
+            explained = c.explain("shell", {"command": "cat notes"})
+            assert explained.decision == "ask", explained
+            assert "denied file" in explained.reason, explained
+            result = c.call("shell", {"command": "cat notes"}, on_confirm=lambda request: DENY_ALL)
+    assert not result.ok and SECRET not in result.content, result.content
