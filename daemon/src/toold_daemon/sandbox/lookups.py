@@ -173,8 +173,7 @@ class LocalRoot:
         up where a lookup may wait). The disk is told by its device number: while the root's
         disk is mounted no other disk has its number, and a disk mounted over the root
         since (a FUSE server's) has one of its own."""
-        how = ctypes.byref(_HOW_CACHED_ROOT)
-        fd = int(_syscall(_SYS_OPENAT2, _AT_FDCWD_ARG, self._name, how, _HOW_SIZE))
+        fd = _open_cached_without_links(self._name, _HOW_CACHED_ROOT)
         if fd < 0:
             raise WouldBlock()
         if os.fstat(fd).st_dev != self._device:
@@ -261,8 +260,7 @@ def is_canonical(path: str) -> bool:
     working the name out takes a lookup and a read of it back from /proc (3.1 against
     7.4 µs here). False for anything else (a symlink on the way, a missing name, one the
     kernel has not cached, a kernel without these lookups): the name is then worked out
-    as ever. By name, never through a root held open, which would still be the old
-    directory after a root was moved aside and made anew."""
+    as ever."""
     return _cached_lookups[0] and _cached_without_links(os.fsencode(path)) == 0
 
 
@@ -270,11 +268,18 @@ def _cached_without_links(path: bytes) -> int:
     """0 when absolute ``path`` is there with no symlink on it, from the kernel's caches
     alone; else the error: ``ENOENT`` missing (the cache knows it is not there),
     ``ELOOP`` a link on the way, ``EAGAIN`` not cached."""
-    fd = _syscall(_SYS_OPENAT2, _AT_FDCWD_ARG, path, ctypes.byref(_HOW_CACHED_WITHOUT_LINKS), _HOW_SIZE)
+    fd = _open_cached_without_links(path, _HOW_CACHED_WITHOUT_LINKS)
     if fd < 0:
-        return ctypes.get_errno()
+        return -fd
     os.close(fd)
     return 0
+
+
+def _open_cached_without_links(path: bytes, how: _OpenHow) -> int:
+    """``openat2`` of absolute ``path`` by ``how`` (``RESOLVE_CACHED``, no symlinks): the
+    fd, or the error negated (returned, not raised: most answers here are "no")."""
+    fd = int(_syscall(_SYS_OPENAT2, _AT_FDCWD_ARG, path, ctypes.byref(how), _HOW_SIZE))
+    return fd if fd >= 0 else -ctypes.get_errno()
 
 
 def lexists(path: str, *, dir_fd: int | None = None) -> bool:
